@@ -1,0 +1,162 @@
+"""The ``neuron`` Dynamo backend: Dynamo -> AOTAutograd -> our compile path.
+
+``torch.compile(model, backend="neuron")`` finds ``neuron_backend`` through the
+``torch_dynamo_backends`` entry point (pyproject.toml), so users import
+nothing. For each graph Dynamo captures, AOTAutograd (with our decomposition
+table) produces an inference graph, or a forward and a backward graph, and
+hands each to ``_graph_compiler``, which returns a ``CompiledGraph``.
+
+Static and symbolic graphs
+--------------------------
+A static graph is compiled at once. A graph with symbolic sizes (Dynamo's
+automatic dynamic shapes after a second shape, ``dynamic=True``,
+``mark_dynamic``) is compiled lazily, once per concrete signature: the symbolic
+graph is re-traced with ``make_fx`` on the call's concrete sizes (node
+metadata, and so the user's source lines, are preserved), which bakes every
+SymInt and every size computation into constants, and the static result goes
+through the same ``compile_graph``. We never switch Dynamo's dynamic shapes off.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+
+import torch
+import torch.fx
+import torch.fx.traceback as fx_traceback
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from .compiler import Executable, compile_graph
+from .decompositions import decomposition_table
+from .options import Options
+from .report import COUNTERS, CompileReport, record
+
+log = logging.getLogger("neuron_compile")
+
+_GRAPH_IDS = itertools.count()
+
+
+def _is_symbolic(value) -> bool:
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return True
+    if isinstance(value, torch.Tensor):
+        return any(isinstance(s, torch.SymInt) for s in value.shape)
+    return False
+
+
+def _describe(args, positions) -> str:
+    parts = []
+    for i in positions:
+        a = args[i]
+        if isinstance(a, torch.Tensor):
+            parts.append(f"{i}:{list(a.shape)}")
+        else:
+            parts.append(f"{i}={a}")
+    return " ".join(parts)
+
+
+class CompiledGraph:
+    """What AOTAutograd calls for one graph: a boxed callable over XLA executables."""
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs, *, name: str, kind: str, options: Options,
+                 aot_seconds: float = 0.0):
+        self.name = name
+        self.kind = kind
+        self.options = options
+        self.gm = gm
+        self._lock = threading.Lock()
+        # Positions whose value or shape can change between calls.
+        self.dynamic_positions = tuple(i for i, a in enumerate(example_inputs) if _is_symbolic(a))
+        self.specializations: dict[tuple, Executable] = {}
+        self.static: Executable | None = None
+        self._aot_seconds = aot_seconds
+        if not self.dynamic_positions:
+            report = self._new_report("")
+            self.static = compile_graph(gm, report=report, options=options)
+            record(report)
+
+    def _new_report(self, signature: str) -> CompileReport:
+        report = CompileReport(graph=self.name, kind=self.kind, signature=signature)
+        if self._aot_seconds:
+            report.stages["aot-autograd"] = self._aot_seconds
+            self._aot_seconds = 0.0
+        return report
+
+    def _key(self, args) -> tuple:
+        key = []
+        for i in self.dynamic_positions:
+            a = args[i]
+            key.append(tuple(a.shape) if isinstance(a, torch.Tensor) else a)
+        return tuple(key)
+
+    def __call__(self, args: list) -> list:
+        if self.static is not None:
+            return self.static(args)
+        key = self._key(args)
+        executable = self.specializations.get(key)
+        if executable is None:
+            executable = self._specialize(key, args)
+        return executable(args)
+
+    def _specialize(self, key, args) -> Executable:
+        with self._lock:
+            if key in self.specializations:
+                return self.specializations[key]
+            report = self._new_report(_describe(args, self.dynamic_positions))
+            with report.stage("specialize"):
+                static_gm = specialize(self.gm, args)
+            executable = compile_graph(static_gm, report=report, options=self.options)
+            record(report)
+            COUNTERS["specializations"] += 1
+            self.specializations[key] = executable
+            return executable
+
+
+def specialize(gm: torch.fx.GraphModule, args: list) -> torch.fx.GraphModule:
+    """Re-trace a symbolic graph on concrete arguments: every size becomes a constant."""
+
+    def run(*flat):
+        return torch.fx.Interpreter(gm).run(*flat)
+
+    with fx_traceback.preserve_node_meta():
+        return make_fx(run, tracing_mode="fake")(*args)
+
+
+def _graph_compiler(kind: str, graph_id: int, options: Options, started: float):
+    def compile_fn(gm: torch.fx.GraphModule, example_inputs):
+        aot = time.perf_counter() - started if kind != "backward" else 0.0
+        COUNTERS["graphs"] += 1
+        graph = CompiledGraph(gm, example_inputs, name=f"g{graph_id}.{kind}", kind=kind, options=options,
+                              aot_seconds=aot)
+
+        # A plain function, not the object: AOTAutograd wraps backward compilers in
+        # torch._dynamo.disable, which keeps a function's attributes (_boxed_call).
+        def run(args):
+            return graph(args)
+
+        run._boxed_call = True
+        run.compiled_graph = graph
+        return run
+
+    return compile_fn
+
+
+def neuron_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **kwargs):
+    """Dynamo backend entry point (``torch.compile(..., backend="neuron", options={...})``)."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    if kwargs.get("mode") not in (None, "default"):
+        log.info("neuron backend ignores mode=%r", kwargs["mode"])
+    opts = Options.resolve(options)
+    graph_id = next(_GRAPH_IDS)
+    started = time.perf_counter()
+    backend = aot_autograd(
+        fw_compiler=_graph_compiler("forward", graph_id, opts, started),
+        bw_compiler=_graph_compiler("backward", graph_id, opts, started),
+        inference_compiler=_graph_compiler("inference", graph_id, opts, started),
+        decompositions=decomposition_table(),
+    )
+    return backend(gm, example_inputs)

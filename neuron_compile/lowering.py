@@ -1,0 +1,284 @@
+"""FX graph -> Torch-MLIR -> StableHLO, with a reproducer on failure.
+
+The graph that reaches ``lower_to_stablehlo`` is static (every size known),
+functional and decomposed (AOTAutograd already applied our table), and its
+placeholders are exactly the executable's arguments (parameters included:
+weights stay function arguments, never constants).
+
+Three named stages, each timed into the compile report:
+
+* ``import``: torch-mlir's ``FxImporter`` turns the FX graph into the torch
+  dialect; node stack traces become MLIR locations.
+* ``torch-backend``: ``torchdynamo-export-to-torch-backend-pipeline`` (shape and
+  dtype refinement, decompositions inside torch-mlir).
+* ``stablehlo``: ``torch-backend-to-stablehlo-backend-pipeline`` then
+  StableHLO's ``aggressive-simplification`` and ``canonicalize`` (they fold the
+  ``arith.constant`` ops the lowering leaves behind).
+
+When a stage fails, ``LoweringError`` names the ATen op that did not lower,
+the line of the user's code it came from (the FX node's stack trace), the
+files where the FX graph and the failing IR were saved, and the command that
+reproduces the failure (``neuron-compile repro DIR``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+TORCH_BACKEND_PIPELINE = (
+    "builtin.module(func.func(torch-match-quantized-custom-ops),"
+    "torchdynamo-export-to-torch-backend-pipeline{ extra-library=})"
+)
+STABLEHLO_PIPELINE = "builtin.module(torch-backend-to-stablehlo-backend-pipeline{allow-non-finites=True})"
+CLEANUP_PIPELINE = "builtin.module(func.func(stablehlo-aggressive-simplification),canonicalize)"
+
+STAGE_PIPELINES = {"torch-backend": TORCH_BACKEND_PIPELINE, "stablehlo": STABLEHLO_PIPELINE, "cleanup": CLEANUP_PIPELINE}
+
+
+class LoweringError(RuntimeError):
+    """An FX graph could not be lowered to StableHLO.
+
+    Attributes: ``op`` (ATen op name or None), ``source`` (user code line or
+    None), ``repro_dir`` (folder holding graph.py and the failing .mlir).
+    """
+
+    def __init__(self, message: str, *, op: str | None, source: str | None, repro_dir: str | None, stage: str):
+        super().__init__(message)
+        self.op = op
+        self.source = source
+        self.repro_dir = repro_dir
+        self.stage = stage
+
+
+@dataclass
+class Lowered:
+    """The output of lowering: the StableHLO module and the torch-dialect text for dumps."""
+
+    module: object  # torch_mlir.ir.Module holding StableHLO
+    torch_mlir: str | None  # torch-backend IR text when keep_torch_ir, else None
+
+
+def new_context():
+    """A torch-mlir MLIR context with the torch dialect and StableHLO passes registered."""
+    from torch_mlir import ir
+    from torch_mlir._mlir_libs import _stablehlo
+    from torch_mlir.dialects import torch as torch_d
+
+    _register_stablehlo_passes()
+    ctx = ir.Context()
+    torch_d.register_dialect(ctx)
+    _stablehlo.register_dialect(ctx)
+    return ctx
+
+
+_PASSES_REGISTERED = False
+
+
+def _register_stablehlo_passes():
+    global _PASSES_REGISTERED
+    if not _PASSES_REGISTERED:
+        from torch_mlir._mlir_libs import _stablehlo
+
+        _stablehlo.register_stablehlo_passes()
+        _PASSES_REGISTERED = True
+
+
+def run_pipeline(module, pipeline: str) -> list[str]:
+    """Run an MLIR pass pipeline in place; returns the diagnostics, raises on failure."""
+    from torch_mlir.passmanager import PassManager
+
+    diagnostics: list[str] = []
+
+    def handler(diag):
+        diagnostics.append(f"{diag.location}: {diag.message}")
+        for note in diag.notes:
+            diagnostics.append(f"  note: {note.location}: {note.message}")
+        return True
+
+    ctx = module.context
+    handle = ctx.attach_diagnostic_handler(handler)
+    try:
+        with ctx:
+            pm = PassManager.parse(pipeline)
+            try:
+                pm.run(module.operation)
+            except Exception as exc:
+                raise _PipelineFailed(str(exc), diagnostics) from None
+    finally:
+        handle.detach()
+    return diagnostics
+
+
+class _PipelineFailed(Exception):
+    def __init__(self, message, diagnostics):
+        super().__init__(message)
+        self.diagnostics = diagnostics
+
+
+def lower_to_stablehlo(gm: torch.fx.GraphModule, *, report=None, graph_name: str = "graph",
+                       keep_torch_ir: bool = False) -> Lowered:
+    """Lower a static, decomposed FX graph to a StableHLO module (parameters as arguments)."""
+    def stage(name):
+        return report.stage(name) if report is not None else _null_stage()
+
+    ctx = new_context()
+    with stage("import"):
+        try:
+            module = _import(gm, ctx)
+        except Exception as exc:
+            raise _error(gm, None, "import", str(exc), [], graph_name) from None
+    torch_ir = None
+    for index, name in enumerate(_STAGES):
+        if name == "stablehlo" and keep_torch_ir:
+            torch_ir = str(module.operation)
+        with stage("stablehlo" if name == "cleanup" else name):
+            try:
+                run_pipeline(module, STAGE_PIPELINES[name])
+            except _PipelineFailed as failed:
+                before = _replay(gm, _STAGES[:index])
+                raise _error(gm, before, name, str(failed), failed.diagnostics, graph_name) from None
+    return Lowered(module, torch_ir)
+
+
+_STAGES = ("torch-backend", "stablehlo", "cleanup")
+
+
+def _import(gm, ctx):
+    from torch_mlir.extras.fx_importer import FxImporter
+
+    importer = FxImporter(context=ctx)
+    importer.import_stateless_graph(gm.graph, func_name="main")
+    return importer.module
+
+
+def _replay(gm, stages) -> str | None:
+    """Rebuild the IR that entered a failed stage (only on the error path: no cost when lowering works)."""
+    try:
+        module = _import(gm, new_context())
+        for name in stages:
+            run_pipeline(module, STAGE_PIPELINES[name])
+        return module.operation.get_asm(enable_debug_info=True)
+    except Exception:
+        return None
+
+
+class _null_stage:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_ILLEGAL_OP = re.compile(r"failed to legalize operation '([\w.]+)'")
+_ATEN_IN_TEXT = re.compile(r"torch\.(aten|prims|torchvision)\.([\w.]+)")
+
+
+def _failing_op(diagnostics: list[str], message: str) -> str | None:
+    """The torch-dialect op named by the first 'failed to legalize' diagnostic, as aten.x.y."""
+    for text in diagnostics + [message]:
+        m = _ILLEGAL_OP.search(text)
+        if m and m.group(1).startswith("torch."):
+            return m.group(1)[len("torch."):]
+    for text in diagnostics:
+        m = _ATEN_IN_TEXT.search(text)
+        if m:
+            return f"{m.group(1)}.{m.group(2)}"
+    return None
+
+
+def _matches(node: torch.fx.Node, op: str) -> bool:
+    target = node.target
+    name = getattr(target, "name", None)
+    if callable(name):
+        full = name()  # e.g. "aten::squeeze.dims"
+        full = full.replace("::", ".")
+        return full == op or full.split(".")[:2] == op.split(".")[:2]
+    return False
+
+
+def user_source_line(node: torch.fx.Node) -> str | None:
+    """The innermost 'File ..., line N' frame of a node's stack trace, with its code line."""
+    trace = node.meta.get("stack_trace") or ""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', trace)
+    if not frames:
+        return None
+    path, line, func, code = frames[-1]
+    return f'{path}:{line} in {func}: {code.strip()}'
+
+
+def repro_root() -> Path:
+    root = os.environ.get("NEURON_COMPILE_REPRO_DIR")
+    return Path(root) if root else Path(tempfile.gettempdir()) / "neuron_compile_repro"
+
+
+def _error(gm, ir_text, stage, message, diagnostics, graph_name) -> LoweringError:
+    op = _failing_op(diagnostics, message)
+    source = None
+    node_name = None
+    if op:
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and _matches(node, op):
+                node_name = node.name
+                source = user_source_line(node)
+                if source:
+                    break
+    repro = None
+    try:
+        root = repro_root()
+        root.mkdir(parents=True, exist_ok=True)
+        repro = Path(tempfile.mkdtemp(prefix=f"{graph_name.replace('/', '_')}-", dir=root))
+        (repro / "graph.py").write_text(gm.print_readable(print_output=False, include_stride=True, include_device=True))
+        if ir_text is not None:
+            (repro / "input.mlir").write_text(ir_text)
+        (repro / "pipeline.txt").write_text(STAGE_PIPELINES.get(stage, "") + "\n")
+        (repro / "diagnostics.txt").write_text("\n".join(diagnostics) + "\n" + message + "\n")
+    except OSError:
+        repro = None
+    what = f"the ATen op `{op}`" if op else "an op"
+    where = f" (FX node `{node_name}`)" if node_name else ""
+    lines = [f"neuron_compile could not lower {what}{where} to StableHLO in graph {graph_name}, stage '{stage}'."]
+    if source:
+        lines.append(f"It comes from your code at {source}")
+    first_diag = next((d for d in diagnostics if "error" in d.lower() or "failed" in d.lower()), None)
+    if first_diag:
+        lines.append(f"Torch-MLIR said: {first_diag.strip()[:500]}")
+    if repro:
+        lines.append(f"The FX graph and the failing IR are saved in {repro}; reproduce with: neuron-compile repro {repro}")
+    lines.append(
+        "What to do: rewrite that line with ops that lower, or run it eagerly with "
+        "options={'fallback': 'eager'} / NEURON_COMPILE_FALLBACK=eager once fallback is available, "
+        "or wrap it in torch.compiler.disable."
+    )
+    return LoweringError("\n".join(lines), op=op, source=source, repro_dir=str(repro) if repro else None, stage=stage)
+
+
+def repro(directory: str | os.PathLike) -> str:
+    """Re-run the failing pipeline on a saved reproducer folder; returns the diagnostics."""
+    from torch_mlir import ir
+
+    directory = Path(directory)
+    pipeline = (directory / "pipeline.txt").read_text().strip()
+    ctx = new_context()
+    module = ir.Module.parse((directory / "input.mlir").read_text(), ctx)
+    try:
+        run_pipeline(module, pipeline)
+    except _PipelineFailed as failed:
+        return "\n".join(failed.diagnostics + [str(failed)])
+    return "pipeline succeeded: the failure did not reproduce"
+
+
+def strip_locations(text: str) -> str:
+    """StableHLO text without debug locations (for keys and readable dumps)."""
+    return re.sub(r"\s*loc\([^\n]*?\)(?=\s*$)", "", text, flags=re.MULTILINE)
+
+
+def now() -> float:
+    return time.perf_counter()

@@ -1,0 +1,65 @@
+"""Backend options: ``torch.compile(..., options={...})`` first, environment second.
+
+Every option has one environment variable, so an unchanged script can be
+steered from the shell. Unknown option names are an error that lists the
+known ones (a typo must not be silently ignored).
+
+| option     | environment variable          | default                 |
+|------------|-------------------------------|-------------------------|
+| passes     | NEURON_COMPILE_PASSES         | passes.DEFAULT_PIPELINE |
+| cache      | NEURON_COMPILE_CACHE (0 = off)| on                      |
+| cache_dir  | NEURON_COMPILE_CACHE_DIR      | $XDG_CACHE_HOME/neuron_compile |
+| dump_dir   | NEURON_COMPILE_DUMP_DIR       | off                     |
+| fallback   | NEURON_COMPILE_FALLBACK       | "error" (or "eager")    |
+| verify     | NEURON_COMPILE_VERIFY (1 = on)| off: verify IR after every pass |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return value.strip().lower() not in ("0", "false", "no", "off")
+
+
+def default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "neuron_compile")
+
+
+@dataclass(frozen=True)
+class Options:
+    passes: str | None = None  # None: the passes package's default pipeline
+    cache: bool = True
+    cache_dir: str = ""
+    dump_dir: str | None = None
+    fallback: str = "error"
+    verify: bool = False
+
+    @classmethod
+    def resolve(cls, user: dict | None = None) -> "Options":
+        user = dict(user or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(user) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown neuron backend option(s) {unknown}; known options: {sorted(known)}"
+            )
+        env = {
+            "passes": os.environ.get("NEURON_COMPILE_PASSES"),
+            "cache": _env_flag("NEURON_COMPILE_CACHE", True),
+            "cache_dir": os.environ.get("NEURON_COMPILE_CACHE_DIR") or default_cache_dir(),
+            "dump_dir": os.environ.get("NEURON_COMPILE_DUMP_DIR") or None,
+            "fallback": os.environ.get("NEURON_COMPILE_FALLBACK") or "error",
+            "verify": _env_flag("NEURON_COMPILE_VERIFY", False),
+        }
+        env.update(user)
+        if env["fallback"] not in ("error", "eager"):
+            raise ValueError(f"option fallback must be 'error' or 'eager', not {env['fallback']!r}")
+        return cls(**env)
