@@ -30,7 +30,7 @@ import torch.fx.traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from .compiler import Executable, compile_graph
-from .decompositions import decomposition_table
+from .decompositions import decompose_before_autograd, decomposition_table
 from .options import Options
 from .report import COUNTERS, CompileReport, record
 
@@ -153,6 +153,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     opts = Options.resolve(options)
     graph_id = next(_GRAPH_IDS)
     started = time.perf_counter()
+    decompose_before_autograd(gm)
     backend = aot_autograd(
         fw_compiler=_graph_compiler("forward", graph_id, opts, started),
         bw_compiler=_graph_compiler("backward", graph_id, opts, started),

@@ -23,6 +23,7 @@ import torch.fx
 
 from runtime.executor import XlaExecutable, to_buffer, to_tensor
 
+from .dump import GraphDump, pass_file_name
 from .lowering import lower_to_stablehlo
 from .report import COUNTERS, CompileReport
 
@@ -131,30 +132,49 @@ def op_counts(gm: torch.fx.GraphModule) -> dict[str, int]:
 
 def compile_graph(gm: torch.fx.GraphModule, *, report: CompileReport, options) -> Executable:
     """Compile one static, decomposed FX graph into an ``Executable``."""
+    dump = GraphDump(options.dump_dir, report.graph) if options.dump_dir else None
     # plan: drop what XLA never sees (scalars, unused inputs, passthrough outputs)
     plan = plan_graph(gm)
     report.nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
     report.ops = op_counts(gm)
+    if dump:
+        dump.write("00-fx-graph.py", gm.print_readable(print_output=False, include_stride=True))
     if plan.num_xla_outputs == 0:
         return Executable(plan, None, report)
     # lower: FX -> Torch-MLIR -> StableHLO, weights stay arguments
-    lowered = lower_to_stablehlo(gm, report=report, graph_name=report.graph)
-    # passes: our StableHLO -> StableHLO pipeline
+    lowered = lower_to_stablehlo(gm, report=report, graph_name=report.graph, keep_torch_ir=dump is not None)
+    if dump:
+        dump.write("01-torch.mlir", lowered.torch_mlir)
+        dump.write("02-stablehlo.mlir", str(lowered.module))
+    # passes: our StableHLO -> StableHLO pipeline, pass by pass
     with report.stage("passes"):
-        report.passes = run_passes(lowered.module, options)
+        report.passes = run_passes(lowered.module, options, dump)
     text = lowered.module.operation.get_asm(enable_debug_info=False)
+    if dump:
+        dump.write("04-final.mlir", text)
     # compile: StableHLO -> XLA executable
     with report.stage("xla-compile"):
         xla = XlaExecutable.compile(text)
     COUNTERS["xla_compiles"] += 1
+    if dump:
+        dump.write_json("report.json", report.as_dict())
     return Executable(plan, xla, report)
 
 
-def run_passes(module, options) -> list:
-    """Run the configured pass pipeline on a StableHLO module in place."""
-    try:
-        from passes import parse_pipeline  # the passes package lands separately
-    except ImportError:
-        return []
-    pipeline = parse_pipeline(options.passes if options.passes is not None else "default")
-    return pipeline.run(module, verify_each=options.verify)
+def resolve_pipeline(options):
+    """The pass pipeline the options ask for (a pipeline string or a profile name)."""
+    from passes import parse_pipeline
+
+    return parse_pipeline(options.passes if options.passes is not None else "default")
+
+
+def run_passes(module, options, dump=None) -> list:
+    """Run the configured pass pipeline on a StableHLO module in place, one pass at a time."""
+    from passes.pipeline import Pipeline
+
+    stats = []
+    for index, one in enumerate(resolve_pipeline(options).passes):
+        stats += Pipeline((one,)).run(module, verify_each=options.verify)
+        if dump:
+            dump.write(pass_file_name(index, one.name), str(module))
+    return stats

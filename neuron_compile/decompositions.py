@@ -38,6 +38,29 @@ def _squeeze_dims(x: torch.Tensor, dims):
     return aten.view.default(x, shape)
 
 
+@_ours(aten.slice_scatter)
+def _slice_scatter(x: torch.Tensor, src: torch.Tensor, dim: int = 0, start=None, end=None, step: int = 1):
+    # Backward of any slice (rotary embeddings' rotate_half in llama, qwen, ...) emits
+    # slice_scatter with end=INT64_MAX, on which torch-mlir's StableHLO lowering dies
+    # with std::bad_alloc. Clamp the bounds; a unit step becomes a concatenation.
+    dim = dim % x.dim()
+    size = x.shape[dim]
+    start = 0 if start is None else (start + size if start < 0 else start)
+    end = size if end is None else (end + size if end < 0 else end)
+    start, end = max(0, min(start, size)), max(0, min(end, size))
+    if step != 1:
+        from torch._decomp import decomposition_table as torch_table
+
+        return torch_table[aten.slice_scatter.default](x, src, dim, start, end, step)
+    pieces = []
+    if start > 0:
+        pieces.append(aten.slice.Tensor(x, dim, 0, start))
+    pieces.append(src)
+    if end < size:
+        pieces.append(aten.slice.Tensor(x, dim, end, size))
+    return aten.cat.default(pieces, dim) if len(pieces) > 1 else aten.clone.default(src)
+
+
 @functools.lru_cache(maxsize=1)
 def decomposition_table() -> dict:
     """The table we hand to AOTAutograd (a fresh dict each process, shared after)."""
@@ -46,3 +69,32 @@ def decomposition_table() -> dict:
     table = dict(get_decomposition_table())
     table.update(_OURS)
     return table
+
+
+def _sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    return torch.ops.aten._scaled_dot_product_attention_math(
+        query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
+    )[0]
+
+
+_SDPA_TARGETS = {torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention}
+
+
+def decompose_before_autograd(gm: torch.fx.GraphModule) -> int:
+    """Rewrite Dynamo's graph before AOTAutograd traces it; returns how many nodes changed.
+
+    ``scaled_dot_product_attention`` dispatches on CPU to the fused
+    ``_scaled_dot_product_flash_attention_for_cpu``, whose backward is an opaque
+    op torch-mlir cannot lower (every transformers model hits it in training).
+    Sending it to the math formulation instead (matmul, scale, mask, softmax,
+    matmul: the same algebra) lets autograd differentiate plain ops, and
+    leaves the attention pattern visible to our fusion pass.
+    """
+    changed = 0
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in _SDPA_TARGETS:
+            node.target = _sdpa_math
+            changed += 1
+    if changed:
+        gm.recompile()
+    return changed

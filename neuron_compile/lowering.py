@@ -178,6 +178,7 @@ class _null_stage:
 
 
 _ILLEGAL_OP = re.compile(r"failed to legalize operation '([\w.]+)'")
+_OPERATOR_NAME = re.compile(r'name = "torch\.([\w.]+)"')
 _ATEN_IN_TEXT = re.compile(r"torch\.(aten|prims|torchvision)\.([\w.]+)")
 
 
@@ -185,6 +186,10 @@ def _failing_op(diagnostics: list[str], message: str) -> str | None:
     """The torch-dialect op named by the first 'failed to legalize' diagnostic, as aten.x.y."""
     for text in diagnostics + [message]:
         m = _ILLEGAL_OP.search(text)
+        if m and m.group(1) == "torch.operator":
+            named = _OPERATOR_NAME.search(text)
+            if named:
+                return named.group(1)
         if m and m.group(1).startswith("torch."):
             return m.group(1)[len("torch."):]
     for text in diagnostics:
