@@ -183,30 +183,52 @@ _ATEN_IN_TEXT = re.compile(r"torch\.(aten|prims|torchvision)\.([\w.]+)")
 
 
 def _failing_op(diagnostics: list[str], message: str) -> str | None:
-    """The torch-dialect op named by the first 'failed to legalize' diagnostic, as aten.x.y."""
+    """The ATen op named by the first 'failed to legalize' diagnostic, as aten.x.y.
+
+    Returns None when the illegal op is torch-mlir glue (``torch.constant.int``,
+    ``torch.prim.ListConstruct``): those are left behind by an ATen op that did
+    not lower, which ``_nodes_at`` then finds by source location.
+    """
     for text in diagnostics + [message]:
         m = _ILLEGAL_OP.search(text)
-        if m and m.group(1) == "torch.operator":
+        if not m:
+            continue
+        name = m.group(1)
+        if name == "torch.operator":
             named = _OPERATOR_NAME.search(text)
-            if named:
-                return named.group(1)
-        if m and m.group(1).startswith("torch."):
-            return m.group(1)[len("torch."):]
-    for text in diagnostics:
-        m = _ATEN_IN_TEXT.search(text)
-        if m:
-            return f"{m.group(1)}.{m.group(2)}"
+            name = "torch." + named.group(1) if named else name
+        if name.startswith(("torch.aten.", "torch.prims.", "torch.torchvision.")):
+            return name[len("torch."):]
+        return None
     return None
 
 
+_LOCATION = re.compile(r'"([^"]+)":(\d+):\d+')
+
+
+def _nodes_at(gm, diagnostics: list[str]) -> list[torch.fx.Node]:
+    """FX nodes whose innermost stack frame is the first location a diagnostic names."""
+    for text in diagnostics:
+        m = _LOCATION.search(text)
+        if not m:
+            continue
+        path, line = m.group(1), m.group(2)
+        found = []
+        for node in gm.graph.nodes:
+            frames = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
+            if node.op == "call_function" and frames and frames[-1] == (path, line):
+                found.append(node)
+        return found
+    return []
+
+
 def _matches(node: torch.fx.Node, op: str) -> bool:
-    target = node.target
-    name = getattr(target, "name", None)
-    if callable(name):
-        full = name()  # e.g. "aten::squeeze.dims"
-        full = full.replace("::", ".")
-        return full == op or full.split(".")[:2] == op.split(".")[:2]
-    return False
+    name = getattr(node.target, "name", None)
+    if not callable(name):
+        return False
+    full = name().replace("::", ".")  # e.g. "aten.squeeze.dims"
+    base, want = full.split(".")[1], op.split(".")[1]
+    return full == op or base == want or base.lstrip("_") == want.lstrip("_")
 
 
 def user_source_line(node: torch.fx.Node) -> str | None:
@@ -226,15 +248,14 @@ def repro_root() -> Path:
 
 def _error(gm, ir_text, stage, message, diagnostics, graph_name) -> LoweringError:
     op = _failing_op(diagnostics, message)
-    source = None
-    node_name = None
-    if op:
-        for node in gm.graph.nodes:
-            if node.op == "call_function" and _matches(node, op):
-                node_name = node.name
-                source = user_source_line(node)
-                if source:
-                    break
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function" and op and _matches(n, op)]
+    if not nodes:
+        nodes = [n for n in _nodes_at(gm, diagnostics + [message]) if isinstance(n.target, torch._ops.OpOverload)]
+        if nodes and not op:
+            # glue left by an ATen op that did not lower: name the ATen ops on that line
+            op = ", ".join(dict.fromkeys(str(n.target).replace("aten::", "aten.") for n in nodes))
+    node_name = nodes[0].name if nodes else None
+    source = next((user_source_line(n) for n in nodes if user_source_line(n)), None)
     repro = None
     try:
         root = repro_root()
@@ -252,7 +273,7 @@ def _error(gm, ir_text, stage, message, diagnostics, graph_name) -> LoweringErro
     lines = [f"neuron_compile could not lower {what}{where} to StableHLO in graph {graph_name}, stage '{stage}'."]
     if source:
         lines.append(f"It comes from your code at {source}")
-    first_diag = next((d for d in diagnostics if "error" in d.lower() or "failed" in d.lower()), None)
+    first_diag = next((d for d in diagnostics + message.splitlines() if "error" in d.lower() or "failed to" in d.lower()), None)
     if first_diag:
         lines.append(f"Torch-MLIR said: {first_diag.strip()[:500]}")
     if repro:
