@@ -61,6 +61,20 @@ def _slice_scatter(x: torch.Tensor, src: torch.Tensor, dim: int = 0, start=None,
     return aten.cat.default(pieces, dim) if len(pieces) > 1 else aten.clone.default(src)
 
 
+@_ours(aten.max_pool2d_with_indices_backward)
+def _max_pool2d_backward(grad_output, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    # Every CNN with max-pooling hits this in training; torch-mlir has no StableHLO
+    # lowering for it. The forward's indices are flat positions in each (N, C)
+    # plane, so the gradient is a scatter-add of grad_output into those positions
+    # (overlapping windows add up, as in eager).
+    batch = list(x.shape[:-2])
+    plane = x.shape[-2] * x.shape[-1]
+    zeros = aten.new_zeros.default(grad_output, batch + [plane])
+    flat_grad = aten.view.default(grad_output, batch + [-1])
+    flat_idx = aten.view.default(indices, batch + [-1])
+    return aten.view.default(aten.scatter_add.default(zeros, -1, flat_idx, flat_grad), list(x.shape))
+
+
 @functools.lru_cache(maxsize=1)
 def decomposition_table() -> dict:
     """The table we hand to AOTAutograd (a fresh dict each process, shared after)."""

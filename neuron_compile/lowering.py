@@ -144,7 +144,38 @@ def lower_to_stablehlo(gm: torch.fx.GraphModule, *, report=None, graph_name: str
             except _PipelineFailed as failed:
                 before = _replay(gm, _STAGES[:index])
                 raise _error(gm, before, name, str(failed), failed.diagnostics, graph_name) from None
+    with stage("stablehlo"):
+        fix_unsigned_compares(module)
     return Lowered(module, torch_ir)
+
+
+def fix_unsigned_compares(module) -> int:
+    """Give ``stablehlo.compare`` on unsigned and boolean operands the UNSIGNED type.
+
+    torch-mlir emits ``compare ... SIGNED`` for every integer type; XLA's HLO
+    verifier rejects that for ``ui8`` and ``i1`` ("Expected comparison type
+    UNSIGNED"). Returns how many compares were fixed.
+    """
+    from torch_mlir import ir
+
+    fixed = 0
+    with module.context:
+        unsigned = ir.Attribute.parse("#stablehlo<comparison_type UNSIGNED>")
+
+        def visit(op):
+            nonlocal fixed
+            if op.name == "stablehlo.compare" and "compare_type" in op.attributes:
+                element = op.operands[0].type.element_type
+                if isinstance(element, ir.IntegerType):
+                    int_type = element
+                    if (int_type.is_unsigned or int_type.width == 1) and "SIGNED" in str(op.attributes["compare_type"]) \
+                            and "UNSIGNED" not in str(op.attributes["compare_type"]):
+                        op.attributes["compare_type"] = unsigned
+                        fixed += 1
+            return ir.WalkResult.ADVANCE
+
+        module.operation.walk(visit)
+    return fixed
 
 
 _STAGES = ("torch-backend", "stablehlo", "cleanup")
