@@ -1,0 +1,85 @@
+"""Hugging Face models built from tiny configs (random weights, no download) against eager."""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="transformers is in the test extra")
+
+import neuron_compile  # noqa: E402
+
+VOCAB = 128
+
+
+def tiny_config(name):
+    common = dict(vocab_size=VOCAB, max_position_embeddings=128)
+    if name == "gpt2":
+        return transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=128, vocab_size=VOCAB,
+                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    if name == "bert":
+        return transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                       intermediate_size=128, hidden_dropout_prob=0.0,
+                                       attention_probs_dropout_prob=0.0, **common)
+    return transformers.AutoConfig.for_model(
+        name, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, **common)
+
+
+def build(name):
+    torch.manual_seed(0)
+    cfg = tiny_config(name)
+    if name == "bert":
+        return transformers.BertForMaskedLM(cfg)
+    return transformers.AutoModelForCausalLM.from_config(cfg)
+
+
+def grads(model):
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gpt2", "llama", "qwen3", "bert"])
+def test_inference_logits_loss_and_gradients(name):
+    model = build(name)
+    ids = torch.randint(0, VOCAB, (2, 16))
+    compiled = torch.compile(model, backend="neuron")
+
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(input_ids=ids).logits, model(input_ids=ids).logits,
+                                   rtol=1e-4, atol=1e-4)
+
+    model.train()
+    loss = compiled(input_ids=ids, labels=ids).loss
+    loss.backward()
+    got = grads(model)
+    model.zero_grad()
+    ref = model(input_ids=ids, labels=ids).loss
+    ref.backward()
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
+    expected = grads(model)
+    assert got.keys() == expected.keys() and len(got) > 10
+    for param, g in expected.items():
+        torch.testing.assert_close(got[param], g, rtol=1e-3, atol=1e-5, msg=param)
+    kinds = {r.kind for r in neuron_compile.compile_reports()}
+    assert {"inference", "forward", "backward"} <= kinds
+
+
+@pytest.mark.slow
+def test_five_adamw_steps_of_tiny_llama_follow_eager():
+    eager = build("llama")
+    model = build("llama")
+    model.load_state_dict(eager.state_dict())
+    compiled = torch.compile(model, backend="neuron")
+    opt_eager = torch.optim.AdamW(eager.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, VOCAB, (2, 16))
+    ours, theirs = [], []
+    for _ in range(5):
+        for m, o, losses, fn in ((eager, opt_eager, theirs, eager), (model, opt, ours, compiled)):
+            o.zero_grad()
+            loss = fn(input_ids=ids, labels=ids).loss
+            loss.backward()
+            o.step()
+            losses.append(loss.item())
+    assert theirs[-1] < theirs[0]  # it trains
+    torch.testing.assert_close(torch.tensor(ours), torch.tensor(theirs), rtol=1e-4, atol=0)
