@@ -151,10 +151,13 @@ def match_normalization(g: BlockGraph, r: int, claimed: set) -> Match:
     kind, x = "rms_norm", d
     dp = g.producer(d)
     if dp is not None and g.name(dp) == "stablehlo.subtract":
-        # layer norm: d = x - broadcast(mean(x)); mean must not depend on rsqrt
+        # layer norm: d = x - broadcast(mean(x)); the mean is a reduction
+        # that does not itself depend on the rsqrt
         mean = g.producer(g.ops[dp].operands[1])
-        if mean is not None and r not in g.forward([mean]):
-            kind, x = "layer_norm", g.ops[dp].operands[0]
+        if mean is not None:
+            above = g.backward([mean])
+            if r not in above and any(g.name(i) == "stablehlo.reduce" for i in above):
+                kind, x = "layer_norm", g.ops[dp].operands[0]
     # epilogue: [convert] [* broadcast(w)] [+ broadcast(b)]
     y = m
     for name in ("stablehlo.convert", "stablehlo.multiply", "stablehlo.add"):

@@ -1,4 +1,4 @@
-"""`pad-to-multiple{multiple=128,max-ratio=4.0}`: pad matmuls and convolutions.
+"""`pad-to-multiple{multiple=128,max-ratio=4.0,free-dims=lhs}`: pad matmuls and convolutions.
 
 Trainium lays tensors on 128 SBUF partitions and multiplies on a 128x128
 array, so a Neuron-style compiler wants the dims of a matmul that land on
@@ -8,12 +8,22 @@ the result back, in four layers (as Inductor's pad_mm does):
 1. arithmetic (pure): ``padded_length(n, multiple)``, ``padded_shape``;
 2. legality: ``dot_general_plan`` / ``convolution_plan`` say which operand
    dims may be padded and to what (static shapes; contracting dims padded on
-   both sides alike; free dims of both operands; for convolution the input
-   and output feature dims, only when ungrouped), or None;
+   both sides alike; the free dims that map to partitions; for convolution
+   the input and output feature dims, only when ungrouped), or None;
 3. profitability: ``should_pad`` keeps a plan whose padded-to-original work
    ratio is at most ``max-ratio`` (``inf`` pads everything);
 4. rewrite: pad operands with ``stablehlo.pad`` (zeros at the high end), run
    the op on padded shapes, ``stablehlo.slice`` the result back.
+
+Which free dims: on the tensor engine the contracting dim and the stationary
+operand's free dim sit on the 128 partitions (the latter becomes the output's
+partition dim); the moving operand's free dim streams through in tiles of up
+to 512 and needs no padding. dot_general puts the lhs free dims first in its
+result, so ``free-dims=lhs`` (the default) pads contracting + lhs free dims;
+``free-dims=both`` also pads the rhs free dims (a 128x128-tile layout of the
+output). Measured on XLA CPU (benchmarks/results/passes.md), padding the rhs
+free dim of GPT-2's LM head (50257 -> 50304) costs a copy of the padded
+weight and of the sliced logits on every call.
 
 Why it is exact: a zero contracting entry adds ``0*x = 0`` to every sum; a
 zero free row or column only produces result entries that the slice drops.
@@ -21,7 +31,9 @@ zero free row or column only produces result entries that the slice drops.
 Pads a producer already provides are not repeated: a value padded for two
 consumers is padded once (memo per value and target), and an operand that is
 ``slice(P)`` of a value P known to be zero beyond the slice (a zero pad, or a
-padded dot_general of such values) is taken from P directly. A chain of
+padded dot_general of such values) is taken from P directly (P itself, or P
+sliced or zero-padded to the target where the two consumers pad different
+dims). A chain of
 padded matmuls therefore stays padded between them. This reuse assumes finite
 values: a padded row times an ``inf`` gives NaN, which the slice would drop
 but a reused P carries into the next contraction.
@@ -98,8 +110,9 @@ def _numeric(value: ir.Value) -> bool:
     )
 
 
-def dot_general_plan(op, multiple: int) -> Optional[PadPlan]:
-    """Pad contracting dims (both sides alike) and the free dims of both sides."""
+def dot_general_plan(op, multiple: int, free_dims: str = "lhs") -> Optional[PadPlan]:
+    """Pad contracting dims (both sides alike) and the lhs free dims (and the
+    rhs free dims with ``free_dims="both"``)."""
     lhs, rhs = op.operands[0], op.operands[1]
     res = op.results[0]
     if not all(is_static(v) and _numeric(v) for v in (lhs, rhs, res)):
@@ -113,7 +126,7 @@ def dot_general_plan(op, multiple: int) -> Optional[PadPlan]:
     if any(ls[a] != rs[b] for a, b in zip(lc, rc)) or 0 in ls or 0 in rs:
         return None
     lhs_target = padded_shape(ls, lc + lf, multiple)
-    rhs_target = padded_shape(rs, rc + rf, multiple)
+    rhs_target = padded_shape(rs, rc + (rf if free_dims == "both" else []), multiple)
     padded_result = tuple(
         [ls[d] for d in lb] + [lhs_target[d] for d in lf] + [rhs_target[d] for d in rf]
     )
@@ -134,7 +147,7 @@ def dot_general_plan(op, multiple: int) -> Optional[PadPlan]:
     )
 
 
-def convolution_plan(op, multiple: int) -> Optional[PadPlan]:
+def convolution_plan(op, multiple: int, free_dims: str = "lhs") -> Optional[PadPlan]:
     """Pad input features (input and kernel alike) and output features."""
     lhs, rhs = op.operands[0], op.operands[1]
     res = op.results[0]
@@ -264,9 +277,14 @@ class _Rewriter:
             return None
         p = op.operands[0]
         s, e, ps = shape(x), zero_beyond(p, self.zero_memo), shape(p)
-        if not all(ed <= sd for ed, sd in zip(e, s)) or not all(t <= q for t, q in zip(target, ps)):
+        if not all(ed <= sd for ed, sd in zip(e, s)):
             return None
-        return p if ps == target else build_slice(p, target, ip)
+        # resize P to target: slice dims where P is larger, zero-pad where smaller
+        if any(t < q for t, q in zip(target, ps)):
+            p = build_slice(p, [min(t, q) for t, q in zip(target, ps)], ip)
+        if shape(p) != target:
+            p = build_pad(p, target, ip)
+        return p
 
     def rewrite(self, op, plan: PadPlan) -> None:
         ip = ir.InsertionPoint(op)
@@ -315,8 +333,11 @@ class PadToMultiple:
     name = "pad-to-multiple"
     multiple: int = 128
     max_ratio: float = 4.0
+    free_dims: str = "lhs"
 
     def __post_init__(self):
+        if self.free_dims not in ("lhs", "both"):
+            raise ValueError(f"free-dims must be 'lhs' or 'both', got {self.free_dims!r}")
         if self.multiple < 1:
             raise ValueError(f"multiple must be >= 1, got {self.multiple}")
         if not self.max_ratio >= 1.0:
@@ -334,7 +355,7 @@ class PadToMultiple:
                     planner = PLANNERS.get(op.name)
                     if planner is None:
                         continue
-                    plan = planner(op, self.multiple)
+                    plan = planner(op, self.multiple, self.free_dims)
                     if plan is None:
                         illegal += 1
                         continue
