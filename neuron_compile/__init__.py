@@ -7,12 +7,32 @@ holds the StableHLO passes and ``runtime`` the artifact format, the cache and
 the XLA executor.
 
 Public API: ``compile_reports()`` (one ``CompileReport`` per compiled graph),
-``COUNTERS`` (graphs, compiles, cache hits...), ``reset()``, ``LoweringError``.
+``COUNTERS`` (graphs, compiles, cache hits...), ``cache_stats()`` (memory and
+disk hits, misses, compiles, bytes, compile time saved, the disk cache's
+state), ``reset()``, ``LoweringError``.
 """
 
+__version__ = "0.1.0"  # first: cache_key puts it in every key
+
+from . import report as _report
 from .lowering import LoweringError
-from .report import COUNTERS, CompileReport, compile_reports, format_table, reset
+from .report import COUNTERS, CompileReport, compile_reports, format_table
 
-__version__ = "0.1.0"
 
-__all__ = ["COUNTERS", "CompileReport", "LoweringError", "compile_reports", "format_table", "reset", "__version__"]
+def reset() -> None:
+    """Forget reports, zero the counters and empty the in-memory executable cache (not the disk)."""
+    from .compiler import MEMORY
+
+    _report.reset()
+    MEMORY.clear()
+
+
+def cache_stats(options=None) -> dict:
+    """Cache counters of this process (``process``) and the disk cache's entries, bytes, cap and totals (``disk``)."""
+    from .compiler import cache_stats as stats
+
+    return stats(options)
+
+
+__all__ = ["COUNTERS", "CompileReport", "LoweringError", "cache_stats", "compile_reports", "format_table", "reset",
+           "__version__"]

@@ -3,9 +3,13 @@
 ``compile_graph`` reads top to bottom as the pipeline:
 
     plan      which graph inputs and outputs actually cross into XLA
+    key       FX graph + input signature + pipeline + toolchain (cache_key.fx_cache_key)
+    cache     memory, then disk: a hit skips everything below  (runtime.cache)
     lower     FX -> Torch-MLIR -> StableHLO            (neuron_compile.lowering)
+    key       StableHLO without locations: another FX graph may have built it
     passes    StableHLO -> StableHLO, pass by pass     (passes/)
     compile   StableHLO -> XLA executable              (runtime/)
+    store     artifact (manifest + portable StableHLO + executable + SHA-256)
 
 and returns an ``Executable``: a callable on the graph's boxed argument list.
 Every stage is timed into the ``CompileReport`` under its own name. Dynamic
@@ -16,13 +20,18 @@ by ``specialize`` (a re-trace of the symbolic graph on concrete sizes).
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from dataclasses import dataclass, field
 
 import torch
 import torch.fx
 
-from runtime.executor import XlaExecutable, to_buffer, to_tensor
+from runtime.artifact import Artifact, portable_stablehlo
+from runtime.cache import ArtifactCache, CacheResult, CompileCache, MemoryCache
+from runtime.executor import XlaExecutable, platform_description, to_buffer, to_tensor
 
+from .cache_key import fx_cache_key, input_signature, output_signature, stablehlo_cache_key
 from .dump import GraphDump, pass_file_name
 from .lowering import lower_to_stablehlo
 from .report import COUNTERS, CompileReport
@@ -141,24 +150,152 @@ def compile_graph(gm: torch.fx.GraphModule, *, report: CompileReport, options) -
         dump.write("00-fx-graph.py", gm.print_readable(print_output=False, include_stride=True))
     if plan.num_xla_outputs == 0:
         return Executable(plan, None, report)
-    # lower: FX -> Torch-MLIR -> StableHLO, weights stay arguments
-    lowered = lower_to_stablehlo(gm, report=report, graph_name=report.graph, keep_torch_ir=dump is not None)
-    if dump:
-        dump.write("01-torch.mlir", lowered.torch_mlir)
-        dump.write("02-stablehlo.mlir", str(lowered.module))
-    # passes: our StableHLO -> StableHLO pipeline, pass by pass
-    with report.stage("passes"):
-        report.passes = run_passes(lowered.module, options, dump)
-    text = lowered.module.operation.get_asm(enable_debug_info=False)
-    if dump:
-        dump.write("04-final.mlir", text)
-    # compile: StableHLO -> XLA executable
-    with report.stage("xla-compile"):
-        xla = XlaExecutable.compile(text)
-    COUNTERS["xla_compiles"] += 1
+    cache = compile_cache(options)
+    if cache is None:
+        # lower, passes, compile: no key, no artifact
+        xla = LoweredGraph(gm, report, options, dump, front=None).compile()[1]
+    else:
+        # key: the FX graph and its input signature, known without lowering
+        with report.stage("cache-key"):
+            front = fx_cache_key(gm, options.passes or "default")
+        # cache: memory, then disk; a miss lowers, keys the StableHLO, compiles, stores
+        result = cache.get(front, lambda: LoweredGraph(gm, report, options, dump, front=front),
+                           check=_fits(gm, plan))
+        _count(result, report, dump)
+        xla = result.loaded.executable
     if dump:
         dump.write_json("report.json", report.as_dict())
     return Executable(plan, xla, report)
+
+
+class LoweredGraph:
+    """A graph lowered to StableHLO, keyed, waiting for passes and the XLA compile (``runtime.cache.Pending``)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, report: CompileReport, options, dump, *, front):
+        self.gm, self.report, self.options, self.dump, self.front = gm, report, options, dump, front
+        self._stages_before = set(report.stages)
+        # lower: FX -> Torch-MLIR -> StableHLO, weights stay arguments
+        lowered = lower_to_stablehlo(gm, report=report, graph_name=report.graph, keep_torch_ir=dump is not None)
+        COUNTERS["lowerings"] += 1
+        if dump:
+            dump.write("01-torch.mlir", lowered.torch_mlir)
+            dump.write("02-stablehlo.mlir", str(lowered.module))
+        self.module = lowered.module
+        self.pipeline = resolve_pipeline(options)
+        self.key = None
+        if front is not None:
+            # key: the StableHLO without debug locations, so other FX graphs and source lines share it
+            with report.stage("cache-key"):
+                text = self.module.operation.get_asm(enable_debug_info=False)
+                self.key = stablehlo_cache_key(text, input_signature(gm), self.pipeline.spec)
+
+    def compile(self) -> tuple[Artifact | None, XlaExecutable]:
+        report, dump = self.report, self.dump
+        # passes: our StableHLO -> StableHLO pipeline, pass by pass
+        with report.stage("passes"):
+            report.passes = run_passes(self.module, self.options, dump)
+        text = self.module.operation.get_asm(enable_debug_info=False)
+        if dump:
+            dump.write("04-final.mlir", text)
+        # compile: StableHLO -> XLA executable (raises on failure: nothing is stored)
+        with report.stage("xla-compile"):
+            xla = XlaExecutable.compile(text)
+        COUNTERS["xla_compiles"] += 1
+        if self.key is None:
+            return None, xla
+        # serialize: the artifact the cache stores
+        with report.stage("serialize"):
+            stablehlo, encoding = portable_stablehlo(text)
+            executable = xla.serialize()
+        return Artifact(self._manifest(encoding), stablehlo, executable), xla
+
+    def _manifest(self, encoding: dict) -> dict:
+        import datetime
+
+        from runtime.cache_key import tool_versions, xla_compile_options
+
+        from . import __version__
+
+        report = self.report
+        return {
+            "format": "neuron_compile artifact", "format_version": 1,
+            "key": self.key.digest, "key_parts": self.key.as_manifest(),
+            "fx_key": self.front.digest, "fx_key_parts": self.front.as_manifest(),
+            "graph": report.graph, "kind": report.kind,
+            "inputs": [_tensor_info(n) for n in self.gm.graph.nodes if n.op == "placeholder"],
+            "input_signature": input_signature(self.gm),
+            "outputs": [_tensor_info(n) for n in _output_nodes(self.gm)],
+            "output_signature": output_signature(self.gm),
+            "pipeline": self.pipeline.spec,
+            "passes": [p.as_dict() if hasattr(p, "as_dict") else dict(p.__dict__) for p in report.passes],
+            "versions": {"neuron_compile": __version__, **tool_versions()},
+            "platform": platform_description(),
+            "xla_compile_options": xla_compile_options(),
+            "stages": {k: round(v, 6) for k, v in report.stages.items() if k not in self._stages_before},
+            "stablehlo": encoding,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        }
+
+
+def _output_nodes(gm: torch.fx.GraphModule) -> list:
+    return list(next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0])
+
+
+def _tensor_info(node: torch.fx.Node) -> dict:
+    val = node.meta.get("val")
+    return {"shape": list(val.shape), "dtype": str(val.dtype).removeprefix("torch.")}
+
+
+def _fits(gm: torch.fx.GraphModule, plan: GraphPlan):
+    """A cached manifest must describe exactly the XLA parameters and results this plan expects."""
+    def check(manifest: dict) -> str | None:
+        if manifest.get("input_signature") != input_signature(gm):
+            return "its input signature is not this graph's"
+        if len(manifest.get("outputs", ())) != plan.num_xla_outputs:
+            return "its output count is not this graph's"
+        return None
+
+    return check
+
+
+# The memory level is one per process; disk levels one per (folder, cap).
+MEMORY = MemoryCache()
+_DISKS: dict[tuple[str, int], CompileCache] = {}
+_DISKS_LOCK = threading.Lock()
+
+
+def compile_cache(options) -> CompileCache | None:
+    """The two-level cache the options ask for (None when NEURON_COMPILE_CACHE=0)."""
+    if not options.cache:
+        return None
+    key = (os.path.abspath(options.cache_dir), options.cache_max_bytes)
+    with _DISKS_LOCK:
+        if key not in _DISKS:
+            _DISKS[key] = CompileCache(MEMORY, ArtifactCache(key[0], max_bytes=key[1]))
+        return _DISKS[key]
+
+
+def _count(result: CacheResult, report: CompileReport, dump) -> None:
+    report.cache = result.source
+    COUNTERS["memory_hits" if result.source == "memory" else "disk_hits" if result.source == "disk" else "misses"] += 1
+    COUNTERS["bytes_written"] += result.bytes_written
+    COUNTERS["bytes_read"] += result.bytes_read
+    COUNTERS["compile_seconds_saved"] += result.seconds_saved
+    if dump:
+        dump.write_json("manifest.json", result.loaded.manifest)
+
+
+def cache_stats(options=None) -> dict:
+    """This process's cache counters and the disk cache's state (``neuron_compile.cache_stats()``)."""
+    from .options import Options
+
+    options = options or Options.resolve()
+    counters = {name: COUNTERS[name] for name in (
+        "memory_hits", "disk_hits", "misses", "xla_compiles", "lowerings", "bytes_written", "bytes_read",
+        "compile_seconds_saved")}
+    counters["compiles"] = counters["xla_compiles"]
+    disk = ArtifactCache(options.cache_dir, max_bytes=options.cache_max_bytes).stats() if options.cache else None
+    return {"process": counters, "disk": disk, "memory_entries": len(MEMORY)}
 
 
 def resolve_pipeline(options):

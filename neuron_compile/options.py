@@ -9,6 +9,7 @@ known ones (a typo must not be silently ignored).
 | passes     | NEURON_COMPILE_PASSES         | passes.DEFAULT_PIPELINE |
 | cache      | NEURON_COMPILE_CACHE (0 = off)| on                      |
 | cache_dir  | NEURON_COMPILE_CACHE_DIR      | $XDG_CACHE_HOME/neuron_compile |
+| cache_max_bytes | NEURON_COMPILE_CACHE_MAX_BYTES | 2 GiB (least recently used evicted) |
 | dump_dir   | NEURON_COMPILE_DUMP_DIR       | off                     |
 | fallback   | NEURON_COMPILE_FALLBACK       | "error" (or "eager")    |
 | verify     | NEURON_COMPILE_VERIFY (1 = on)| off: verify IR after every pass |
@@ -28,6 +29,21 @@ def _env_flag(name: str, default: bool) -> bool:
     return value.strip().lower() not in ("0", "false", "no", "off")
 
 
+DEFAULT_CACHE_MAX_BYTES = 2 << 30
+
+
+def _env_bytes(name: str, default: int) -> int:
+    value = (os.environ.get(name) or "").strip()
+    if not value:
+        return default
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    scale = units.get(value[-1].lower(), 1)
+    try:
+        return int(float(value[:-1] if scale != 1 else value) * scale)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not a size in bytes (e.g. 2000000000, 500M, 2G)") from None
+
+
 def default_cache_dir() -> str:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "neuron_compile")
@@ -38,6 +54,7 @@ class Options:
     passes: str | None = None  # None: the passes package's default pipeline
     cache: bool = True
     cache_dir: str = ""
+    cache_max_bytes: int = DEFAULT_CACHE_MAX_BYTES
     dump_dir: str | None = None
     fallback: str = "error"
     verify: bool = False
@@ -55,6 +72,7 @@ class Options:
             "passes": os.environ.get("NEURON_COMPILE_PASSES"),
             "cache": _env_flag("NEURON_COMPILE_CACHE", True),
             "cache_dir": os.environ.get("NEURON_COMPILE_CACHE_DIR") or default_cache_dir(),
+            "cache_max_bytes": _env_bytes("NEURON_COMPILE_CACHE_MAX_BYTES", DEFAULT_CACHE_MAX_BYTES),
             "dump_dir": os.environ.get("NEURON_COMPILE_DUMP_DIR") or None,
             "fallback": os.environ.get("NEURON_COMPILE_FALLBACK") or "error",
             "verify": _env_flag("NEURON_COMPILE_VERIFY", False),

@@ -1,0 +1,161 @@
+"""The two cache keys of a graph, as named parts (``runtime.cache_key.CacheKey``).
+
+* ``fx_cache_key``: known before any lowering, so a process that meets a graph
+  it has compiled before does no Torch-MLIR lowering and no XLA compile. Parts:
+  the planned FX graph in a canonical form (``fx_graph_text``: node names, user
+  variable names and stack traces left out, every op, argument, constant and
+  value type in), the input signature (shape, stride, dtype of each XLA
+  parameter), the pass pipeline spec, the source fingerprint of our own code
+  (lowering rules and passes change executables without a version bump), and
+  the toolchain parts (tool versions, XLA platform and compile options).
+* ``stablehlo_cache_key``: known after lowering, the key artifacts are stored
+  under. Parts: the StableHLO printed without debug locations (the same graph
+  from two source lines or two processes is one key), the input signature, the
+  pipeline spec, our source fingerprint and the toolchain parts.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+from pathlib import Path
+
+import torch
+import torch.fx
+
+from runtime.cache_key import CacheKey, toolchain_parts
+
+from . import __version__
+
+
+# Modules that cannot change what an FX graph compiles to (the CLI, reports, dumps, the cache's
+# bookkeeping): editing them must not invalidate every cached executable. Everything else is in.
+_NOT_IN_FINGERPRINT = {
+    "neuron_compile/__main__.py", "neuron_compile/cli.py", "neuron_compile/models.py", "neuron_compile/specs.py",
+    "neuron_compile/report.py", "neuron_compile/dump.py", "neuron_compile/options.py", "runtime/cache.py",
+}
+
+
+@functools.lru_cache(maxsize=1)
+def source_fingerprint() -> str:
+    """SHA-256 over the sources of neuron_compile, passes and runtime (like Inductor's torch_key).
+
+    The version number alone is not enough: an edited lowering rule or pass
+    changes executables without a version bump.
+    """
+    digest = hashlib.sha256()
+    top = Path(__file__).resolve().parent.parent
+    for package in ("neuron_compile", "passes", "runtime"):
+        for path in sorted((top / package).rglob("*.py")):
+            if path.relative_to(top).as_posix() in _NOT_IN_FINGERPRINT:
+                continue
+            digest.update(str(path.relative_to(top)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _value_type(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}s{list(value.stride())}"
+    if isinstance(value, (list, tuple)):
+        return "(" + ",".join(_value_type(v) for v in value) + ")"
+    return type(value).__name__ if value is not None else "-"
+
+
+def _target_name(target) -> str:
+    if isinstance(target, str):
+        return target
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return str(target)
+    return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"
+
+
+def _tensor_constant(tensor: torch.Tensor) -> str:
+    data = tensor.detach().cpu().contiguous()
+    raw = data.view(torch.uint8).numpy().tobytes() if data.numel() else b""
+    return f"tensor<{_value_type(tensor)}>#{hashlib.sha256(raw).hexdigest()[:32]}"
+
+
+def _arg(value, index: dict) -> str:
+    if isinstance(value, torch.fx.Node):
+        return f"%{index[value]}"
+    if isinstance(value, (list, tuple)):
+        inner = ",".join(_arg(v, index) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner})"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}={_arg(v, index)}" for k, v in value.items()) + "}"
+    if isinstance(value, torch.Tensor):
+        return _tensor_constant(value)
+    if isinstance(value, float):
+        return repr(value)  # repr is exact for floats
+    return repr(value)
+
+
+def fx_graph_text(gm: torch.fx.GraphModule) -> str:
+    """The graph as one line per node: position, op, target, arguments by position, value type.
+
+    Names are replaced by positions, so the same computation traced from other
+    source lines, variable names or processes gives the same text; the stack
+    traces (node.meta["stack_trace"]) are not part of it. Tensor constants
+    (get_attr) are included by content hash.
+    """
+    index: dict[torch.fx.Node, int] = {}
+    lines = []
+    for i, node in enumerate(gm.graph.nodes):
+        index[node] = i
+        if node.op == "get_attr":
+            value = gm
+            for atom in str(node.target).split("."):
+                value = getattr(value, atom)
+            target = _tensor_constant(value) if isinstance(value, torch.Tensor) else _target_name(type(value))
+        elif node.op in ("placeholder", "output"):
+            target = ""
+        else:
+            target = _target_name(node.target)
+        args = _arg(node.args, index)
+        kwargs = _arg(dict(node.kwargs), index) if node.kwargs else ""
+        lines.append(f"{i} {node.op} {target} {args}{kwargs} : {_value_type(node.meta.get('val'))}")
+    return "\n".join(lines)
+
+
+def input_signature(gm: torch.fx.GraphModule) -> list[str]:
+    """dtype[shape]s[stride] of each placeholder (after planning: exactly the XLA parameters)."""
+    return [_value_type(n.meta.get("val")) for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def output_signature(gm: torch.fx.GraphModule) -> list[str]:
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    return [_value_type(v.meta.get("val")) for v in out.args[0]]
+
+
+def _ours() -> dict:
+    return {"version": __version__, "source": source_fingerprint()}
+
+
+def fx_cache_key(gm: torch.fx.GraphModule, pipeline_spec: str) -> CacheKey:
+    return CacheKey.build("fx", {
+        "fx_graph": fx_graph_text(gm),
+        "input_signature": input_signature(gm),
+        "pass_pipeline": pipeline_spec,
+        "neuron_compile": _ours(),
+        **toolchain_parts(),
+    })
+
+
+_LOC = re.compile(r"\s*loc\([^\n]*?\)(?=\s*$)|^#loc.*$", re.MULTILINE)
+
+
+def strip_debug_locations(text: str) -> str:
+    """StableHLO text without ``loc(...)`` annotations or ``#loc`` aliases."""
+    return _LOC.sub("", text)
+
+
+def stablehlo_cache_key(stablehlo_text: str, signature: list[str], pipeline_spec: str) -> CacheKey:
+    return CacheKey.build("stablehlo", {
+        "stablehlo": strip_debug_locations(stablehlo_text),
+        "input_signature": signature,
+        "pass_pipeline": pipeline_spec,
+        "neuron_compile": _ours(),
+        **toolchain_parts(),
+    })

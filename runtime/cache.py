@@ -1,0 +1,631 @@
+"""The two-level compile cache: in memory (single flight per key) and on disk (sharded, locked, capped).
+
+Generic: keys in (``runtime.cache_key.CacheKey``), artifacts out
+(``runtime.artifact``). The caller supplies two keys:
+
+* a *front* key, cheap to compute before any lowering (``neuron_compile`` uses
+  the FX graph and its input signature, like Inductor's FX graph cache); an
+  index entry maps it to
+* a *content* key, known after lowering (the StableHLO with locations
+  stripped), under which the artifact is stored. Two FX graphs that lower to
+  the same StableHLO share one artifact.
+
+``CompileCache.get(front, lower)`` is the whole protocol::
+
+    memory[front]                          -> "memory" (threads wait for an in-flight compile)
+    disk index[front] -> artifact          -> "disk"
+    lock(front); look again                -> "disk"
+    pending = lower(); memory[content]     -> "memory"
+    lock(content); disk artifact[content]  -> "disk"
+    pending.compile(); store; index        -> "miss"
+
+Disk layout under the cache folder (created 0700)::
+
+    artifacts/<2 hex>/<content digest>.ncart   one artifact (runtime.artifact format)
+    index/<2 hex>/<front digest>.json          {"artifact": content digest, "parts": {...}, ...}
+    locks/<digest>.lock                        one inter-process lock per key (filelock)
+    stats.json                                 cumulative counters of every process
+
+Never stale, never broken, never poisoned: writes go to a temp file in the
+same folder and are renamed into place; a key's lock is taken and the cache
+checked again before compiling; a broken entry (``ArtifactError``, or an
+executable XLA will not load) is a miss with one warning and is deleted, then
+replaced by the fresh compile; a failed compile raises before anything is
+stored; a folder that cannot be created or written gives one warning and
+compiling goes on without it; a folder owned by another user or writable by
+group/others is refused with one warning (an artifact is machine code); above
+``max_bytes`` the least recently used artifacts (by mtime, touched on every
+hit) are evicted.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import logging
+import os
+import stat
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Protocol
+
+from .artifact import Artifact, ArtifactError, encode_artifact, read_artifact, read_manifest, write_atomic
+from .cache_key import CacheKey
+from .executor import XlaExecutable
+
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "ArtifactCache",
+    "CacheResult",
+    "CacheWarning",
+    "CompileCache",
+    "Loaded",
+    "MemoryCache",
+]
+
+log = logging.getLogger("neuron_compile.cache")
+
+DEFAULT_MAX_BYTES = 2 << 30  # 2 GiB
+ARTIFACT_SUFFIX = ".ncart"
+LOCK_TIMEOUT_S = 600.0
+_STALE_TEMP_S = 3600.0
+
+
+class CacheWarning(UserWarning):
+    """The cache could not be used as asked (broken entry, unusable or unsafe folder); compiling goes on."""
+
+
+def _warn(message: str) -> None:
+    log.warning("%s", message)
+    warnings.warn(message, CacheWarning, stacklevel=3)
+
+
+# ---------------------------------------------------------------------------------------------
+# disk level
+
+
+class ArtifactCache:
+    """Artifacts on disk, one file per content key, plus the front-key index."""
+
+    def __init__(self, path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES):
+        self.root = Path(path)
+        self.max_bytes = int(max_bytes)
+        self._writable = True
+        self._warned: set[str] = set()
+        self._lock = threading.Lock()
+
+    # -- paths --------------------------------------------------------------------------------
+    def artifact_path(self, digest: str) -> Path:
+        return self.root / "artifacts" / digest[:2] / f"{digest}{ARTIFACT_SUFFIX}"
+
+    def index_path(self, digest: str) -> Path:
+        return self.root / "index" / digest[:2] / f"{digest}.json"
+
+    def _lock_path(self, digest: str) -> Path:
+        return self.root / "locks" / f"{digest}.lock"
+
+    # -- one warning per problem --------------------------------------------------------------
+    def _warn_once(self, tag: str, message: str) -> None:
+        with self._lock:
+            if tag in self._warned:
+                return
+            self._warned.add(tag)
+        _warn(message)
+
+    # -- folder safety ------------------------------------------------------------------------
+    def usable(self) -> bool:
+        """Create the folder (0700) if needed and check it is safe; warns once if not.
+
+        Checked on every use (a stat or two, nothing next to a compile): a folder
+        whose permissions change while the process runs is refused from then on.
+        """
+        return self._check_folder()
+
+    def _check_folder(self) -> bool:
+        try:
+            try:
+                st = os.stat(self.root)
+            except FileNotFoundError:
+                self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+                st = os.stat(self.root)
+        except OSError as exc:
+            self._warn_once("folder", f"neuron_compile cache: cannot use {self.root} ({exc}); compiling without the disk cache")
+            return False
+        problem = _unsafe(st)
+        if problem:
+            self._warn_once("unsafe", f"neuron_compile cache: refusing {self.root}: {problem}; serialized executables are "
+                                      f"machine code. Fix with `chmod 700 {self.root}` (as its owner) or choose "
+                                      "another NEURON_COMPILE_CACHE_DIR; compiling without the disk cache")
+            return False
+        return True
+
+    def _mkdir(self, folder: Path) -> None:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+    def _write_failed(self, what: str, exc: OSError) -> None:
+        self._writable = False
+        self._warn_once("write", f"neuron_compile cache: cannot write {what} in {self.root} ({exc}); "
+                                 "compiling goes on, results are not cached")
+
+    # -- locks --------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def lock(self, digest: str):
+        """Inter-process lock for one key; without one (read-only folder, timeout) we go on unlocked."""
+        if not self.usable() or not self._writable:
+            yield
+            return
+        import filelock
+
+        path = self._lock_path(digest)
+        try:
+            self._mkdir(path.parent)
+            lock = filelock.FileLock(str(path), timeout=LOCK_TIMEOUT_S, mode=0o600)
+            lock.acquire()
+        except filelock.Timeout:
+            self._warn_once("timeout", f"neuron_compile cache: waited {LOCK_TIMEOUT_S:.0f}s for {path}; compiling anyway")
+            yield
+            return
+        except OSError as exc:
+            self._write_failed("a lock file", exc)
+            yield
+            return
+        try:
+            yield
+        finally:
+            lock.release()
+
+    # -- reading ------------------------------------------------------------------------------
+    def _broken(self, path: Path, reason: str) -> None:
+        self._warn_once(f"broken:{path}", f"neuron_compile cache: ignoring broken entry {path}: {reason}; recompiling")
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+    def _safe_file(self, path: Path) -> str | None:
+        """Why an existing entry must not be trusted (owner, permissions, not a plain file), or None."""
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode):
+            return "not a regular file"
+        problem = _unsafe(st, file=True) or _unsafe(os.stat(path.parent))
+        return problem
+
+    def load(self, digest: str) -> Artifact | None:
+        """The artifact for a content key, or None (absent, broken: warned once and deleted, refused)."""
+        if not self.usable():
+            return None
+        path = self.artifact_path(digest)
+        try:
+            problem = self._safe_file(path)
+            if problem:
+                self._warn_once(f"unsafe:{path}", f"neuron_compile cache: refusing {path}: {problem}")
+                return None
+            artifact = read_artifact(path)
+        except FileNotFoundError:
+            return None
+        except ArtifactError as exc:
+            self._broken(path, str(exc))
+            return None
+        except OSError as exc:
+            self._warn_once(f"read:{path}", f"neuron_compile cache: cannot read {path}: {exc}")
+            return None
+        if artifact.manifest.get("key") != digest:
+            self._broken(path, f"manifest key {artifact.manifest.get('key')!r} is not the file's key")
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)  # least recently used = oldest mtime
+        return artifact
+
+    def discard(self, digest: str, reason: str) -> None:
+        """An artifact that read fine but cannot be used (XLA will not load it): a broken entry."""
+        self._broken(self.artifact_path(digest), reason)
+
+    def lookup(self, front: str) -> str | None:
+        """The content digest a front key's index entry points to, or None."""
+        if not self.usable():
+            return None
+        path = self.index_path(front)
+        try:
+            problem = self._safe_file(path)
+            if problem:
+                self._warn_once(f"unsafe:{path}", f"neuron_compile cache: refusing {path}: {problem}")
+                return None
+            entry = json.loads(path.read_text())
+            target = entry["artifact"]
+            if not isinstance(target, str) or len(target) != 64:
+                raise ValueError(f"bad artifact digest {target!r}")
+            return target
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            self._broken(path, f"index entry unreadable: {exc}")
+            return None
+
+    # -- writing ------------------------------------------------------------------------------
+    def put(self, digest: str, artifact: Artifact) -> int:
+        """Store an artifact under its content key; returns the bytes written (0 when it could not be)."""
+        if not self.usable() or not self._writable:
+            return 0
+        data = encode_artifact(artifact)
+        path = self.artifact_path(digest)
+        try:
+            self._mkdir(path.parent)
+            write_atomic(path, data)
+        except OSError as exc:
+            self._write_failed("an artifact", exc)
+            return 0
+        self._evict(keep=path)
+        return len(data)
+
+    def put_index(self, front: CacheKey, content_digest: str, graph: str = "") -> None:
+        if not self.usable() or not self._writable:
+            return
+        entry = {"front": front.digest, "kind": front.kind, "artifact": content_digest, "graph": graph,
+                 "parts": front.part_hashes(), "created": time.time()}
+        path = self.index_path(front.digest)
+        try:
+            self._mkdir(path.parent)
+            write_atomic(path, json.dumps(entry, sort_keys=True).encode())
+        except OSError as exc:
+            self._write_failed("an index entry", exc)
+
+    def record(self, **increments) -> None:
+        """Add to the cumulative counters in stats.json (best effort, under a lock)."""
+        if not increments or not self.usable() or not self._writable:
+            return
+        path = self.root / "stats.json"
+        try:
+            with self.lock("stats"):
+                try:
+                    totals = json.loads(path.read_text())
+                except (OSError, ValueError):
+                    totals = {}
+                for name, value in increments.items():
+                    totals[name] = totals.get(name, 0) + value
+                write_atomic(path, json.dumps(totals, sort_keys=True).encode())
+        except OSError as exc:
+            self._write_failed("stats.json", exc)
+
+    # -- eviction -----------------------------------------------------------------------------
+    def _artifact_files(self) -> list[tuple[float, int, Path]]:
+        files = []
+        top = self.root / "artifacts"
+        try:
+            shards = list(os.scandir(top))
+        except OSError:
+            return files
+        for shard in shards:
+            try:
+                for entry in os.scandir(shard.path):
+                    if entry.name.endswith(ARTIFACT_SUFFIX):
+                        st = entry.stat(follow_symlinks=False)
+                        files.append((st.st_mtime, st.st_size, Path(entry.path)))
+            except OSError:
+                continue
+        return files
+
+    def _evict(self, keep: Path | None = None, max_bytes: int | None = None) -> int:
+        limit = self.max_bytes if max_bytes is None else max_bytes
+        files = self._artifact_files()
+        total = sum(size for _, size, _ in files)
+        removed = 0
+        for _mtime, size, path in sorted(files, key=lambda f: f[0]):
+            if total <= limit:
+                break
+            if path == keep:
+                continue
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass  # another process evicted it
+            except OSError:
+                continue
+            total -= size
+            removed += 1
+            log.debug("cache evict %s (%d bytes)", path.name, size)
+        return removed
+
+    # -- the CLI's interface ------------------------------------------------------------------
+    def stats(self) -> dict:
+        files = self._artifact_files()
+        index = list((self.root / "index").glob("*/*.json")) if self.root.is_dir() else []
+        try:
+            totals = json.loads((self.root / "stats.json").read_text())
+        except (OSError, ValueError):
+            totals = {}
+        return {"path": str(self.root), "entries": len(files), "bytes": sum(s for _, s, _ in files),
+                "max_bytes": self.max_bytes, "index_entries": len(index), "totals": totals}
+
+    def entries(self) -> list[dict]:
+        """One dict per artifact, most recently used first."""
+        out = []
+        for mtime, size, path in sorted(self._artifact_files(), key=lambda f: -f[0]):
+            try:
+                manifest = read_manifest(path)
+            except (OSError, ArtifactError):
+                manifest = {}
+            out.append({"key": path.name[: -len(ARTIFACT_SUFFIX)], "path": str(path), "bytes": size,
+                        "last_used": mtime, "graph": manifest.get("graph"), "created": manifest.get("created")})
+        return out
+
+    def verify(self) -> list[tuple[str, bool, str]]:
+        """Check every artifact (checksum, format, key) and index entry; nothing is changed."""
+        results = []
+        for _mtime, _size, path in self._artifact_files():
+            try:
+                artifact = read_artifact(path)
+                key = path.name[: -len(ARTIFACT_SUFFIX)]
+                if artifact.manifest.get("key") != key:
+                    results.append((str(path), False, "manifest key does not match the file name"))
+                else:
+                    results.append((str(path), True, "ok"))
+            except (OSError, ArtifactError) as exc:
+                results.append((str(path), False, str(exc)))
+        for path in sorted((self.root / "index").glob("*/*.json")) if self.root.is_dir() else []:
+            try:
+                target = json.loads(path.read_text())["artifact"]
+                ok = self.artifact_path(target).exists()
+                results.append((str(path), ok, "ok" if ok else f"points to missing artifact {target[:16]}"))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                results.append((str(path), False, f"unreadable index entry: {exc}"))
+        return results
+
+    def clear(self) -> int:
+        """Remove every artifact, index entry, lock and temp file; returns the artifacts removed."""
+        removed = 0
+        for sub in ("artifacts", "index", "locks"):
+            folder = self.root / sub
+            if not folder.is_dir():
+                continue
+            for path in sorted(folder.rglob("*"), reverse=True):
+                try:
+                    if path.is_dir() and not path.is_symlink():
+                        path.rmdir()
+                    else:
+                        path.unlink()
+                        removed += path.name.endswith(ARTIFACT_SUFFIX)
+                except OSError:
+                    pass
+        with contextlib.suppress(OSError):
+            (self.root / "stats.json").unlink()
+        return removed
+
+    def prune(self, max_bytes: int | None = None) -> int:
+        """Evict LRU artifacts down to ``max_bytes`` (default: the cap), drop broken and dangling
+        entries and stale temp files; returns the artifacts removed."""
+        removed = 0
+        for path, ok, _reason in self.verify():
+            if not ok:
+                with contextlib.suppress(OSError):
+                    Path(path).unlink()
+                    removed += path.endswith(ARTIFACT_SUFFIX)
+        now = time.time()
+        for sub in ("artifacts", "index"):
+            for tmp in (self.root / sub).glob("*/.tmp-*") if self.root.is_dir() else []:
+                with contextlib.suppress(OSError):
+                    if now - tmp.stat().st_mtime > _STALE_TEMP_S:
+                        tmp.unlink()
+        removed += self._evict(max_bytes=max_bytes)
+        return removed
+
+
+def _unsafe(st: os.stat_result, file: bool = False) -> str | None:
+    """Why a folder (or file) with this stat must not be trusted, or None."""
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        return f"owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    if st.st_mode & 0o022:
+        what = "file" if file else "folder"
+        return f"{what} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# memory level
+
+
+class MemoryCache:
+    """Loaded executables by digest; concurrent asks for a key being built wait for that one build."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._done: dict[str, object] = {}
+        self._inflight: dict[str, concurrent.futures.Future] = {}
+
+    def peek(self, digest: str):
+        with self._lock:
+            return self._done.get(digest)
+
+    def put(self, digest: str, value) -> None:
+        with self._lock:
+            self._done[digest] = value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._done.clear()
+
+    def __len__(self) -> int:
+        return len(self._done)
+
+    def get_or_create(self, digest: str, create: Callable[[], object]) -> tuple[object, bool]:
+        """(value, True) when this call built it, (value, False) when it was there or another thread built it.
+        A failed build raises in the builder and in every waiter, and leaves nothing behind."""
+        with self._lock:
+            if digest in self._done:
+                return self._done[digest], False
+            future = self._inflight.get(digest)
+            owner = future is None
+            if owner:
+                future = self._inflight[digest] = concurrent.futures.Future()
+        if not owner:
+            return future.result(), False
+        try:
+            value = create()
+        except BaseException as exc:
+            with self._lock:
+                del self._inflight[digest]
+            future.set_exception(exc)
+            raise
+        with self._lock:
+            self._done[digest] = value
+            del self._inflight[digest]
+        future.set_result(value)
+        return value, True
+
+
+# ---------------------------------------------------------------------------------------------
+# the two levels together
+
+
+class Pending(Protocol):
+    """A lowered graph: its content key, and how to finish compiling it."""
+
+    key: CacheKey
+
+    def compile(self) -> tuple[Artifact, XlaExecutable]: ...
+
+
+@dataclass
+class Loaded:
+    """A usable cache entry: the loaded executable and its manifest."""
+
+    executable: XlaExecutable
+    manifest: dict
+    key: str  # content digest
+    size: int = 0
+    source: str = "miss"  # how it was first obtained in this process: "disk" or "miss"
+
+
+@dataclass
+class CacheResult:
+    loaded: Loaded
+    source: str  # "memory", "disk" or "miss"
+    seconds_saved: float = 0.0
+    bytes_written: int = 0
+    bytes_read: int = 0
+
+
+def _compile_seconds(manifest: dict) -> float:
+    return float(sum(v for v in manifest.get("stages", {}).values() if isinstance(v, (int, float))))
+
+
+class CompileCache:
+    """Memory in front of disk; see the module docstring for the protocol."""
+
+    def __init__(self, memory: MemoryCache, disk: ArtifactCache | None):
+        self.memory = memory
+        self.disk = disk
+
+    def get(self, front: CacheKey, lower: Callable[[], Pending],
+            check: Callable[[dict], str | None] | None = None) -> CacheResult:
+        """The executable for ``front``; ``check(manifest)`` returns why a cached entry does not fit, or None."""
+        start = time.perf_counter()
+        box: dict = {}
+
+        def build():
+            result = self._from_disk_or_compile(front, lower, check)
+            box["result"] = result
+            return result.loaded
+
+        loaded, built = self.memory.get_or_create(front.digest, build)
+        if built:
+            result = box["result"]
+        else:
+            result = CacheResult(loaded, "memory")
+        if result.source != "miss":
+            result.seconds_saved = max(0.0, _compile_seconds(result.loaded.manifest) - (time.perf_counter() - start))
+        log.debug("cache %s %s -> %s (%s)", "miss" if result.source == "miss" else f"{result.source} hit",
+                  front, result.loaded.key[:16], result.loaded.manifest.get("graph", ""))
+        if self.disk is not None:
+            self.disk.record(**{f"{result.source}_hits" if result.source != "miss" else "misses": 1},
+                             compiles=int(result.source == "miss"), bytes_written=result.bytes_written,
+                             compile_seconds_saved=round(result.seconds_saved, 6))
+        return result
+
+    def _load(self, digest: str, check) -> Loaded | None:
+        artifact = self.disk.load(digest)
+        if artifact is None:
+            return None
+        reason = check(artifact.manifest) if check else None
+        if reason is None:
+            try:
+                executable = XlaExecutable.deserialize(artifact.executable)
+            except Exception as exc:  # jaxlib raises XlaRuntimeError on a foreign or damaged executable
+                reason = f"XLA cannot load the executable: {str(exc)[:200]}"
+        if reason is not None:
+            self.disk.discard(digest, reason)
+            return None
+        return Loaded(executable, artifact.manifest, digest, artifact.size, "disk")
+
+    def _from_disk_or_compile(self, front: CacheKey, lower, check) -> CacheResult:
+        disk = self.disk
+        if disk is None or not disk.usable():
+            return self._compile(front, lower(), None)
+        loaded = self._indexed(front, check)
+        if loaded is not None:
+            return CacheResult(loaded, "disk", bytes_read=loaded.size)
+        with disk.lock(front.digest):
+            loaded = self._indexed(front, check)  # another process may have built it meanwhile
+            if loaded is not None:
+                return CacheResult(loaded, "disk", bytes_read=loaded.size)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("cache miss %s: %s", front, self.explain_miss(front))
+            pending = lower()
+            content = pending.key.digest
+            known = self.memory.peek(content)
+            if known is not None:
+                disk.put_index(front, content, known.manifest.get("graph", ""))
+                return CacheResult(known, "memory")
+            with disk.lock(content):
+                loaded = self._load(content, check)
+                if loaded is not None:
+                    disk.put_index(front, content, loaded.manifest.get("graph", ""))
+                    self.memory.put(content, loaded)
+                    return CacheResult(loaded, "disk", bytes_read=loaded.size)
+                return self._compile(front, pending, disk)
+
+    def _indexed(self, front: CacheKey, check) -> Loaded | None:
+        content = self.disk.lookup(front.digest)
+        if content is None:
+            return None
+        known = self.memory.peek(content)
+        if known is not None:
+            return known
+        loaded = self._load(content, check)
+        if loaded is not None:
+            self.memory.put(content, loaded)
+        return loaded
+
+    def _compile(self, front: CacheKey, pending: Pending, disk: ArtifactCache | None) -> CacheResult:
+        artifact, executable = pending.compile()  # raises on failure: nothing is stored
+        content = pending.key.digest
+        written = 0
+        if disk is not None:
+            written = disk.put(content, artifact)
+            disk.put_index(front, content, artifact.manifest.get("graph", ""))
+        loaded = Loaded(executable, artifact.manifest, content, written, "miss")
+        self.memory.put(content, loaded)
+        return CacheResult(loaded, "miss", bytes_written=written)
+
+    def explain_miss(self, front: CacheKey, limit: int = 256) -> str:
+        """Which parts differ from the nearest index entry of the same kind (the most recent ``limit`` looked at)."""
+        folder = self.disk.root / "index"
+        try:
+            paths = sorted(folder.glob("*/*.json"), key=lambda p: p.stat().st_mtime, reverse=True)[:limit]
+        except OSError:
+            return "no index"
+        best: tuple[int, list[str], str] | None = None
+        for path in paths:
+            try:
+                entry = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if entry.get("kind") != front.kind:
+                continue
+            differ = front.diff(entry.get("parts", {}))
+            if best is None or len(differ) < best[0]:
+                best = (len(differ), differ, entry.get("graph", ""))
+        if best is None:
+            return "the cache holds no entry of this kind; key parts:\n" + front.describe()
+        return f"nearest entry ({best[2] or 'unnamed'}) differs in {best[1]}; key parts:\n" + front.describe()
