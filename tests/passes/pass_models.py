@@ -104,7 +104,7 @@ def run_xla(text: str, inputs: list[np.ndarray]) -> list[np.ndarray]:
     devices = xla_client.DeviceList(tuple(client.local_devices()[:1]))
     exe = client.compile_and_load(text, devices, xla_client.CompileOptions())
     outs = exe.execute_sharded(to_device(inputs))
-    return [np.asarray(o[0]) for o in outs.disassemble_into_single_device_arrays()]
+    return [np.array(o[0]) for o in outs.disassemble_into_single_device_arrays()]
 
 
 def run_interpreter(text: str, inputs: list[np.ndarray]) -> list[np.ndarray]:
