@@ -1,0 +1,99 @@
+"""The disk cache across processes: a warm new process compiles nothing; four racing processes compile once.
+
+Each worker is a fresh Python process (subprocess), so nothing in memory is
+shared: only the cache folder under tmp_path.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+WORKER = r'''
+import json, os, sys, time
+import torch
+import torch.nn as nn
+import neuron_compile
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8)).eval()
+x = torch.randn(16, 32)
+compiled = torch.compile(model, backend="neuron")
+go = os.environ.get("GO_FILE")
+if go:
+    open(os.environ["READY_FILE"], "w").close()
+    while not os.path.exists(go):
+        time.sleep(0.005)
+with torch.no_grad():
+    out = compiled(x)
+    torch.testing.assert_close(out, model(x))
+report = neuron_compile.compile_reports()[-1]
+c = neuron_compile.COUNTERS
+print("RESULT " + json.dumps({
+    "cache": report.cache, "stages": report.stages,
+    "xla_compiles": c["xla_compiles"], "lowerings": c["lowerings"],
+    "disk_hits": c["disk_hits"], "misses": c["misses"],
+}))
+'''
+
+
+def _env(cache_dir, **extra):
+    env = dict(os.environ, NEURON_COMPILE_CACHE_DIR=str(cache_dir), **extra)
+    env.pop("NEURON_COMPILE_CACHE", None)
+    return env
+
+
+def _result(stdout: str) -> dict:
+    line = next(line for line in stdout.splitlines() if line.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
+def _run(script, env) -> dict:
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return _result(done.stdout)
+
+
+def test_warm_new_process_does_no_lowering_and_no_compile(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    cache = tmp_path / "cache"
+    cold = _run(script, _env(cache))
+    assert cold["cache"] == "miss" and cold["xla_compiles"] == 1 and cold["lowerings"] == 1
+    warm = _run(script, _env(cache))
+    assert warm["cache"] == "disk", warm
+    assert warm["xla_compiles"] == 0 and warm["lowerings"] == 0 and warm["disk_hits"] == 1
+    for stage in ("import", "torch-backend", "stablehlo", "passes", "xla-compile"):
+        assert stage not in warm["stages"], warm["stages"]
+
+
+def test_four_racing_processes_compile_once(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    cache, go = tmp_path / "cache", tmp_path / "go"
+    procs, ready = [], []
+    for i in range(4):
+        ready.append(tmp_path / f"ready{i}")
+        env = _env(cache, GO_FILE=str(go), READY_FILE=str(ready[-1]))
+        procs.append(subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    deadline = time.time() + 240
+    while not all(r.exists() for r in ready):  # all four imported and traced nothing yet: start together
+        assert time.time() < deadline and all(p.poll() is None for p in procs), "a worker died before the start"
+        time.sleep(0.05)
+    go.touch()
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+        results.append(_result(out))
+    assert sum(r["xla_compiles"] for r in results) == 1, results
+    assert sum(r["lowerings"] for r in results) == 1, results  # the others waited on the FX key's lock
+    assert sorted(r["cache"] for r in results) == ["disk", "disk", "disk", "miss"]
+    assert len(list(cache.glob("artifacts/*/*.ncart"))) == 1
+    assert not list(cache.glob("artifacts/*/.tmp-*"))  # no torn or leftover temp files
