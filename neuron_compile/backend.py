@@ -29,7 +29,8 @@ import torch.fx
 import torch.fx.traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from .compiler import Executable, compile_graph
+from .compiler import Executable
+from .fallback import compile_with_fallback  # compile_graph, or partly eager with fallback=eager
 from .decompositions import decompose_before_autograd, decomposition_table
 from .options import Options
 from .report import COUNTERS, CompileReport, record
@@ -75,7 +76,7 @@ class CompiledGraph:
         self._aot_seconds = aot_seconds
         if not self.dynamic_positions:
             report = self._new_report("")
-            self.static = compile_graph(gm, report=report, options=options)
+            self.static = compile_with_fallback(gm, report=report, options=options)
             record(report)
 
     def _new_report(self, signature: str) -> CompileReport:
@@ -108,7 +109,7 @@ class CompiledGraph:
             report = self._new_report(_describe(args, self.dynamic_positions))
             with report.stage("specialize"):
                 static_gm = specialize(self.gm, args)
-            executable = compile_graph(static_gm, report=report, options=self.options)
+            executable = compile_with_fallback(static_gm, report=report, options=self.options)
             record(report)
             COUNTERS["specializations"] += 1
             self.specializations[key] = executable

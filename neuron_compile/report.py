@@ -38,6 +38,7 @@ class CompileReport:
     cache: str = ""  # "", "memory", "disk" or "miss"
     signature: str = ""  # concrete input signature the executable was built for
     notes: list[str] = field(default_factory=list)
+    fallback: dict[str, int] = field(default_factory=dict)  # ATen op run eagerly -> node count (fallback=eager)
 
     @contextlib.contextmanager
     def stage(self, name: str):
@@ -62,12 +63,14 @@ class CompileReport:
             "cache": self.cache,
             "signature": self.signature,
             "notes": list(self.notes),
+            "fallback": dict(self.fallback),
         }
 
     def summary(self) -> str:
         stages = "  ".join(f"{k} {v * 1e3:.1f}ms" for k, v in self.stages.items())
         cache = f" cache={self.cache}" if self.cache else ""
-        return f"{self.graph} [{self.kind}] {self.nodes} nodes, {sum(self.ops.values())} ops{cache}: {stages}"
+        eager = f" eager={dict(self.fallback)}" if self.fallback else ""
+        return f"{self.graph} [{self.kind}] {self.nodes} nodes, {sum(self.ops.values())} ops{cache}{eager}: {stages}"
 
 
 def record(report: CompileReport) -> None:

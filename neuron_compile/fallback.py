@@ -1,0 +1,233 @@
+"""Eager fallback: run the nodes that don't lower in PyTorch, compile the rest.
+
+With ``options={"fallback": "eager"}`` (or ``NEURON_COMPILE_FALLBACK=eager``),
+``compile_with_fallback`` stands where ``compile_graph`` stands. A graph that
+compiles is compiled as usual. A graph that raises ``LoweringError`` is
+partitioned around the op it names:
+
+    learn      the failing op (``LoweringError.op``) joins a process-wide set
+    partition  ``CapabilityBasedPartitioner``: maximal groups of nodes that
+               are not in the set become submodules; the rest stay in the
+               parent graph
+    compile    each submodule goes through the whole ``compile_graph``; if one
+               fails on another op, that op is learned and we partition again;
+               a submodule that fails with no op to blame (XLA rejects it)
+               runs eagerly as a whole
+    run        the parent graph runs eagerly (PyTorch executes the fallen-back
+               ATen nodes) and calls the compiled submodules in between
+
+The default (``fallback="error"``) never reaches the partitioner: the
+``LoweringError`` propagates, naming the op and the user's line.
+
+Reporting: the graph's ``CompileReport.fallback`` maps each fallen-back op to
+its node count, ``notes`` name the nodes and their source lines, each compiled
+partition records a report of its own (``g0.forward.p0``...), and ``COUNTERS``
+count ``fallback_graphs``, ``fallback_nodes``, ``fallback_runs`` (eager
+executions at run time) and ``fallback:<op>`` per op.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import operator
+import threading
+
+import torch
+import torch.fx
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
+
+from .compiler import Executable, compile_graph
+from .lowering import LoweringError, _matches, user_source_line
+from .report import COUNTERS, CompileReport, record
+
+log = logging.getLogger("neuron_compile")
+
+# ATen ops (as LoweringError names them: "aten.histc", "aten.median.dim") that
+# failed to lower in this process; later graphs partition around them at once.
+_LEARNED: set[str] = set()
+_LEARNED_LOCK = threading.Lock()
+_MAX_ROUNDS = 32
+_PREFIX = "neuron_part_"
+
+
+def compile_with_fallback(gm: torch.fx.GraphModule, *, report: CompileReport, options):
+    """``compile_graph``, or with ``options.fallback == "eager"`` a partly eager executable."""
+    if options.fallback != "eager":
+        return compile_graph(gm, report=report, options=options)
+    original = _copy(gm)
+    if not _blocked_nodes(original, _learned()):
+        try:
+            return compile_graph(gm, report=report, options=options)
+        except LoweringError as exc:
+            if not _learn(exc, original):
+                raise
+            log.info("%s: %s does not lower; partitioning for eager fallback", report.graph, exc.op)
+    return _compile_partitioned(original, report, options)
+
+
+def learned_ops() -> set[str]:
+    """The ops this process has learned not to lower (what fallback partitions around)."""
+    return _learned()
+
+
+def forget() -> None:
+    """Forget the learned ops (tests)."""
+    with _LEARNED_LOCK:
+        _LEARNED.clear()
+
+
+def _learned() -> set[str]:
+    with _LEARNED_LOCK:
+        return set(_LEARNED)
+
+
+def _learn(exc: LoweringError, gm: torch.fx.GraphModule) -> bool:
+    """Add the ops a LoweringError names, if they name nodes of ``gm`` (else nothing is learned)."""
+    ops = [op.strip() for op in (exc.op or "").split(",") if op.strip()]
+    ops = [op for op in ops if _blocked_nodes(gm, {op})]
+    with _LEARNED_LOCK:
+        new = [op for op in ops if op not in _LEARNED]
+        _LEARNED.update(new)
+    return bool(new)
+
+
+def _blocked_nodes(gm: torch.fx.GraphModule, ops: set[str]) -> list[torch.fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "call_function" and any(_matches(n, op) for op in ops)]
+
+
+class _Lowerable(OperatorSupportBase):
+    """Every call_function node except the blocked ones and getitems reading them."""
+
+    def __init__(self, blocked: set[torch.fx.Node]):
+        self.blocked = blocked
+
+    def is_node_supported(self, submodules, node: torch.fx.Node) -> bool:
+        if node.op != "call_function" or node in self.blocked:
+            return False
+        if node.target is operator.getitem and node.args[0] in self.blocked:
+            self.blocked.add(node)  # a piece of an eager op's tuple stays eager
+            return False
+        return True
+
+
+def _compile_partitioned(gm: torch.fx.GraphModule, report: CompileReport, options) -> "FallbackExecutable":
+    for _ in range(_MAX_ROUNDS):
+        with report.stage("partition"):
+            parent, eager_nodes = _partition(_copy(gm), _learned())
+        try:
+            parts, whole_eager = _compile_parts(parent, report, options)
+        except _Relearn:
+            continue
+        _record_fallback(report, eager_nodes, whole_eager, gm)
+        return FallbackExecutable(parent, parts)
+    raise RuntimeError(f"{report.graph}: eager fallback did not converge after {_MAX_ROUNDS} partitionings")
+
+
+class _Relearn(Exception):
+    pass
+
+
+def _partition(gm: torch.fx.GraphModule, learned: set[str]):
+    blocked = set(_blocked_nodes(gm, learned))
+    support = _Lowerable(blocked)
+    partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
+    partitions = partitioner.propose_partitions()
+    eager_nodes = [n for n in gm.graph.nodes if n in support.blocked]
+    parent = fuse_by_partitions(gm, [p.nodes for p in partitions], prefix=_PREFIX, always_return_tuple=True)
+    return parent, eager_nodes
+
+
+def _compile_parts(parent: torch.fx.GraphModule, report: CompileReport, options):
+    """Compile every fused submodule in place of itself; returns their executables and the ones left eager."""
+    parts, whole_eager = {}, []
+    for node in parent.graph.nodes:
+        if node.op != "call_module" or not node.target.startswith(_PREFIX):
+            continue
+        sub = getattr(parent, node.target)
+        part_report = CompileReport(graph=f"{report.graph}.p{len(parts) + len(whole_eager)}", kind=report.kind,
+                                    signature=report.signature)
+        try:
+            executable = compile_graph(_copy(sub), report=part_report, options=options)
+        except LoweringError as exc:
+            if _learn(exc, sub):
+                raise _Relearn() from exc
+            whole_eager.append((sub, f"{exc.op or 'an op'} does not lower ({exc.stage})"))
+            continue
+        except Exception as exc:  # noqa: BLE001 - XLA rejecting a partition: run that partition eagerly
+            from runtime.executor import XlaCompileError
+
+            if not isinstance(exc, (XlaCompileError, NotImplementedError)):
+                raise
+            whole_eager.append((sub, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"))
+            continue
+        record(part_report)
+        parts[node.target] = executable
+        setattr(parent, node.target, _CompiledPart(executable))
+    return parts, whole_eager
+
+
+class _CompiledPart(torch.nn.Module):
+    """A compiled submodule, called by the eager parent graph like the module it replaces."""
+
+    def __init__(self, executable: Executable):
+        super().__init__()
+        self.executable = executable
+
+    def forward(self, *args):
+        return tuple(self.executable(list(args)))
+
+
+class FallbackExecutable:
+    """The eager parent graph: PyTorch runs the fallen-back nodes, XLA the compiled parts."""
+
+    def __init__(self, parent: torch.fx.GraphModule, parts: dict):
+        self.parent = parent
+        self.parts = parts
+
+    def __call__(self, args: list) -> list:
+        COUNTERS["fallback_runs"] += 1
+        with torch.no_grad():
+            return list(self.parent(*args))
+
+
+def _record_fallback(report: CompileReport, eager_nodes, whole_eager, gm: torch.fx.GraphModule) -> None:
+    from .compiler import op_counts
+
+    report.nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
+    report.ops = op_counts(gm)
+    fallback: dict[str, int] = {}
+    for node in eager_nodes:
+        if node.target is operator.getitem:
+            continue
+        name = _op_name(node)
+        fallback[name] = fallback.get(name, 0) + 1
+        source = user_source_line(node)
+        report.notes.append(f"fallback: {name} (node {node.name}) runs eagerly" + (f", from {source}" if source else ""))
+    for sub, why in whole_eager:
+        for node in sub.graph.nodes:
+            if node.op == "call_function" and node.target is not operator.getitem:
+                name = _op_name(node)
+                fallback[name] = fallback.get(name, 0) + 1
+        report.notes.append(f"fallback: a partition of {sum(1 for n in sub.graph.nodes if n.op == 'call_function')} "
+                            f"nodes runs eagerly: {why}")
+    report.fallback = fallback
+    COUNTERS["fallback_graphs"] += 1
+    for name, count in fallback.items():
+        COUNTERS["fallback_nodes"] += count
+        COUNTERS[f"fallback:{name}"] += count
+    log.warning("neuron_compile: %s runs %s eagerly (fallback=eager)", report.graph,
+                ", ".join(f"{k} x{v}" for k, v in fallback.items()))
+
+
+def _op_name(node: torch.fx.Node) -> str:
+    if isinstance(node.target, torch._ops.OpOverload):
+        return str(node.target)  # aten.histc.default
+    return getattr(node.target, "__name__", str(node.target))
+
+
+def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A GraphModule over a copy of the graph (compile_graph rewrites its graph in place)."""
+    return torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
