@@ -14,6 +14,7 @@ the CLI shows is what a user's run does. Conventions, shared by all commands:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -41,6 +42,11 @@ def _fail_paragraph(message: str, limit: int = 1200) -> str:
     if len(text) > limit:
         text = text[: limit - 3] + "..."
     return f"{PROG}: error: {text}"
+
+
+def emit_json(args, value) -> None:
+    """JSON goes to the real stdout; with --json, everything else a model prints goes to stderr."""
+    print(json.dumps(value, indent=2, default=str), file=getattr(args, "stdout", None) or sys.stdout)
 
 
 def _print_err(message: str) -> None:
@@ -73,6 +79,8 @@ def _backend_options(args) -> dict:
     if passes is not None:
         _check_pipeline(passes)
         options["passes"] = passes
+    elif os.environ.get("NEURON_COMPILE_PASSES"):
+        _check_pipeline(os.environ["NEURON_COMPILE_PASSES"])
     return options
 
 
@@ -164,7 +172,7 @@ def cmd_demo(args) -> int:
         "compile_reports": [r.as_dict() for r in reports],
     }
     if args.json:
-        print(json.dumps(summary, indent=2, default=str))
+        emit_json(args, summary)
     else:
         from tabulate import tabulate
 
@@ -193,6 +201,478 @@ def _median(values):
         return float("nan")
     mid = len(values) // 2
     return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+# ---- dump ----------------------------------------------------------------------------------------
+
+_STAGE_FILES = {
+    "00-fx-graph.py": "FX graph (readable code)",
+    "01-torch.mlir": "Torch-MLIR (torch backend form)",
+    "02-stablehlo.mlir": "StableHLO before passes",
+    "04-final.mlir": "StableHLO after passes (what XLA compiles)",
+    "manifest.json": "artifact manifest",
+    "report.json": "compile report",
+}
+
+
+def _describe_file(name: str) -> str:
+    if name.startswith("03-pass-"):
+        return "StableHLO after pass " + name[len("03-pass-"):-len(".mlir")].split("-", 1)[-1]
+    return _STAGE_FILES.get(name, "")
+
+
+def _file_order(name: str):
+    # 03-pass-10-x sorts after 03-pass-9-y
+    parts = name.split("-")
+    if name.startswith("03-pass-") and len(parts) > 2 and parts[2].isdigit():
+        return ("03", int(parts[2]), name)
+    return (name[:2], -1, name)
+
+
+def dump_index(folder, graph_names: list[str]) -> list[dict]:
+    """The graph folders this run wrote under ``folder``, in compile order, each with its files."""
+    import re
+    from pathlib import Path
+
+    folder = Path(folder)
+    wanted = {re.sub(r"[^\w.-]", "_", g) for g in graph_names}
+    graphs = []
+    for sub in folder.iterdir() if folder.is_dir() else []:
+        base = re.sub(r"-\d+$", "", sub.name)
+        if not sub.is_dir() or base not in wanted:
+            continue
+        files = sorted((p for p in sub.iterdir() if p.is_file()), key=lambda p: _file_order(p.name))
+        first = files[0].stat().st_mtime if files else sub.stat().st_mtime
+        graphs.append((first, sub, files))
+    graphs.sort(key=lambda g: (g[0], g[1].name))
+    return [{"graph": sub.name, "path": str(sub),
+             "files": [{"name": f.name, "bytes": f.stat().st_size, "what": _describe_file(f.name)} for f in files]}
+            for _, sub, files in graphs]
+
+
+def _run_spec(compiled, loaded, train: bool):
+    import torch
+
+    if train:
+        return _train_step(compiled, loaded)
+    with torch.no_grad():
+        return loaded.call(compiled)
+
+
+def cmd_dump(args) -> int:
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    import neuron_compile
+
+    from .dump import process_folder
+
+    options = _backend_options(args)
+    loaded = _load(args.spec)
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create the dump folder {out}: {exc}") from None
+    # A fresh cache (and no memory hits) so every stage really runs and is written.
+    cache_dir = tempfile.mkdtemp(prefix="neuron-compile-dump-cache-")
+    options.update(dump_dir=str(out), cache_dir=cache_dir)
+    _forget_memory_cache()
+    neuron_compile.reset()
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(loaded.model, backend="neuron", options=options)
+        _run_spec(compiled, loaded, args.train)
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+    reports = neuron_compile.compile_reports()
+    folder = process_folder(out)
+    index = dump_index(folder, [r.graph for r in reports])
+    if args.json:
+        emit_json(args, {"spec": args.spec, "folder": str(folder), "graphs": index})
+        return 0
+    mode = "training (forward + backward)" if args.train else "inference"
+    print(f"dump of {args.spec}, {mode}: {len(index)} graph(s) in {folder}")
+    nodes = {r.graph: r.nodes for r in reports}
+    for g in index:
+        print(f"\n{g['graph']}/  ({nodes.get(g['graph'].rsplit('-', 1)[0], nodes.get(g['graph'], '?'))} FX nodes)")
+        for f in g["files"]:
+            print(f"  {f['name']:<44} {f['bytes']:>9,} B  {f['what']}")
+    return 0
+
+
+def _forget_memory_cache() -> None:
+    try:
+        from .compiler import MEMORY
+
+        MEMORY.clear()
+    except ImportError:
+        pass
+
+
+# ---- compile (ahead of time) ---------------------------------------------------------------------
+
+def _parse_sizes(text: str | None) -> list[int | None]:
+    if not text:
+        return [None]
+    try:
+        sizes = [int(s) for s in text.replace(" ", "").split(",") if s]
+    except ValueError:
+        raise UsageError(f"--buckets takes comma-separated sizes such as 32,64,128, not {text!r}.") from None
+    if not sizes or any(s <= 0 for s in sizes):
+        raise UsageError(f"--buckets sizes must be positive integers, not {text!r}.")
+    return sizes
+
+
+def _compile_items(args):
+    modes = ["inference"] + (["train"] if args.train else [])
+    return [(size, mode) for size in _parse_sizes(args.buckets) for mode in modes]
+
+
+def _hits_and_compiles(reports) -> tuple[int, int]:
+    hits = sum(1 for r in reports if r.cache in ("memory", "disk"))
+    return hits, len(reports) - hits
+
+
+def cmd_compile(args) -> int:
+    import torch
+    from tqdm import tqdm
+
+    import neuron_compile
+
+    from .options import Options
+    from .specs import resize
+
+    options = _backend_options(args)
+    loaded = _load(args.spec)
+    items = _compile_items(args)
+    if args.jobs < 1:
+        raise UsageError("--jobs must be at least 1.")
+    resolved = Options.resolve(options)
+    if args.jobs > 1 and len(items) > 1:
+        results = _compile_in_workers(args, items)
+    else:
+        neuron_compile.reset()
+        torch._dynamo.reset()
+        limit = len(items) + 8
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
+        torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, limit)
+        compiled = torch.compile(loaded.model, backend="neuron", options=options, dynamic=False)
+        results = []
+        bar = tqdm(items, desc=f"compiling {args.spec}", unit="shape", disable=args.json, file=sys.stderr)
+        for size, mode in bar:
+            one = loaded if size is None else resize(loaded, args.bucket_dim, size)
+            before = len(neuron_compile.compile_reports())
+            start = time.perf_counter()
+            _run_spec(compiled, one, mode == "train")
+            seconds = time.perf_counter() - start
+            new = neuron_compile.compile_reports()[before:]
+            hits, compiles = _hits_and_compiles(new)
+            results.append({"size": size, "mode": mode, "inputs": one.describe_inputs(), "graphs": len(new),
+                            "hits": hits, "compiles": compiles, "seconds": round(seconds, 3),
+                            "cache": [r.cache or "off" for r in new]})
+            bar.set_postfix(hits=sum(r["hits"] for r in results), compiles=sum(r["compiles"] for r in results))
+    totals = {"graphs": sum(r["graphs"] for r in results), "hits": sum(r["hits"] for r in results),
+              "compiles": sum(r["compiles"] for r in results)}
+    summary = {"spec": args.spec, "cache_dir": resolved.cache_dir if resolved.cache else None,
+               "bucketing": "none yet: each size is compiled exactly", "items": results, **totals}
+    if args.json:
+        emit_json(args, summary)
+        return 0
+    from tabulate import tabulate
+
+    rows = [[r["size"] if r["size"] is not None else "as given", r["mode"], r["inputs"], r["graphs"], r["hits"],
+             r["compiles"], f"{r['seconds']:.2f}"] for r in results]
+    print(tabulate(rows, headers=["size", "mode", "inputs", "graphs", "cache hits", "new compiles", "seconds"]))
+    where = f"cache {resolved.cache_dir}" if resolved.cache else "cache off (NEURON_COMPILE_CACHE=0): nothing kept"
+    print(f"\n{totals['graphs']} graph(s): {totals['hits']} cache hit(s), {totals['compiles']} new compile(s); {where}")
+    return 0
+
+
+def _compile_in_workers(args, items) -> list[dict]:
+    """Split the sizes over ``--jobs`` fresh processes sharing the disk cache."""
+    import subprocess
+
+    from tqdm import tqdm
+
+    sizes = [s for s in dict.fromkeys(size for size, _ in items)]
+    groups = [sizes[i::args.jobs] for i in range(args.jobs)]
+    procs = []
+    for group in (g for g in groups if g):
+        cmd = [sys.executable, "-m", "neuron_compile", "compile", args.spec, "--json", "--jobs", "1",
+               "--bucket-dim", str(args.bucket_dim)]
+        if group != [None]:
+            cmd += ["--buckets", ",".join(str(s) for s in group)]
+        if args.train:
+            cmd.append("--train")
+        if args.passes is not None:
+            cmd += ["--passes", args.passes]
+        procs.append((group, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+    results = []
+    with tqdm(total=len(items), desc=f"compiling {args.spec} ({len(procs)} jobs)", unit="shape", disable=args.json,
+              file=sys.stderr) as bar:
+        for group, proc in procs:
+            out, err = proc.communicate()
+            if proc.returncode != 0:
+                raise CompileFailure(f"a compile worker for sizes {group} failed (exit {proc.returncode}): "
+                                     f"{err.strip().splitlines()[-1] if err.strip() else 'no message'}")
+            done = json.loads(out)["items"]
+            results += done
+            bar.update(len(done))
+    order = {item: i for i, item in enumerate(items)}
+    return sorted(results, key=lambda r: order.get((r["size"], r["mode"]), 0))
+
+
+# ---- cache and inspect ---------------------------------------------------------------------------
+
+def _artifact_cache(args):
+    try:
+        from runtime.cache import ArtifactCache
+    except ImportError as exc:
+        raise CompileFailure(f"the artifact cache is not available in this build (runtime.cache: {exc}).") from None
+    from .options import Options
+
+    options = Options.resolve()
+    path = args.cache_dir or options.cache_dir
+    cap = getattr(options, "cache_max_bytes", None)
+    return ArtifactCache(path, max_bytes=cap) if cap else ArtifactCache(path)
+
+
+def _parse_bytes(text: str | None) -> int | None:
+    if text is None:
+        return None
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    value = text.strip().lower().removesuffix("b").removesuffix("i")
+    scale = units.get(value[-1:], 1)
+    try:
+        return int(float(value[:-1] if scale != 1 else value) * scale)
+    except ValueError:
+        raise UsageError(f"--max-bytes takes a size such as 500M or 2G, not {text!r}.") from None
+
+
+def cmd_cache(args) -> int:
+    cache = _artifact_cache(args)
+    action = args.action
+    if action == "stats":
+        stats = cache.stats()
+        if args.json:
+            emit_json(args, stats)
+        else:
+            print(f"cache {stats['path']}: {stats['entries']} artifact(s), {stats['bytes']:,} bytes "
+                  f"(cap {stats['max_bytes']:,}), {stats['index_entries']} index entries")
+            for name, value in sorted(stats.get("totals", {}).items()):
+                print(f"  {name:<24} {value:g}" if isinstance(value, float) else f"  {name:<24} {value}")
+        return 0
+    if action == "ls":
+        entries = cache.entries()
+        if args.json:
+            emit_json(args, entries)
+        else:
+            from tabulate import tabulate
+
+            rows = [[e["key"][:16], e.get("graph") or "?", f"{e['bytes']:,}",
+                     time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["last_used"])), e.get("created") or ""]
+                    for e in entries]
+            print(tabulate(rows, headers=["key", "graph", "bytes", "last used", "created"]))
+            print(f"\n{len(entries)} artifact(s) in {cache.root}")
+        return 0
+    if action == "verify":
+        results = cache.verify()
+        bad = [r for r in results if not r[1]]
+        if args.json:
+            emit_json(args, [{"path": p, "ok": ok, "reason": why} for p, ok, why in results])
+        else:
+            for path, _ok, why in bad:
+                print(f"BROKEN {path}: {why}")
+            print(f"{len(results) - len(bad)} of {len(results)} entries ok in {cache.root}")
+        if bad:
+            print(_fail_paragraph(f"{len(bad)} broken cache entries; `neuron-compile cache prune` removes them."),
+                  file=sys.stderr)
+            return 1
+        return 0
+    if action == "clear":
+        removed = cache.clear()
+        if args.json:
+            emit_json(args, {"removed": removed})
+        else:
+            print(f"removed {removed} artifact(s) from {cache.root}")
+        return 0
+    if action == "prune":
+        removed = cache.prune(max_bytes=_parse_bytes(args.max_bytes))
+        if args.json:
+            emit_json(args, {"removed": removed, "bytes_left": cache.stats()["bytes"]})
+        else:
+            print(f"removed {removed} artifact(s) from {cache.root}; {cache.stats()['bytes']:,} bytes left")
+        return 0
+    raise UsageError(f"unknown cache action {action!r}")
+
+
+def cmd_inspect(args) -> int:
+    from pathlib import Path
+
+    try:
+        from runtime.artifact import ArtifactError, read_artifact, stablehlo_text
+    except ImportError as exc:
+        raise CompileFailure(f"the artifact format is not available in this build (runtime.artifact: {exc}).") from None
+    path = Path(args.artifact)
+    if not path.is_file():
+        # a key (or a unique prefix of one) in the cache
+        matches = [e for e in _artifact_cache(args).entries() if e["key"].startswith(args.artifact)]
+        if len(matches) != 1:
+            raise UsageError(f"{args.artifact} is neither an artifact file nor "
+                             f"{'a unique' if matches else 'a'} key in the cache.")
+        path = Path(matches[0]["path"])
+    try:
+        artifact = read_artifact(path)
+    except (OSError, ArtifactError) as exc:
+        raise UsageError(f"{path} is not a readable artifact: {exc}") from None
+    info = {"path": str(path), "bytes": path.stat().st_size, "stablehlo_bytes": len(artifact.stablehlo),
+            "executable_bytes": len(artifact.executable), "manifest": artifact.manifest}
+    if args.stablehlo:
+        print(stablehlo_text(artifact))
+        return 0
+    if args.json:
+        emit_json(args, info)
+        return 0
+    m = artifact.manifest
+    print(f"artifact {path} ({info['bytes']:,} bytes: StableHLO {info['stablehlo_bytes']:,}, "
+          f"executable {info['executable_bytes']:,})")
+    for name in ("graph", "kind", "key", "created", "pipeline"):
+        if name in m:
+            print(f"  {name:<10} {m[name]}")
+    for name in ("inputs", "outputs"):
+        if name in m:
+            shapes = ", ".join(f"{t.get('dtype')}{t.get('shape')}" for t in m[name])
+            print(f"  {name:<10} {shapes}")
+    for name in ("versions", "stages"):
+        if isinstance(m.get(name), dict):
+            print(f"  {name:<10} " + ", ".join(f"{k}={v}" for k, v in m[name].items()))
+    print("  (--json for the whole manifest, --stablehlo for the module)")
+    return 0
+
+
+# ---- explain -------------------------------------------------------------------------------------
+
+def cmd_explain(args) -> int:
+    import torch
+    import torch._dynamo
+
+    import neuron_compile
+
+    from .backend import neuron_backend
+    from .specs import resize
+
+    options = _backend_options(args)
+    loaded = _load(args.spec)
+
+    # 1. graph breaks: what Dynamo captures, and why it stops
+    torch._dynamo.reset()
+    with torch.no_grad():
+        explained = torch._dynamo.explain(loaded.model)(*loaded.args, **loaded.kwargs)
+    breaks = []
+    for reason in explained.break_reasons:
+        frame = reason.user_stack[-1] if reason.user_stack else None
+        breaks.append({"reason": " ".join(str(reason.reason).split())[:400],
+                       "where": f"{frame.filename}:{frame.lineno} {frame.line or ''}".strip() if frame else None})
+
+    # 2. lowering, graph by graph: a graph that fails runs eagerly so the rest still gets looked at
+    torch._dynamo.reset()
+    neuron_compile.reset()
+    failures = []
+
+    def backend(gm, example_inputs):
+        try:
+            return neuron_backend(gm, example_inputs, options=options)
+        except Exception as exc:  # noqa: BLE001 - recorded and shown
+            failures.append(_lowering_failure(exc, len(failures)))
+            return gm.forward
+
+    compiled = torch.compile(loaded.model, backend=backend)
+    calls = [loaded] + [resize(loaded, args.dim, s) for s in _parse_sizes(args.sizes) if s is not None]
+    for one in calls:
+        try:
+            _run_spec(compiled, one, args.train)
+        except Exception as exc:  # a backward graph fails when backward runs
+            failures.append(_lowering_failure(exc, len(failures)))
+    # 3. recompiles: guard failures Dynamo recorded, per code object
+    recompiles = []
+    for code, reasons in torch._dynamo.utils.guard_failures.items():
+        name = getattr(code, "co_name", str(code))
+        for reason in reasons:
+            recompiles.append({"function": name, "reason": " ".join(str(reason).split())[:400]})
+    reports = neuron_compile.compile_reports()
+    # 4. dimensions: the backend specializes symbolic graphs per concrete size; there is no bucketing yet
+    dims = [{"graph": r.graph, "specialized_for": r.signature} for r in reports if r.signature]
+    cache = [{"graph": r.graph, "cache": r.cache or "off", "notes": list(r.notes)} for r in reports]
+    result = {
+        "spec": args.spec, "inputs": [c.describe_inputs() for c in calls],
+        "graphs": explained.graph_count, "graph_breaks": explained.graph_break_count, "breaks": breaks,
+        "ops_per_graph": [len(ops) for ops in explained.ops_per_graph],
+        "recompiles": recompiles, "lowering_failures": failures,
+        "bucketing": "no bucketing yet: every concrete shape is compiled exactly (symbolic graphs are specialized)",
+        "dynamic_dims": dims, "compiled": [r.as_dict()["graph"] for r in reports], "cache": cache,
+    }
+    if args.json:
+        emit_json(args, result)
+    else:
+        _print_explain(result)
+    return 1 if failures else 0
+
+
+def _lowering_failure(exc: BaseException, index: int) -> dict:
+    from .lowering import LoweringError
+
+    inner = _unwrap(exc)
+    if isinstance(inner, LoweringError):
+        return {"op": inner.op, "source": inner.source, "stage": inner.stage, "repro": inner.repro_dir,
+                "message": _fail_paragraph(str(inner)).split(": error: ", 1)[1]}
+    return {"op": None, "source": None, "stage": None, "repro": None,
+            "message": f"{type(inner).__name__}: " + _fail_paragraph(str(inner)).split(": error: ", 1)[1]}
+
+
+def _print_explain(r: dict) -> None:
+    print(f"explain {r['spec']} (inputs: {' | '.join(r['inputs'])})")
+    print(f"\nDynamo: {r['graphs']} graph(s), {r['graph_breaks']} graph break(s); ops per graph {r['ops_per_graph']}")
+    for b in r["breaks"]:
+        print(f"  break: {b['reason']}" + (f"\n         at {b['where']}" if b["where"] else ""))
+    print(f"\nrecompiles: {len(r['recompiles'])}")
+    for c in r["recompiles"]:
+        print(f"  {c['function']}: {c['reason']}")
+    print(f"\nlowering: {len(r['compiled'])} graph(s) compiled, {len(r['lowering_failures'])} failed")
+    for f in r["lowering_failures"]:
+        what = f"op {f['op']}" if f["op"] else "a graph"
+        print(f"  {what} does not lower" + (f" (from {f['source']})" if f["source"] else ""))
+        print(textwrap.indent(textwrap.fill(f["message"][:600], 100), "    "))
+    print(f"\ndimensions: {r['bucketing']}")
+    for d in r["dynamic_dims"]:
+        print(f"  {d['graph']} was symbolic; specialized for {d['specialized_for']}")
+    print("\ncache:")
+    for c in r["cache"]:
+        print(f"  {c['graph']}: {c['cache']}" + "".join(f"\n    {n}" for n in c["notes"]))
+
+
+# ---- repro ---------------------------------------------------------------------------------------
+
+def cmd_repro(args) -> int:
+    from pathlib import Path
+
+    from .lowering import repro
+
+    folder = Path(args.dir)
+    missing = [n for n in ("input.mlir", "pipeline.txt") if not (folder / n).is_file()]
+    if missing:
+        raise UsageError(f"{folder} is not a reproducer folder (it lacks {', '.join(missing)}); LoweringError "
+                         "messages name the folder to pass here.")
+    output = repro(folder)
+    print(output)
+    if output.startswith("pipeline succeeded"):
+        return 0
+    print(_fail_paragraph(f"the failure reproduces (pipeline {(folder / 'pipeline.txt').read_text().strip()})."),
+          file=sys.stderr)
+    return 1
 
 
 # ---- argument parsing --------------------------------------------------------------------------
@@ -234,7 +714,101 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(run=cmd_demo)
 
+    spec_help = "model: a built-in name, path/to/file.py:factory or package.module:factory (see `neuron-compile specs`)"
+    passes_help = "pass pipeline or profile (none, default, neuron), e.g. 'canonicalize,fuse'"
+
+    p = _command(sub, "specs", "list the built-in model specs and the spec syntax", "neuron-compile specs")
+    p.set_defaults(run=cmd_specs)
+
+    p = _command(sub, "dump", "write every stage of every graph to a folder and print its index",
+                 "neuron-compile dump mlp --out /tmp/dump --passes canonicalize",
+                 """\
+                 Compile a model with the neuron backend (a fresh cache, so every stage runs) and
+                 write, per graph and in order: the FX graph, the Torch-MLIR module, the StableHLO
+                 before passes and after each pass, the final StableHLO, the artifact manifest and
+                 the compile report, under OUT/pid<process>/<graph>/. The same files are written for
+                 any torch.compile(..., backend="neuron") run when NEURON_COMPILE_DUMP_DIR is set.""")
+    p.add_argument("spec", help=spec_help)
+    p.add_argument("--out", required=True, help="dump folder")
+    p.add_argument("--passes", help=passes_help)
+    p.add_argument("--train", action="store_true", help="forward + backward (training graphs)")
+    p.add_argument("--json", action="store_true", help="print the index as JSON")
+    p.set_defaults(run=cmd_dump)
+
+    p = _command(sub, "compile", "compile ahead of time into the cache, reporting hits and new compiles",
+                 "neuron-compile compile demo --train --buckets 16,32 --bucket-dim 1 --jobs 2",
+                 """\
+                 Compile a model's graphs ahead of time into the artifact cache (NEURON_COMPILE_CACHE_DIR)
+                 with a progress bar, and report how many graphs were cache hits and how many were
+                 compiled. --buckets: shape bucketing is not implemented yet, so each listed size of
+                 dimension --bucket-dim is compiled exactly, as its own static graph.""")
+    p.add_argument("spec", help=spec_help)
+    p.add_argument("--buckets", help="comma-separated sizes for dimension --bucket-dim of every input, e.g. 8,16,32")
+    p.add_argument("--bucket-dim", type=int, default=0, help="the input dimension --buckets sets (default 0)")
+    p.add_argument("--jobs", type=int, default=1, help="compile in N worker processes sharing the cache")
+    p.add_argument("--train", action="store_true", help="also compile the training graphs (forward + backward)")
+    p.add_argument("--passes", help=passes_help)
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.set_defaults(run=cmd_compile)
+
+    from .benchmark import add_bench_parsers
+
+    add_bench_parsers(sub, _command, spec_help, passes_help)
+
+    p = _command(sub, "cache", "show, check and trim the artifact cache",
+                 "neuron-compile cache stats\nneuron-compile cache prune --max-bytes 500M",
+                 """\
+                 stats: size and cumulative counters; ls: one line per artifact; verify: check every
+                 artifact's checksum and key (exit 1 if any is broken); clear: remove everything;
+                 prune: drop broken entries and evict least recently used artifacts down to --max-bytes.""")
+    p.add_argument("action", choices=["stats", "ls", "verify", "clear", "prune"])
+    p.add_argument("--cache-dir", help="cache folder (default: NEURON_COMPILE_CACHE_DIR or ~/.cache/neuron_compile)")
+    p.add_argument("--max-bytes", help="prune down to this size (500M, 2G...; default: the cache's cap)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(run=cmd_cache)
+
+    p = _command(sub, "inspect", "print an artifact's manifest (or its StableHLO)",
+                 "neuron-compile inspect ~/.cache/neuron_compile/artifacts/ab/ab12....ncart\n"
+                 "neuron-compile inspect ab12 --stablehlo   # a key prefix from `cache ls`")
+    p.add_argument("artifact", help="an artifact file, or a cache key (prefix)")
+    p.add_argument("--cache-dir", help="cache folder to look keys up in")
+    p.add_argument("--stablehlo", action="store_true", help="print the artifact's StableHLO module")
+    p.add_argument("--json", action="store_true", help="print the manifest and sizes as JSON")
+    p.set_defaults(run=cmd_inspect)
+
+    p = _command(sub, "explain", "graph breaks, recompiles, ops that don't lower, dims, cache misses",
+                 "neuron-compile explain mlp --sizes 4,16",
+                 """\
+                 Run a model through Dynamo's explain (graph breaks and their causes), then through the
+                 neuron backend graph by graph (a graph that does not lower is reported, with its op,
+                 source line and reproducer, and run eagerly so the rest is still looked at). --sizes
+                 calls again with other sizes of dimension --dim to show recompiles and their causes.
+                 Exits 1 when a graph does not lower.""")
+    p.add_argument("spec", help=spec_help)
+    p.add_argument("--sizes", help="also call with these sizes of dimension --dim, e.g. 4,16")
+    p.add_argument("--dim", type=int, default=0, help="the input dimension --sizes sets (default 0)")
+    p.add_argument("--train", action="store_true", help="forward + backward")
+    p.add_argument("--passes", help=passes_help)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(run=cmd_explain)
+
+    p = _command(sub, "repro", "re-run a saved failing lowering pipeline",
+                 "neuron-compile repro /tmp/neuron_compile_repro/g0.forward-abc123",
+                 """\
+                 Re-run the pipeline saved by a LoweringError (the folder its message names) and print the
+                 diagnostics. Exits 1 when the failure reproduces, 0 when the pipeline now succeeds.""")
+    p.add_argument("dir", help="the reproducer folder (holds input.mlir and pipeline.txt)")
+    p.set_defaults(run=cmd_repro)
     return parser
+
+
+def cmd_specs(args) -> int:
+    from .specs import builtin_help
+
+    print("built-in model specs:\n" + builtin_help())
+    print("\nyour own: path/to/file.py:factory or package.module:factory, where factory() returns\n"
+          "(model, example_inputs), example_inputs a tuple of tensors or a dict of keyword tensors.")
+    return 0
 
 
 def _version() -> str:
@@ -261,8 +835,10 @@ def main(argv: list[str] | None = None) -> int:
 def run(args) -> int:
     from .specs import SpecError
 
+    args.stdout = sys.stdout
     try:
-        return args.run(args)
+        with contextlib.redirect_stdout(sys.stderr) if getattr(args, "json", False) else contextlib.nullcontext():
+            return args.run(args)
     except (UsageError, SpecError) as exc:
         _print_err(str(exc))
         return 2

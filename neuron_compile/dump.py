@@ -18,6 +18,7 @@ Writing is best effort: a dump that fails logs a warning and never fails the com
 from __future__ import annotations
 
 import json
+import keyword
 import logging
 import os
 import re
@@ -57,6 +58,8 @@ class GraphDump:
     def write(self, name: str, text: str) -> None:
         if not self.ok:
             return
+        if name.endswith(".py"):
+            text = python_class_name(text)
         try:
             (self.folder / name).write_text(text)
         except OSError as exc:
@@ -64,6 +67,14 @@ class GraphDump:
 
     def write_json(self, name: str, value) -> None:
         self.write(name, json.dumps(value, indent=2, default=str) + "\n")
+
+
+def python_class_name(code: str) -> str:
+    """FX names re-traced graphs ``class <lambda>(...)``: give the dump a class name Python parses."""
+    match = re.match(r"class ([^\s(]+)\(", code)
+    if match and (not match.group(1).isidentifier() or keyword.iskeyword(match.group(1))):
+        code = "class GraphModule(" + code[match.end():]
+    return code
 
 
 def pass_file_name(index: int, name: str) -> str:

@@ -173,7 +173,7 @@ def load_spec(spec: str) -> LoadedSpec:
             "Fix the factory, then run the command again."
         ) from None
     if not isinstance(result, tuple) or len(result) != 2:
-        got = f"a tuple of {len(result)} items" if isinstance(result, tuple) else f"a {type(result).__name__}"
+        got = f"a tuple of {len(result)} items" if isinstance(result, tuple) else f"an object of type {type(result).__name__}"
         raise SpecError(f"model spec {spec!r}: the factory must return (model, example_inputs), but it returned {got}.")
     model, inputs = result
     if not callable(model):
