@@ -13,10 +13,15 @@ that reproduces the failure.
 
 Profiles (chosen by measurement, see benchmarks/results/passes.md):
 - "none": no passes.
-- "default": what the XLA CPU executor runs fastest with. Padding a weight
-  that arrives as a function argument costs a copy on every call on CPU, and
-  XLA's CPU dot gets no faster on 128-multiples, so the default pads only
-  where the extra work is at most ``max-ratio=1.25`` of the original.
+- "default": what the XLA CPU executor runs no slower with. On the GPT-2
+  benchmark (benchmarks/results/passes.md) padding the LM head's vocab dim
+  (free-dims=both, 50257 -> 50304, +0.1% work) made calls 1.6x slower (a
+  copy of the padded weight and of the sliced logits every call); padding
+  attention's contracting dim 64 -> 128 (2x work there) measured +5-7%, inside
+  this shared machine's noise floor (~6%); XLA's CPU dot gains nothing from
+  128-multiples. So the default pads only the partition dims, and only where
+  it adds at most 25% work (``max-ratio=1.25``): on GPT-2 it pads nothing
+  and measured within noise of no passes.
 - "neuron": pads every dot_general and convolution to 128 like the hardware
   (128 partitions, 128x128 tensor engine) would, whatever it costs on CPU.
 """
