@@ -29,6 +29,8 @@ import torch.fx
 import torch.fx.traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from .bucketing import (BucketAnalysis, BucketInterpreter, SymOutput, analyze, pad_to_bucket, round_up,
+                        slice_from_bucket, sym_to_value)
 from .compiler import Executable
 from .fallback import compile_with_fallback  # compile_graph, or partly eager with fallback=eager
 from .decompositions import decompose_before_autograd, decomposition_table
@@ -63,7 +65,7 @@ class CompiledGraph:
     """What AOTAutograd calls for one graph: a boxed callable over XLA executables."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs, *, name: str, kind: str, options: Options,
-                 aot_seconds: float = 0.0):
+                 aot_seconds: float = 0.0, boundary_layouts: dict | None = None):
         self.name = name
         self.kind = kind
         self.options = options
@@ -74,10 +76,23 @@ class CompiledGraph:
         self.specializations: dict[tuple, Executable] = {}
         self.static: Executable | None = None
         self._aot_seconds = aot_seconds
+        self.bucketing: BucketAnalysis | None = None
         if not self.dynamic_positions:
             report = self._new_report("")
             self.static = compile_with_fallback(gm, report=report, options=options)
             record(report)
+        elif options.buckets:
+            # one executable per bucket when the analysis proves it exact, else per exact shape
+            self.bucketing = analyze(gm, boundary_layouts)
+            if self.bucketing.ok:
+                if boundary_layouts is not None and kind == "forward":
+                    boundary_layouts.update({name: lay for name, lay in zip(self.bucketing.output_names,
+                                                                           self.bucketing.output_layouts)
+                                             if isinstance(lay, tuple)})
+                COUNTERS["bucketed_graphs"] += 1
+            else:
+                COUNTERS["bucketing_fallbacks"] += 1
+                log.info("neuron_compile: %s compiles per exact shape: %s", name, self.bucketing.reason)
 
     def _new_report(self, signature: str) -> CompileReport:
         report = CompileReport(graph=self.name, kind=self.kind, signature=signature)
@@ -96,6 +111,8 @@ class CompiledGraph:
     def __call__(self, args: list) -> list:
         if self.static is not None:
             return self.static(args)
+        if self.bucketing is not None and self.bucketing.ok:
+            return self._call_bucketed(args)
         key = self._key(args)
         executable = self.specializations.get(key)
         if executable is None:
@@ -116,6 +133,60 @@ class CompiledGraph:
             return executable
 
 
+    # -- bucketed path: pad to the bucket, run the bucket's executable, slice back ------------
+
+    def _call_bucketed(self, args: list) -> list:
+        analysis = self.bucketing
+        true_env = {}
+        for symbol, (pos, dim) in analysis.bindings.items():
+            true_env[symbol] = int(args[pos].shape[dim]) if dim is not None else int(args[pos])
+        bucket_env = dict(true_env)
+        for symbol in analysis.symbols:
+            bucket_env[symbol] = round_up(true_env[symbol], self.options.buckets)
+        key = tuple(bucket_env[s] for s in analysis.symbols) + tuple(true_env[s] for s in analysis.value_symbols)
+        padded = list(args)
+        for pos, layout in analysis.input_layouts.items():
+            padded[pos] = pad_to_bucket(args[pos], layout, bucket_env, true_env)
+        for symbol, (pos, dim) in analysis.bindings.items():
+            if dim is None:
+                padded[pos] = bucket_env[symbol]
+        true_sizes = torch.tensor([true_env[s] for s in analysis.symbols], dtype=torch.int64)
+        executable = self.specializations.get(key)
+        if executable is None:
+            executable = self._specialize_bucket(key, padded, true_sizes, bucket_env)
+        outs = executable(padded + [true_sizes])
+        result = []
+        for out, layout in zip(outs, analysis.output_layouts):
+            if isinstance(layout, SymOutput):
+                result.append(sym_to_value(layout.expr, true_env))
+            elif isinstance(layout, tuple) and isinstance(out, torch.Tensor):
+                result.append(slice_from_bucket(out, layout, bucket_env, true_env))
+            else:
+                result.append(out)
+        return result
+
+    def _specialize_bucket(self, key, padded, true_sizes, bucket_env) -> Executable:
+        with self._lock:
+            if key in self.specializations:
+                return self.specializations[key]
+            buckets = ", ".join(f"{s}->{bucket_env[s]}" for s in self.bucketing.symbols)
+            report = self._new_report(f"bucket {buckets}")
+            with report.stage("specialize"):
+                interpreter = BucketInterpreter(self.gm, self.bucketing, bucket_env)
+
+                def run(*flat):
+                    return interpreter.run_with_true_sizes(flat[-1], *flat[:-1])
+
+                with fx_traceback.preserve_node_meta():
+                    static_gm = make_fx(run, tracing_mode="fake")(*padded, true_sizes)
+            executable = compile_with_fallback(static_gm, report=report, options=self.options)
+            record(report)
+            COUNTERS["specializations"] += 1
+            COUNTERS["buckets"] += 1
+            self.specializations[key] = executable
+            return executable
+
+
 def specialize(gm: torch.fx.GraphModule, args: list) -> torch.fx.GraphModule:
     """Re-trace a symbolic graph on concrete arguments: every size becomes a constant."""
 
@@ -126,12 +197,12 @@ def specialize(gm: torch.fx.GraphModule, args: list) -> torch.fx.GraphModule:
         return make_fx(run, tracing_mode="fake")(*args)
 
 
-def _graph_compiler(kind: str, graph_id: int, options: Options, started: float):
+def _graph_compiler(kind: str, graph_id: int, options: Options, started: float, boundary: dict):
     def compile_fn(gm: torch.fx.GraphModule, example_inputs):
         aot = time.perf_counter() - started if kind != "backward" else 0.0
         COUNTERS["graphs"] += 1
         graph = CompiledGraph(gm, example_inputs, name=f"g{graph_id}.{kind}", kind=kind, options=options,
-                              aot_seconds=aot)
+                              aot_seconds=aot, boundary_layouts=boundary)
 
         # A plain function, not the object: AOTAutograd wraps backward compilers in
         # torch._dynamo.disable, which keeps a function's attributes (_boxed_call).
@@ -155,10 +226,11 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     graph_id = next(_GRAPH_IDS)
     started = time.perf_counter()
     decompose_before_autograd(gm)
+    boundary: dict = {}  # padded layouts of forward outputs, read back by the backward
     backend = aot_autograd(
-        fw_compiler=_graph_compiler("forward", graph_id, opts, started),
-        bw_compiler=_graph_compiler("backward", graph_id, opts, started),
-        inference_compiler=_graph_compiler("inference", graph_id, opts, started),
+        fw_compiler=_graph_compiler("forward", graph_id, opts, started, boundary),
+        bw_compiler=_graph_compiler("backward", graph_id, opts, started, boundary),
+        inference_compiler=_graph_compiler("inference", graph_id, opts, started, boundary),
         decompositions=decomposition_table(),
     )
     return backend(gm, example_inputs)

@@ -13,6 +13,7 @@ known ones (a typo must not be silently ignored).
 | dump_dir   | NEURON_COMPILE_DUMP_DIR       | off                     |
 | fallback   | NEURON_COMPILE_FALLBACK       | "error" (or "eager")    |
 | verify     | NEURON_COMPILE_VERIFY (1 = on)| off: verify IR after every pass |
+| buckets    | NEURON_COMPILE_BUCKETS        | 128: symbolic sizes padded to multiples of 128; a list "128,512,1024"; 0/off: exact shapes |
 """
 
 from __future__ import annotations
@@ -49,6 +50,26 @@ def default_cache_dir() -> str:
     return os.path.join(base, "neuron_compile")
 
 
+def parse_buckets(value) -> object:
+    """``128`` -> multiples of 128; ``"64,128,512"`` -> those sizes (then multiples of the last); 0/off -> exact."""
+    if isinstance(value, (list, tuple)):
+        sizes = tuple(sorted(int(v) for v in value))
+    elif isinstance(value, int):
+        sizes = value
+    else:
+        text = str(value).strip().lower()
+        if text in ("", "0", "off", "none", "false", "exact"):
+            return 0
+        parts = [p for p in text.replace(" ", "").split(",") if p]
+        try:
+            sizes = int(parts[0]) if len(parts) == 1 else tuple(sorted(int(p) for p in parts))
+        except ValueError:
+            raise ValueError(f"option buckets must be an int, a list of ints or 'off', not {value!r}") from None
+    if (isinstance(sizes, int) and sizes < 0) or (isinstance(sizes, tuple) and (not sizes or sizes[0] <= 0)):
+        raise ValueError(f"option buckets must be positive, not {value!r}")
+    return sizes
+
+
 @dataclass(frozen=True)
 class Options:
     passes: str | None = None  # None: the passes package's default pipeline
@@ -58,6 +79,7 @@ class Options:
     dump_dir: str | None = None
     fallback: str = "error"
     verify: bool = False
+    buckets: object = 128  # int multiple, sorted tuple of sizes, or 0 (exact shapes only)
 
     @classmethod
     def resolve(cls, user: dict | None = None) -> "Options":
@@ -76,8 +98,10 @@ class Options:
             "dump_dir": os.environ.get("NEURON_COMPILE_DUMP_DIR") or None,
             "fallback": os.environ.get("NEURON_COMPILE_FALLBACK") or "error",
             "verify": _env_flag("NEURON_COMPILE_VERIFY", False),
+            "buckets": os.environ.get("NEURON_COMPILE_BUCKETS", "128"),
         }
         env.update(user)
+        env["buckets"] = parse_buckets(env["buckets"])
         if env["fallback"] not in ("error", "eager"):
             raise ValueError(f"option fallback must be 'error' or 'eager', not {env['fallback']!r}")
         return cls(**env)

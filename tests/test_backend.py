@@ -238,7 +238,7 @@ def test_op_that_does_not_lower_names_op_and_line(tmp_path, monkeypatch):
 def test_changing_shapes_match_eager_and_compile_once_per_shape():
     model = MLP(width=16)
     calls = [(1, 16), (3, 16), (5, 16), (3, 16), (9, 16)]
-    c = compiled(model)
+    c = compiled(model, options={"buckets": 0})  # exact shapes: no bucketing
     with torch.no_grad():
         for shape in calls:
             x = torch.randn(*shape)
@@ -246,6 +246,7 @@ def test_changing_shapes_match_eager_and_compile_once_per_shape():
     # the first shape compiles statically; Dynamo's automatic dynamic shapes hands us a
     # symbolic graph on the second, specialized once per new batch size (3 is reused)
     assert COUNTERS["specializations"] == 3
+    assert COUNTERS["bucketed_graphs"] == 0
 
 
 def test_batch_and_sequence_lengths_change_in_training():

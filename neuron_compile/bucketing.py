@@ -1,0 +1,748 @@
+"""Shape bucketing: symbolic sizes rounded up to buckets, one executable per bucket, exact results.
+
+When Dynamo hands us a graph with symbolic sizes, each size symbol ``s`` is
+rounded up to a bucket ``S`` (the next multiple of 128 by default, or the next
+entry of an explicit list). Inputs are padded to the bucket at call time,
+outputs sliced back, and one executable serves every length in the bucket.
+
+Padding must never leak into real values. The padded region of a tensor holds
+garbage (anything, NaN included); every op whose real outputs could read it is
+made exact:
+
+* reductions over a padded dim (sum, amax, any, softmax, nll_loss, ...) see the
+  reduction's identity there (``where(mask, x, identity)`` before the op);
+* contractions over a padded dim (mm, bmm) see zeros on both sides;
+* accumulating scatters (embedding backward) add zeros from padded rows;
+* arithmetic on a size as a *value* (a mean's divisor, ``x * n``) reads the
+  true size, passed to the executable at run time in a small int64 tensor, not
+  the bucket; sizes used as *shapes* (views, ``arange(n)``) take the bucket;
+* ``constant_pad_nd`` along a padded dim writes its value at the true end.
+
+The analysis (``analyze``) is conservative: an op it cannot prove safe on a
+padded dim (flip, sort, cat along it, convolution windows across it, a view
+that splits a padded size, ...) makes the whole graph compile at exact shapes
+instead, and the reason is kept (``CompiledGraph.bucketing``, the compile
+report, ``neuron-compile explain``).
+
+Layouts. A dim of a padded tensor is a row-major product of *atoms*, each a
+sympy expression of the true size (``s1``, ``s1 + 1``, a static ``64``); a
+view merging ``[s0, s1]`` into ``[s0*s1]`` keeps the atoms ``(s0, s1)`` so the
+padding pattern of the merged dim is known. Where such a merged dim crosses a
+graph boundary (a forward output saved for the backward), the forward records
+its atoms under the output's name and the backward reads them back.
+
+Rewrites happen while the symbolic graph is re-traced at the bucket's sizes
+(``BucketInterpreter`` under ``make_fx``), so the result is a static graph that
+goes through the ordinary compile path and cache.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass, field
+
+import sympy
+import torch
+import torch.fx
+
+aten = torch.ops.aten
+
+Atoms = tuple  # tuple[sympy.Expr, ...] : one dim as a row-major product of atoms
+Layout = tuple  # tuple[Atoms, ...]     : one tensor
+
+
+class NotBucketable(Exception):
+    """The analysis could not prove bucketing exact for this graph."""
+
+
+# ----------------------------------------------------------------------------- arithmetic
+
+
+def round_up(n: int, buckets) -> int:
+    """The bucket for true size ``n``: next multiple of an int, or next entry of a sorted list."""
+    if isinstance(buckets, int):
+        return max(buckets, -(-n // buckets) * buckets) if n > 0 else buckets
+    for b in buckets:
+        if n <= b:
+            return b
+    step = buckets[-1]
+    return -(-n // step) * step
+
+
+def _expr(size) -> sympy.Expr:
+    if isinstance(size, torch.SymInt):
+        return size.node.expr
+    return sympy.Integer(int(size))
+
+
+def _static(atom) -> bool:
+    return not atom.free_symbols
+
+
+def _dim_expr(atoms: Atoms) -> sympy.Expr:
+    return sympy.Mul(*atoms) if atoms else sympy.Integer(1)
+
+
+def _padded(atoms: Atoms) -> bool:
+    return any(not _static(a) for a in atoms)
+
+
+def layout_of_shape(shape) -> Layout:
+    """A fresh layout: each dim one atom (its content is valid on a prefix)."""
+    return tuple(() if _expr(s) == 1 else (_expr(s),) for s in shape)
+
+
+# ----------------------------------------------------------------------------- analysis
+
+_POINTWISE_EXTRA = {
+    aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default, aten._to_copy.default,
+    aten.where.self, aten.masked_fill.Scalar, aten.masked_fill.Tensor, aten.tril.default, aten.triu.default,
+    aten.copy.default, aten.detach.default, aten.clamp.default, aten.clamp.Tensor,
+}
+_CREATION = {
+    aten.arange.default, aten.arange.start, aten.arange.start_step, aten.full.default, aten.zeros.default,
+    aten.ones.default, aten.empty.memory_format, aten.empty_strided.default, aten.scalar_tensor.default,
+    aten.new_zeros.default, aten.new_ones.default, aten.new_full.default, aten.new_empty.default,
+    aten.new_empty_strided.default,
+}
+_LIKE = {aten.full_like.default, aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default,
+         aten.rand_like.default, aten.randn_like.default}
+_VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
+# reduction -> identity (None: depends on dtype and direction, see _identity)
+_REDUCTIONS = {
+    aten.sum.dim_IntList: 0, aten.sum.default: 0, aten.prod.dim_int: 1, aten.prod.default: 1,
+    aten.amax.default: "min", aten.amin.default: "max", aten.max.dim: "min", aten.min.dim: "max",
+    aten.argmax.default: "min", aten.argmin.default: "max", aten.any.dim: False, aten.any.dims: False,
+    aten.any.default: False, aten.all.dim: True, aten.all.dims: True, aten.all.default: True,
+    aten.logsumexp.default: "-inf", aten.mean.dim: 0, aten.mean.default: 0,
+}
+_SOFTMAX = {aten._softmax.default, aten._log_softmax.default}
+_ROW_LOCAL_INDEXING = {aten.gather.default, aten.scatter.value, aten.scatter.src, aten.scatter_add.default,
+                       aten.scatter_reduce.two}
+
+
+@dataclass
+class Rewrite:
+    """What to do to one node while re-tracing: mask arguments, feed true sizes."""
+
+    masks: list = field(default_factory=list)  # (arg index, dims: list[(dim, atoms)], identity)
+    true_values: dict = field(default_factory=dict)  # arg index -> sympy expr of a size used as a value
+    mean_dims: list | None = None  # mean over padded dims: divide by the true count
+    pad_fix: list | None = None  # constant_pad_nd: (dim, atoms of the input dim, left pad)
+
+
+@dataclass(frozen=True)
+class SymOutput:
+    """A graph output that is a size (a host int): computed from the true sizes after the call."""
+
+    expr: object
+
+
+@dataclass
+class BucketAnalysis:
+    """The outcome of ``analyze`` for one symbolic graph."""
+
+    ok: bool
+    reason: str = ""
+    symbols: tuple = ()  # size symbols, in a fixed order (index into the true-sizes tensor)
+    value_symbols: tuple = ()  # symbols only used as values: specialized exactly, never bucketed
+    bindings: dict = field(default_factory=dict)  # symbol -> (arg position, dim or None)
+    input_layouts: dict = field(default_factory=dict)  # arg position -> Layout
+    output_layouts: list = field(default_factory=list)  # per output: Layout, SymOutput or None
+    rewrites: dict = field(default_factory=dict)  # node name -> Rewrite
+    output_names: list = field(default_factory=list)
+
+
+def _broadcast(layouts: list, out_shape) -> Layout:
+    out = []
+    nd = len(out_shape)
+    for d in range(nd):
+        chosen = None
+        for lay in layouts:
+            k = d - (nd - len(lay))
+            if k < 0:
+                continue
+            atoms = lay[k]
+            if _dim_expr(atoms) == 1:
+                continue
+            if chosen is None:
+                chosen = atoms
+            elif _padded(atoms) or _padded(chosen):
+                if tuple(atoms) != tuple(chosen):
+                    raise NotBucketable(f"operands disagree on the padding of dim {d}: {atoms} vs {chosen}")
+        if chosen is None:
+            chosen = layout_of_shape([out_shape[d]])[0]
+        out.append(tuple(chosen))
+    return tuple(out)
+
+
+def _regroup(layout: Layout, out_shape) -> Layout:
+    """Layout after a view: consecutive atoms grouped to the new dims; static atoms may split."""
+    atoms = [a for dim in layout for a in dim if a != 1]
+    out = []
+    i = 0
+    for size in out_shape:
+        want = _expr(size)
+        if want == 1:
+            out.append(())
+            continue
+        group = []
+        have = sympy.Integer(1)
+        while sympy.simplify(have - want) != 0:
+            if i >= len(atoms):
+                raise NotBucketable(f"view to {list(out_shape)} does not follow the padded layout {layout}")
+            atom = atoms[i]
+            ratio = sympy.simplify(want / have)
+            if _static(atom) and _static(ratio) and atom != ratio and int(atom) % int(ratio) == 0 and ratio.is_integer:
+                group.append(ratio)  # split a static atom
+                atoms[i] = sympy.Integer(int(atom) // int(ratio))
+                have = have * ratio
+                continue
+            group.append(atom)
+            have = have * atom
+            i += 1
+            if not _static(sympy.simplify(want / have)) and not sympy.simplify(want / have).free_symbols <= want.free_symbols:
+                raise NotBucketable(f"view to {list(out_shape)} splits a padded size")
+        out.append(tuple(group))
+    if any(a != 1 for a in atoms[i:]):
+        raise NotBucketable(f"view to {list(out_shape)} does not consume the layout {layout}")
+    return tuple(out)
+
+
+def _schema_args(node):
+    schema = getattr(node.target, "_schema", None)
+    return schema.arguments if schema is not None else []
+
+
+def _is_sym_node(value) -> bool:
+    return isinstance(value, torch.fx.Node) and isinstance(value.meta.get("val"), (torch.SymInt, torch.SymFloat))
+
+
+def analyze(gm: torch.fx.GraphModule, boundary_layouts: dict | None = None) -> BucketAnalysis:
+    """Decide whether ``gm`` can run padded to buckets, and how; never raises."""
+    try:
+        return _analyze(gm, boundary_layouts or {})
+    except NotBucketable as exc:
+        return BucketAnalysis(ok=False, reason=str(exc))
+
+
+def _analyze(gm, boundary_layouts) -> BucketAnalysis:
+    result = BucketAnalysis(ok=True)
+    layouts: dict = {}  # node -> Layout (tensor) or list of Layouts (tuple outputs)
+    size_symbols: set = set()
+    bindings: dict = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for pos, node in enumerate(placeholders):
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            saved = boundary_layouts.get(node.name)
+            if saved is not None and len(saved) == val.dim():
+                lay = saved
+            else:
+                lay = layout_of_shape(val.shape)
+                for d, atoms in enumerate(lay):
+                    if len(atoms) == 1 and not _static(atoms[0]) and not atoms[0].is_Symbol:
+                        if len(atoms[0].free_symbols) > 1 or atoms[0].is_Mul:
+                            raise NotBucketable(
+                                f"input {node.name} dim {d} has size {atoms[0]}: a merged padded size at a graph "
+                                "boundary whose layout is unknown")
+            for d, atoms in enumerate(lay):
+                for a in atoms:
+                    size_symbols |= a.free_symbols
+                    if a.is_Symbol and a not in bindings and len(atoms) == 1:
+                        bindings[a] = (pos, d)
+            layouts[node] = lay
+            result.input_layouts[pos] = lay
+        elif isinstance(val, torch.SymInt) and val.node.expr.is_Symbol:
+            bindings.setdefault(val.node.expr, (pos, None))
+    symbols = sorted(size_symbols, key=str)
+    missing = [s for s in symbols if s not in bindings]
+    if missing:
+        raise NotBucketable(f"no input gives the true value of {missing}")
+    result.symbols = tuple(symbols)
+    result.bindings = dict(bindings)
+    result.value_symbols = tuple(sorted((s for s in bindings if s not in size_symbols), key=str))
+    if not symbols:
+        raise NotBucketable("no symbolic tensor size to bucket")
+
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output", "get_attr"):
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, (torch.Tensor, tuple, list)) or node.op != "call_function":
+            # sizes and other host values: shape uses take the bucket, value uses are rewritten below
+            if node.op == "call_function" and isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)):
+                continue
+            if node.target is operator.getitem:
+                continue
+            raise NotBucketable(f"node {node.name} ({node.target}) is not supported under bucketing")
+        if node.target is operator.getitem:
+            parent = layouts.get(node.args[0])
+            layouts[node] = parent[node.args[1]] if isinstance(parent, list) else None
+            continue
+        _analyze_node(node, layouts, result)
+
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    outs = output.args[0] if isinstance(output.args[0], (tuple, list)) else (output.args[0],)
+    for value in outs:
+        if isinstance(value, torch.fx.Node):
+            val = value.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                result.output_layouts.append(layouts[value])
+            elif isinstance(val, (torch.SymInt, torch.SymFloat)):
+                result.output_layouts.append(SymOutput(val.node.expr))
+            else:
+                result.output_layouts.append(None)
+            result.output_names.append(value.name)
+        else:
+            result.output_layouts.append(None)
+            result.output_names.append(None)
+    return result
+
+
+def _tensor_layout(layouts, arg):
+    if isinstance(arg, torch.fx.Node):
+        lay = layouts.get(arg)
+        if isinstance(lay, tuple):
+            return lay
+    return None
+
+
+def _analyze_node(node, layouts, result):
+    target = node.target
+    val = node.meta["val"]
+    rewrite = Rewrite()
+    args = list(node.args)
+    tensor_args = [(i, a, _tensor_layout(layouts, a)) for i, a in enumerate(args) if _tensor_layout(layouts, a) is not None]
+    list_args = [(i, a) for i, a in enumerate(args) if isinstance(a, (list, tuple))
+                 and any(_tensor_layout(layouts, x) is not None for x in a)]
+    any_padded = any(_padded_layout(lay) for _, _, lay in tensor_args) or any(
+        _padded_layout(_tensor_layout(layouts, x)) for _, a in list_args for x in a if _tensor_layout(layouts, x))
+
+    # sizes used as values (a mean's divisor, x * n): feed the true value at run time
+    schema = _schema_args(node)
+    for i, a in enumerate(args):
+        if _is_sym_node(a) and target not in _CREATION and target not in _VIEWS and target not in (
+                aten.slice.Tensor, aten.expand.default, aten.narrow.default, aten.select.int):
+            if i < len(schema) and str(schema[i].type) in ("Scalar", "Tensor", "float", "number"):
+                rewrite.true_values[i] = a.meta["val"].node.expr
+    if target in _CREATION and target is not aten.scalar_tensor.default:
+        pass
+    elif target is aten.scalar_tensor.default and _is_sym_node(args[0]):
+        rewrite.true_values[0] = args[0].meta["val"].node.expr
+
+    if isinstance(val, torch.Tensor) and not any_padded and target not in _CREATION and target not in _LIKE:
+        layouts[node] = _fresh_or_inherit(val, tensor_args)
+    elif target in _CREATION:
+        layouts[node] = layout_of_shape(val.shape)
+    elif target in _LIKE:
+        layouts[node] = tensor_args[0][2]
+    elif _is_pointwise(target):
+        layouts[node] = _broadcast([lay for _, _, lay in tensor_args], val.shape)
+    elif target in _VIEWS:
+        layouts[node] = _regroup(tensor_args[0][2], val.shape)
+    elif target is aten.expand.default:
+        src = tensor_args[0][2]
+        nd = len(val.shape)
+        lay = []
+        for d in range(nd):
+            k = d - (nd - len(src))
+            if k >= 0 and _dim_expr(src[k]) != 1:
+                lay.append(src[k])
+            else:
+                lay.append(layout_of_shape([val.shape[d]])[0])
+        layouts[node] = tuple(lay)
+    elif target is aten.permute.default:
+        src = tensor_args[0][2]
+        layouts[node] = tuple(src[p % len(src)] for p in args[1])
+    elif target is aten.transpose.int:
+        src = list(tensor_args[0][2])
+        a, b = args[1] % len(src), args[2] % len(src)
+        src[a], src[b] = src[b], src[a]
+        layouts[node] = tuple(src)
+    elif target is aten.t.default:
+        layouts[node] = tuple(reversed(tensor_args[0][2]))
+    elif target is aten.unsqueeze.default:
+        src = list(tensor_args[0][2])
+        d = args[1] % (len(src) + 1)
+        layouts[node] = tuple(src[:d] + [()] + src[d:])
+    elif target in (aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default):
+        layouts[node] = _regroup(tensor_args[0][2], val.shape)
+    elif target is aten.slice.Tensor:
+        src = tensor_args[0][2]
+        d = (args[1] if len(args) > 1 else 0) % len(src)
+        step = args[4] if len(args) > 4 else 1
+        start = args[2] if len(args) > 2 else 0
+        lay = list(src)
+        if _padded(src[d]):
+            if len(src[d]) != 1 or step != 1 or not isinstance(start, int) or start < 0:
+                raise NotBucketable(f"{node.name}: slice of padded dim {d} with start={start}, step={step}")
+            lay[d] = (_expr(val.shape[d]),)
+        else:
+            lay[d] = layout_of_shape([val.shape[d]])[0]
+        layouts[node] = tuple(lay)
+    elif target is aten.select.int:
+        src = list(tensor_args[0][2])
+        d = args[1] % len(src)
+        if _padded(src[d]) and not (isinstance(args[2], int) and args[2] >= 0):
+            raise NotBucketable(f"{node.name}: select from the end of a padded dim")
+        layouts[node] = tuple(src[:d] + src[d + 1:])
+    elif target is aten.cat.default:
+        parts = [_tensor_layout(layouts, x) for x in args[0]]
+        d = (args[1] if len(args) > 1 else 0) % val.dim()
+        if any(p is not None and len(p) == val.dim() and _padded(p[d]) for p in parts):
+            raise NotBucketable(f"{node.name}: cat along padded dim {d}")
+        others = [p for p in parts if p is not None and len(p) == val.dim()]
+        lay = list(_broadcast([tuple(() if k == d else a for k, a in enumerate(p)) for p in others], val.shape))
+        lay[d] = layout_of_shape([val.shape[d]])[0]
+        layouts[node] = tuple(lay)
+    elif target in _REDUCTIONS:
+        _reduction(node, layouts, tensor_args, rewrite)
+    elif target in _SOFTMAX:
+        src = tensor_args[0][2]
+        d = args[1] % len(src)
+        if _padded(src[d]):
+            rewrite.masks.append((0, [(d, src[d])], "-inf"))
+        layouts[node] = src
+    elif target is aten._softmax_backward_data.default:
+        src = tensor_args[0][2]
+        d = args[2] % len(src)
+        if _padded(src[d]):
+            rewrite.masks.append((0, [(d, src[d])], 0))
+            rewrite.masks.append((1, [(d, src[d])], 0))
+        layouts[node] = _broadcast([tensor_args[0][2], tensor_args[1][2]], val.shape)
+    elif target in (aten.mm.default, aten.bmm.default):
+        a, b = tensor_args[0][2], tensor_args[1][2]
+        if tuple(a[-1]) != tuple(b[-2]) and (_padded(a[-1]) or _padded(b[-2])):
+            raise NotBucketable(f"{node.name}: contraction operands padded differently")
+        if _padded(a[-1]):
+            rewrite.masks.append((0, [(len(a) - 1, a[-1])], 0))
+            rewrite.masks.append((1, [(len(b) - 2, b[-2])], 0))
+        batch = ()
+        if target is aten.bmm.default:
+            batch = (_broadcast([(a[0],), (b[0],)], val.shape[:1])[0],)
+        layouts[node] = batch + (a[-2], b[-1])
+    elif target is aten.addmm.default:
+        bias, a, b = (tensor_args[k][2] for k in range(3))
+        if _padded(a[-1]):
+            rewrite.masks.append((1, [(1, a[-1])], 0))
+            rewrite.masks.append((2, [(0, b[0])], 0))
+        layouts[node] = _broadcast([bias, (a[0], b[1])], val.shape)
+    elif target is aten.embedding.default:
+        weight, idx = tensor_args[0][2], tensor_args[1][2]
+        if _padded(weight[0]):
+            raise NotBucketable(f"{node.name}: embedding table with a padded number of rows")
+        layouts[node] = tuple(idx) + tuple(weight[1:])
+    elif target is aten.index_select.default:
+        src, idx = tensor_args[0][2], tensor_args[1][2]
+        d = args[1] % len(src)
+        layouts[node] = tuple(src[:d]) + (idx[0],) + tuple(src[d + 1:])
+    elif target in _ROW_LOCAL_INDEXING:
+        src = tensor_args[0][2]
+        d = args[1] % len(src)
+        if _padded(src[d]):
+            raise NotBucketable(f"{node.name}: {target} along padded dim {d}")
+        if target in (aten.scatter_add.default,) or (target is aten.scatter_reduce.two and args[4] == "sum"):
+            src_lay = _tensor_layout(layouts, args[3])
+            rewrite.masks.append((3, [(k, a) for k, a in enumerate(src_lay) if _padded(a)], 0))
+        layouts[node] = _tensor_layout(layouts, args[2]) if target is aten.gather.default else src
+    elif target in (aten.index_put.default, aten.index_put_.default):
+        accumulate = args[3] if len(args) > 3 else node.kwargs.get("accumulate", False)
+        target_lay = tensor_args[0][2]
+        if _padded_layout(target_lay) and any(_padded(a) for a in target_lay[:len(args[1])]):
+            raise NotBucketable(f"{node.name}: index_put into a padded dim")
+        values = _tensor_layout(layouts, args[2])
+        idx_padded = any(_padded_layout(_tensor_layout(layouts, x)) for x in args[1] if x is not None)
+        if idx_padded and not accumulate:
+            raise NotBucketable(f"{node.name}: index_put without accumulate from padded indices")
+        if values is not None and _padded_layout(values):
+            rewrite.masks.append((2, [(k, a) for k, a in enumerate(values) if _padded(a)], 0))
+        layouts[node] = target_lay
+    elif target in (aten.nll_loss_forward.default, aten.nll_loss_backward.default):
+        t_index = 1 if target is aten.nll_loss_forward.default else 2
+        ignore = args[t_index + 3] if len(args) > t_index + 3 else -100
+        tgt = tensor_args[[i for i, _, _ in tensor_args].index(t_index)][2]
+        rewrite.masks.append((t_index, [(k, a) for k, a in enumerate(tgt) if _padded(a)], ("value", ignore)))
+        layouts[node] = ([(), ()] if target is aten.nll_loss_forward.default else tensor_args[1][2])
+        if target is aten.nll_loss_forward.default:
+            layouts[node] = [(), ()]
+    elif target is aten.cumsum.default:
+        layouts[node] = tensor_args[0][2]  # prefix sums never read the padded tail
+    elif target is aten.constant_pad_nd.default:
+        src = list(tensor_args[0][2])
+        pads = list(args[1])
+        lay = list(src)
+        fixes = []
+        for k in range(len(pads) // 2):
+            d = len(src) - 1 - k
+            left, right = pads[2 * k], pads[2 * k + 1]
+            if left == 0 and right == 0:
+                continue
+            if _padded(src[d]):
+                if len(src[d]) != 1 or left < 0 or right < 0:
+                    raise NotBucketable(f"{node.name}: constant_pad_nd of padded dim {d}")
+                fixes.append((d, src[d], left))
+                lay[d] = (_expr(val.shape[d]),)
+            else:
+                lay[d] = layout_of_shape([val.shape[d]])[0]
+        rewrite.pad_fix = fixes
+        layouts[node] = tuple(lay)
+    elif target in (aten.flip.default, aten.sort.default, aten.topk.default, aten.roll.default,
+                    aten.cumprod.default, aten.convolution.default):
+        dims = _op_dims(node, tensor_args[0][2])
+        if any(_padded(tensor_args[0][2][d]) for d in dims):
+            raise NotBucketable(f"{node.name}: {target} moves data across a padded dim")
+        layouts[node] = tensor_args[0][2] if isinstance(val, torch.Tensor) else [tensor_args[0][2]] * len(val)
+    else:
+        raise NotBucketable(f"{node.name}: {target} on a padded tensor is not known to be padding-safe")
+    if rewrite.masks or rewrite.true_values or rewrite.mean_dims or rewrite.pad_fix:
+        result.rewrites[node.name] = rewrite
+
+
+def _op_dims(node, layout):
+    t = node.target
+    nd = len(layout)
+    if t is aten.flip.default:
+        return [d % nd for d in node.args[1]]
+    if t in (aten.sort.default,):
+        return [(node.args[1] if len(node.args) > 1 else -1) % nd]
+    if t is aten.topk.default:
+        return [(node.args[2] if len(node.args) > 2 else -1) % nd]
+    if t is aten.roll.default:
+        return [d % nd for d in (node.args[2] if len(node.args) > 2 else range(nd))]
+    if t is aten.cumprod.default:
+        return []  # prefix products, like cumsum, never read the tail
+    if t is aten.convolution.default:
+        return list(range(1, nd))  # windows cross every spatial dim; channels are contracted
+    return list(range(nd))
+
+
+def _padded_layout(lay) -> bool:
+    return lay is not None and any(_padded(a) for a in lay)
+
+
+def _fresh_or_inherit(val, tensor_args):
+    if len(tensor_args) == 1 and tensor_args[0][2] is not None and len(tensor_args[0][2]) == val.dim():
+        lay = tensor_args[0][2]
+        if all(_dim_expr(a) == _expr(s) for a, s in zip(lay, val.shape)):
+            return lay
+    return layout_of_shape(val.shape)
+
+
+def _is_pointwise(target) -> bool:
+    if target in _POINTWISE_EXTRA:
+        return True
+    tags = getattr(target, "tags", ())
+    return torch.Tag.pointwise in tags
+
+
+def _reduction(node, layouts, tensor_args, rewrite):
+    target = node.target
+    src = tensor_args[0][2]
+    nd = len(src)
+    args = node.args
+    if target in (aten.sum.default, aten.prod.default, aten.any.default, aten.all.default, aten.mean.default):
+        dims = list(range(nd))
+        keep = False
+    else:
+        dims = args[1] if len(args) > 1 else node.kwargs.get("dim")
+        if dims is None:
+            dims = list(range(nd))
+        elif isinstance(dims, int):
+            dims = [dims]
+        dims = [d % nd for d in dims] if nd else []
+        keep = (args[2] if len(args) > 2 else node.kwargs.get("keepdim", False))
+    masked = [(d, src[d]) for d in dims if _padded(src[d])]
+    if masked:
+        rewrite.masks.append((0, masked, _REDUCTIONS[target]))
+        if target in (aten.mean.dim, aten.mean.default):
+            rewrite.mean_dims = [(d, src[d]) for d in dims]
+    out = [() if d in dims else src[d] for d in range(nd)] if keep else [src[d] for d in range(nd) if d not in dims]
+    val = node.meta["val"]
+    layouts[node] = [tuple(out), tuple(out)] if isinstance(val, (tuple, list)) else tuple(out)
+
+
+# ----------------------------------------------------------------------------- execution
+
+
+def sym_to_value(expr, env):
+    """Evaluate a sympy size expression on ints, or on 0-d tensors (true sizes inside the graph)."""
+    if expr.is_Integer:
+        return int(expr)
+    if expr.is_Rational:
+        return float(expr)
+    if expr.is_Symbol:
+        return env[expr]
+    args = [sym_to_value(a, env) for a in expr.args]
+    name = type(expr).__name__
+    if expr.is_Add:
+        out = args[0]
+        for a in args[1:]:
+            out = out + a
+        return out
+    if expr.is_Mul:
+        out = args[0]
+        for a in args[1:]:
+            out = out * a
+        return out
+    if expr.is_Pow:
+        return args[0] ** args[1]
+    if name == "FloorDiv":
+        return args[0] // args[1]
+    if name in ("Mod", "PythonMod"):
+        return args[0] % args[1]
+    if name in ("Max",):
+        return torch.maximum(*args) if isinstance(args[0], torch.Tensor) else max(args)
+    if name in ("Min",):
+        return torch.minimum(*args) if isinstance(args[0], torch.Tensor) else min(args)
+    if name == "CeilDiv":
+        return -((-args[0]) // args[1])
+    raise NotBucketable(f"cannot evaluate size expression {expr}")
+
+
+def padded_size(atoms: Atoms, buckets_env: dict) -> int:
+    return int(math.prod(int(sym_to_value(a, buckets_env)) for a in atoms)) if atoms else 1
+
+
+def valid_mask(atoms: Atoms, buckets_env: dict, true_env: dict) -> torch.Tensor:
+    """Bool vector over a padded dim: True where the position holds a real value."""
+    sizes = [int(sym_to_value(a, buckets_env)) for a in atoms]
+    total = math.prod(sizes)
+    idx = torch.arange(total)
+    mask = torch.ones(total, dtype=torch.bool)
+    stride = total
+    for atom, size in zip(atoms, sizes):
+        stride //= size
+        if _static(atom):
+            continue
+        comp = (idx // stride) % size
+        mask = mask & (comp < sym_to_value(atom, true_env))
+    return mask
+
+
+def _identity(kind, dtype):
+    if kind in ("min", "-inf"):
+        return float("-inf") if dtype.is_floating_point else (False if dtype == torch.bool else torch.iinfo(dtype).min)
+    if kind == "max":
+        return float("inf") if dtype.is_floating_point else (True if dtype == torch.bool else torch.iinfo(dtype).max)
+    if isinstance(kind, tuple):
+        return kind[1]
+    return kind
+
+
+def apply_mask(x: torch.Tensor, dims, identity, buckets_env, true_env) -> torch.Tensor:
+    mask = None
+    for d, atoms in dims:
+        m = valid_mask(atoms, buckets_env, true_env)
+        shape = [1] * x.dim()
+        shape[d] = -1
+        m = m.view(shape)
+        mask = m if mask is None else mask & m
+    if mask is None:
+        return x
+    fill = _identity(identity, x.dtype)
+    return torch.where(mask, x, torch.full((), fill, dtype=x.dtype))
+
+
+class BucketInterpreter(torch.fx.Interpreter):
+    """Runs the symbolic graph at bucket sizes under make_fx, applying the analysis' rewrites."""
+
+    def __init__(self, gm, analysis: BucketAnalysis, buckets_env: dict):
+        super().__init__(gm)
+        self.analysis = analysis
+        self.buckets_env = buckets_env
+        self.true_env: dict = {}
+
+    def run_with_true_sizes(self, true_sizes: torch.Tensor, *args):
+        self.true_env = {s: true_sizes[i] for i, s in enumerate(self.analysis.symbols)}
+        return self.run(*args)
+
+    def call_function(self, target, args, kwargs):
+        node = self._current
+        rewrite = self.analysis.rewrites.get(node.name)
+        if rewrite is None:
+            return super().call_function(target, args, kwargs)
+        args = list(args)
+        for index, expr in rewrite.true_values.items():
+            value = sym_to_value(expr, self.true_env)
+            if isinstance(value, torch.Tensor) and target is aten.scalar_tensor.default:
+                dtype = kwargs.get("dtype") or torch.get_default_dtype()
+                return value.to(dtype)
+            args[index] = value
+        for index, dims, identity in rewrite.masks:
+            if dims:
+                args[index] = apply_mask(args[index], dims, identity, self.buckets_env, self.true_env)
+        if rewrite.mean_dims is not None:
+            # mean over a padded dim: masked sum divided by the true element count
+            x = args[0]
+            keep = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+            total = torch.sum(x, [d for d, _ in rewrite.mean_dims], keepdim=keep, dtype=kwargs.get("dtype"))
+            count = 1
+            for _, atoms in rewrite.mean_dims:
+                count = count * (sym_to_value(_dim_expr(atoms), self.true_env) if atoms else 1)
+            return total / count
+        if rewrite.true_values and target in (aten.full.default, aten.new_full.default, aten.full_like.default):
+            index = next(iter(rewrite.true_values))
+            value = args[index]
+            args[index] = 0
+            zeros = target(*args, **kwargs)
+            return zeros + value.to(zeros.dtype)
+        if rewrite.true_values and isinstance(target, torch._ops.OpOverload):
+            target = target.overloadpacket  # a Scalar overload now gets a 0-d tensor: let dispatch pick
+        out = target(*args, **kwargs)
+        if rewrite.pad_fix:
+            for d, atoms, left in rewrite.pad_fix:
+                fill = args[2] if len(args) > 2 else kwargs.get("value", 0)
+                n = out.shape[d]
+                idx = torch.arange(n).view([-1 if k == d else 1 for k in range(out.dim())])
+                end = sym_to_value(_dim_expr(atoms), self.true_env) + left
+                out = torch.where(idx < end, out, torch.full((), fill, dtype=out.dtype))
+        return out
+
+    def run_node(self, n):
+        self._current = n
+        return super().run_node(n)
+
+
+# ----------------------------------------------------------------------------- call-time padding
+
+
+def _atom_sizes(layout: Layout, env: dict) -> list[int]:
+    sizes = []
+    for atoms in layout:
+        if not atoms:
+            sizes.append(1)
+        else:
+            sizes.extend(int(sym_to_value(a, env)) for a in atoms)
+    return sizes
+
+
+def pad_to_bucket(t: torch.Tensor, layout: Layout, bucket_env: dict, true_env: dict) -> torch.Tensor:
+    """Zero-pad a true-size tensor to its bucket shape, atom by atom."""
+    if not _padded_layout(layout):
+        return t
+    true_atoms = _atom_sizes(layout, true_env)
+    padded_atoms = _atom_sizes(layout, bucket_env)
+    if true_atoms == padded_atoms:
+        return t
+    out = t.new_zeros(padded_atoms)
+    out[tuple(slice(0, n) for n in true_atoms)] = t.reshape(true_atoms)
+    return out.reshape([padded_size(a, bucket_env) for a in layout])
+
+
+def slice_from_bucket(t: torch.Tensor, layout: Layout, bucket_env: dict, true_env: dict) -> torch.Tensor:
+    """The real region of a bucket-shaped tensor, at its true shape."""
+    if not _padded_layout(layout):
+        return t
+    true_shape = [padded_size(a, true_env) for a in layout]
+    if list(t.shape) == true_shape:
+        return t
+    if all(len(a) <= 1 for a in layout):
+        for d, n in enumerate(true_shape):
+            if t.shape[d] != n:
+                t = t.narrow(d, 0, n)
+        return t
+    true_atoms = _atom_sizes(layout, true_env)
+    view = t.reshape(_atom_sizes(layout, bucket_env))
+    return view[tuple(slice(0, n) for n in true_atoms)].reshape(true_shape)
