@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -155,12 +156,18 @@ def compile_graph(gm: torch.fx.GraphModule, *, report: CompileReport, options) -
         # lower, passes, compile: no key, no artifact
         xla = LoweredGraph(gm, report, options, dump, front=None).compile()[1]
     else:
+        # xla-client: import jax and start the PJRT client (first graph of a process; the platform is a key part)
+        with report.stage("xla-client"):
+            platform_description()
         # key: the FX graph and its input signature, known without lowering
         with report.stage("cache-key"):
             front = fx_cache_key(gm, options.passes or "default")
         # cache: memory, then disk; a miss lowers, keys the StableHLO, compiles, stores
-        result = cache.get(front, lambda: LoweredGraph(gm, report, options, dump, front=front),
+        timed, start = report.total_seconds, time.perf_counter()
+        result = cache.get(front, lambda: LoweredGraph(gm, report, options, dump, front=front, plan=plan),
                            check=_fits(gm, plan))
+        # cache-io: lookups, reads, checksums, deserializing, storing (the stages a miss ran are apart)
+        report.stages["cache-io"] = time.perf_counter() - start - (report.total_seconds - timed)
         _count(result, report, dump)
         xla = result.loaded.executable
     if dump:
@@ -171,9 +178,14 @@ def compile_graph(gm: torch.fx.GraphModule, *, report: CompileReport, options) -
 class LoweredGraph:
     """A graph lowered to StableHLO, keyed, waiting for passes and the XLA compile (``runtime.cache.Pending``)."""
 
-    def __init__(self, gm: torch.fx.GraphModule, report: CompileReport, options, dump, *, front):
-        self.gm, self.report, self.options, self.dump, self.front = gm, report, options, dump, front
+    def __init__(self, gm: torch.fx.GraphModule, report: CompileReport, options, dump, *, front, plan=None):
+        self.gm, self.report, self.options, self.dump, self.front, self.plan = gm, report, options, dump, front, plan
         self._stages_before = set(report.stages)
+        # mlir-setup: load torch-mlir and the passes (first graph of a process; a cache hit never does)
+        with report.stage("mlir-setup"):
+            import passes  # noqa: F401
+            import torch_mlir.dialects.torch  # noqa: F401
+            import torch_mlir.extras.fx_importer  # noqa: F401
         # lower: FX -> Torch-MLIR -> StableHLO, weights stay arguments
         lowered = lower_to_stablehlo(gm, report=report, graph_name=report.graph, keep_torch_ir=dump is not None)
         COUNTERS["lowerings"] += 1
@@ -226,6 +238,7 @@ class LoweredGraph:
             "input_signature": input_signature(self.gm),
             "outputs": [_tensor_info(n) for n in _output_nodes(self.gm)],
             "output_signature": output_signature(self.gm),
+            "aliases": _aliases(self.plan),
             "pipeline": self.pipeline.spec,
             "passes": [p.as_dict() if hasattr(p, "as_dict") else dict(p.__dict__) for p in report.passes],
             "versions": {"neuron_compile": __version__, **tool_versions()},
@@ -235,6 +248,17 @@ class LoweredGraph:
             "stablehlo": encoding,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         }
+
+
+def _aliases(plan: GraphPlan | None) -> list[dict]:
+    """Graph outputs XLA does not compute: inputs handed back as they are, and constants."""
+    out = []
+    for position, (kind, value) in enumerate(plan.outputs if plan else ()):
+        if kind == FROM_ARG:
+            out.append({"output": position, "input": value})
+        elif kind == CONSTANT:
+            out.append({"output": position, "constant": repr(value)})
+    return out
 
 
 def _output_nodes(gm: torch.fx.GraphModule) -> list:
@@ -257,6 +281,18 @@ def _fits(gm: torch.fx.GraphModule, plan: GraphPlan):
 
     return check
 
+
+def _start_xla_client() -> None:
+    try:
+        platform_description()  # imports jax, starts the PJRT CPU client (lru-cached)
+    except Exception:  # the compile path calls it again and reports the error there
+        pass
+
+
+# Start the XLA client while Dynamo and AOTAutograd trace: this module is imported when
+# torch.compile resolves backend="neuron", and a warm-cache first call would otherwise wait
+# about a second on `import jax` + client start after tracing (benchmarks/results/cache.md).
+threading.Thread(target=_start_xla_client, name="neuron_compile-xla-client", daemon=True).start()
 
 # The memory level is one per process; disk levels one per (folder, cap).
 MEMORY = MemoryCache()
