@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import copy
 import json
+import logging
 import os
 import sys
 import textwrap
@@ -351,6 +352,10 @@ def cmd_compile(args) -> int:
     items = _compile_items(args)
     if args.jobs < 1:
         raise UsageError("--jobs must be at least 1.")
+    sizes = [size for size in dict.fromkeys(size for size, _ in items) if size is not None]
+    bucketing = "buckets" in Options.__dataclass_fields__
+    if sizes and bucketing:
+        options["buckets"] = ",".join(str(size) for size in sorted(sizes))
     resolved = Options.resolve(options)
     if args.jobs > 1 and len(items) > 1:
         results = _compile_in_workers(args, items)
@@ -365,6 +370,8 @@ def cmd_compile(args) -> int:
         bar = tqdm(items, desc=f"compiling {args.spec}", unit="shape", disable=args.json, file=sys.stderr)
         for size, mode in bar:
             one = loaded if size is None else resize(loaded, args.bucket_dim, size)
+            if size is not None and bucketing and size > 1:
+                _mark_dynamic(one, args.bucket_dim)
             before = len(neuron_compile.compile_reports())
             start = time.perf_counter()
             _run_spec(compiled, one, mode == "train")
@@ -377,8 +384,10 @@ def cmd_compile(args) -> int:
             bar.set_postfix(hits=sum(r["hits"] for r in results), compiles=sum(r["compiles"] for r in results))
     totals = {"graphs": sum(r["graphs"] for r in results), "hits": sum(r["hits"] for r in results),
               "compiles": sum(r["compiles"] for r in results)}
+    how = (f"dimension {args.bucket_dim} symbolic, one executable per bucket ({resolved.buckets})"
+           if sizes and bucketing else "exact sizes" if sizes else "the example inputs as given")
     summary = {"spec": args.spec, "cache_dir": resolved.cache_dir if resolved.cache else None,
-               "bucketing": "none yet: each size is compiled exactly", "items": results, **totals}
+               "bucketing": how, "items": results, **totals}
     if args.json:
         emit_json(args, summary)
         return 0
@@ -390,6 +399,15 @@ def cmd_compile(args) -> int:
     where = f"cache {resolved.cache_dir}" if resolved.cache else "cache off (NEURON_COMPILE_CACHE=0): nothing kept"
     print(f"\n{totals['graphs']} graph(s): {totals['hits']} cache hit(s), {totals['compiles']} new compile(s); {where}")
     return 0
+
+
+def _mark_dynamic(loaded, dim: int) -> None:
+    """Make ``dim`` of every input that has it symbolic, so the backend buckets it."""
+    import torch._dynamo
+
+    for t in list(loaded.args) + list(loaded.kwargs.values()):
+        if t.dim() > dim:
+            torch._dynamo.mark_dynamic(t, dim)
 
 
 def _compile_in_workers(args, items) -> list[dict]:
@@ -563,6 +581,7 @@ def cmd_explain(args) -> int:
     import neuron_compile
 
     from .backend import neuron_backend
+    from .options import Options
     from .specs import resize
 
     options = _backend_options(args)
@@ -591,12 +610,19 @@ def cmd_explain(args) -> int:
             return gm.forward
 
     compiled = torch.compile(loaded.model, backend=backend)
+    exact_reasons = _ExactShapeReasons()
+    logger = logging.getLogger("neuron_compile")
+    level = logger.level
+    logger.addHandler(exact_reasons)
+    logger.setLevel(min(logger.getEffectiveLevel(), logging.INFO))
     calls = [loaded] + [resize(loaded, args.dim, s) for s in _parse_sizes(args.sizes) if s is not None]
     for one in calls:
         try:
             _run_spec(compiled, one, args.train)
         except Exception as exc:  # a backward graph fails when backward runs
             failures.append(_lowering_failure(exc, len(failures)))
+    logger.removeHandler(exact_reasons)
+    logger.setLevel(level)
     # 3. recompiles: guard failures Dynamo recorded, per code object
     recompiles = []
     for code, reasons in torch._dynamo.utils.guard_failures.items():
@@ -604,22 +630,44 @@ def cmd_explain(args) -> int:
         for reason in reasons:
             recompiles.append({"function": name, "reason": " ".join(str(reason).split())[:400]})
     reports = neuron_compile.compile_reports()
-    # 4. dimensions: the backend specializes symbolic graphs per concrete size; there is no bucketing yet
-    dims = [{"graph": r.graph, "specialized_for": r.signature} for r in reports if r.signature]
+    # 4. dimensions: a symbolic graph is bucketed ("bucket s0->128") or, when bucketing cannot be
+    # proven exact (the reason is logged by the backend), specialized per exact shape
+    dims = [{"graph": r.graph, "bucketed": r.signature.startswith("bucket "),
+             "specialized_for": r.signature.removeprefix("bucket ")} for r in reports if r.signature]
+    resolved = Options.resolve(options)
+    buckets = getattr(resolved, "buckets", None)
+    if buckets is None:
+        bucketing = "no bucketing yet: every concrete shape is compiled exactly (symbolic graphs are specialized)"
+    elif not buckets:
+        bucketing = "bucketing off (buckets=0): every concrete shape is compiled exactly"
+    else:
+        bucketing = f"buckets={buckets}: symbolic sizes are padded to buckets where the analysis proves it exact"
     cache = [{"graph": r.graph, "cache": r.cache or "off", "notes": list(r.notes)} for r in reports]
     result = {
         "spec": args.spec, "inputs": [c.describe_inputs() for c in calls],
         "graphs": explained.graph_count, "graph_breaks": explained.graph_break_count, "breaks": breaks,
         "ops_per_graph": [len(ops) for ops in explained.ops_per_graph],
         "recompiles": recompiles, "lowering_failures": failures,
-        "bucketing": "no bucketing yet: every concrete shape is compiled exactly (symbolic graphs are specialized)",
-        "dynamic_dims": dims, "compiled": [r.as_dict()["graph"] for r in reports], "cache": cache,
+        "bucketing": bucketing, "dynamic_dims": dims, "exact_shape_reasons": exact_reasons.messages, "compiled": [r.as_dict()["graph"] for r in reports], "cache": cache,
     }
     if args.json:
         emit_json(args, result)
     else:
         _print_explain(result)
     return 1 if failures else 0
+
+
+class _ExactShapeReasons(logging.Handler):
+    """Collects the backend's "compiles per exact shape: <reason>" messages (why a graph was not bucketed)."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        text = record.getMessage()
+        if "per exact shape" in text:
+            self.messages.append(text.removeprefix("neuron_compile: "))
 
 
 def _lowering_failure(exc: BaseException, index: int) -> dict:
@@ -648,7 +696,10 @@ def _print_explain(r: dict) -> None:
         print(textwrap.indent(textwrap.fill(f["message"][:600], 100), "    "))
     print(f"\ndimensions: {r['bucketing']}")
     for d in r["dynamic_dims"]:
-        print(f"  {d['graph']} was symbolic; specialized for {d['specialized_for']}")
+        how = "bucketed" if d["bucketed"] else "specialized per exact shape"
+        print(f"  {d['graph']} was symbolic; {how}: {d['specialized_for']}")
+    for reason in r["exact_shape_reasons"]:
+        print(f"  not bucketed: {reason}")
     print("\ncache:")
     for c in r["cache"]:
         print(f"  {c['graph']}: {c['cache']}" + "".join(f"\n    {n}" for n in c["notes"]))
@@ -740,10 +791,12 @@ def build_parser() -> argparse.ArgumentParser:
                  """\
                  Compile a model's graphs ahead of time into the artifact cache (NEURON_COMPILE_CACHE_DIR)
                  with a progress bar, and report how many graphs were cache hits and how many were
-                 compiled. --buckets: shape bucketing is not implemented yet, so each listed size of
-                 dimension --bucket-dim is compiled exactly, as its own static graph.""")
+                 compiled. --buckets: dimension --bucket-dim of every input is made symbolic and each
+                 listed size becomes a bucket (the backend's buckets option), compiled once; a run
+                 with the same buckets then finds every bucket in the cache. A graph the bucketing
+                 analysis cannot prove exact is compiled at each listed size exactly.""")
     p.add_argument("spec", help=spec_help)
-    p.add_argument("--buckets", help="comma-separated sizes for dimension --bucket-dim of every input, e.g. 8,16,32")
+    p.add_argument("--buckets", help="comma-separated bucket sizes for dimension --bucket-dim, e.g. 128,256,512")
     p.add_argument("--bucket-dim", type=int, default=0, help="the input dimension --buckets sets (default 0)")
     p.add_argument("--jobs", type=int, default=1, help="compile in N worker processes sharing the cache")
     p.add_argument("--train", action="store_true", help="also compile the training graphs (forward + backward)")

@@ -249,9 +249,9 @@ def test_compile_counts_hits_then_cache_commands(capsys, tmp_path, fresh_cache):
     assert json.loads(run_main(capsys, "cache", "stats", "--json")[1])["entries"] == 0
 
 
-def test_compile_training_graphs_of_builtin_cnn(capsys, fresh_cache):
-    code, out, err = run_main(capsys, "compile", "cnn", "--train", "--json")
-    assert code == 0, err
+def test_compile_training_graphs_of_builtin_cnn(fresh_cache):
+    code, out, err = run_exe("compile", "cnn", "--train", "--json")
+    assert code == 0, err[-3000:]
     result = json.loads(out)
     assert [i["mode"] for i in result["items"]] == ["inference", "train"]
     assert [i["graphs"] for i in result["items"]] == [1, 2] and result["compiles"] == 3
@@ -279,7 +279,7 @@ def test_explain_graph_breaks_recompiles_and_ops_that_do_not_lower(capsys, spec_
     assert any("size mismatch" in r["reason"] for r in result["recompiles"])
     failures = result["lowering_failures"]
     assert failures and all(f["op"] and "searchsorted" in f["op"] for f in failures)
-    assert "no bucketing yet" in result["bucketing"]
+    assert "bucket" in result["bucketing"]
     repro_dir = failures[0]["repro"]
     assert repro_dir and (Path(repro_dir) / "input.mlir").is_file()
 
