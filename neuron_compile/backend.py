@@ -147,9 +147,8 @@ class CompiledGraph:
         padded = list(args)
         for pos, layout in analysis.input_layouts.items():
             padded[pos] = pad_to_bucket(args[pos], layout, bucket_env, true_env)
-        for symbol, (pos, dim) in analysis.bindings.items():
-            if dim is None:
-                padded[pos] = bucket_env[symbol]
+        for pos, expr in analysis.sym_inputs.items():
+            padded[pos] = sym_to_value(expr, bucket_env)
         true_sizes = torch.tensor([true_env[s] for s in analysis.symbols], dtype=torch.int64)
         executable = self.specializations.get(key)
         if executable is None:

@@ -84,6 +84,19 @@ def _dim_expr(atoms: Atoms) -> sympy.Expr:
     return sympy.Mul(*atoms) if atoms else sympy.Integer(1)
 
 
+def _norm(atoms) -> Atoms:
+    """Canonical atoms: adjacent static atoms merged, ones dropped ((s, 2, 2) == (s, 4))."""
+    out = []
+    for a in atoms:
+        if a == 1:
+            continue
+        if out and _static(a) and _static(out[-1]):
+            out[-1] = out[-1] * a
+        else:
+            out.append(a)
+    return tuple(out)
+
+
 def _padded(atoms: Atoms) -> bool:
     return any(not _static(a) for a in atoms)
 
@@ -118,6 +131,9 @@ _REDUCTIONS = {
     aten.logsumexp.default: "-inf", aten.mean.dim: 0, aten.mean.default: 0,
 }
 _SOFTMAX = {aten._softmax.default, aten._log_softmax.default}
+# reductions that are exact only when no reduced dim is padded (statistics over hidden sizes)
+_ROW_REDUCTIONS = {aten.var_mean.correction, aten.var.correction, aten.std.correction, aten.var_mean.dim,
+                   aten.var.dim, aten.std.dim}
 _ROW_LOCAL_INDEXING = {aten.gather.default, aten.scatter.value, aten.scatter.src, aten.scatter_add.default,
                        aten.scatter_reduce.two}
 
@@ -149,6 +165,7 @@ class BucketAnalysis:
     value_symbols: tuple = ()  # symbols only used as values: specialized exactly, never bucketed
     bindings: dict = field(default_factory=dict)  # symbol -> (arg position, dim or None)
     input_layouts: dict = field(default_factory=dict)  # arg position -> Layout
+    sym_inputs: dict = field(default_factory=dict)  # arg position -> size expression (fed at the bucket)
     output_layouts: list = field(default_factory=list)  # per output: Layout, SymOutput or None
     rewrites: dict = field(default_factory=dict)  # node name -> Rewrite
     output_names: list = field(default_factory=list)
@@ -169,7 +186,7 @@ def _broadcast(layouts: list, out_shape) -> Layout:
             if chosen is None:
                 chosen = atoms
             elif _padded(atoms) or _padded(chosen):
-                if tuple(atoms) != tuple(chosen):
+                if _norm(atoms) != _norm(chosen):
                     raise NotBucketable(f"operands disagree on the padding of dim {d}: {atoms} vs {chosen}")
         if chosen is None:
             chosen = layout_of_shape([out_shape[d]])[0]
@@ -204,7 +221,7 @@ def _regroup(layout: Layout, out_shape) -> Layout:
             i += 1
             if not _static(sympy.simplify(want / have)) and not sympy.simplify(want / have).free_symbols <= want.free_symbols:
                 raise NotBucketable(f"view to {list(out_shape)} splits a padded size")
-        out.append(tuple(group))
+        out.append(_norm(group))
     if any(a != 1 for a in atoms[i:]):
         raise NotBucketable(f"view to {list(out_shape)} does not consume the layout {layout}")
     return tuple(out)
@@ -254,8 +271,10 @@ def _analyze(gm, boundary_layouts) -> BucketAnalysis:
                         bindings[a] = (pos, d)
             layouts[node] = lay
             result.input_layouts[pos] = lay
-        elif isinstance(val, torch.SymInt) and val.node.expr.is_Symbol:
-            bindings.setdefault(val.node.expr, (pos, None))
+        elif isinstance(val, torch.SymInt):
+            result.sym_inputs[pos] = val.node.expr
+            if val.node.expr.is_Symbol:
+                bindings.setdefault(val.node.expr, (pos, None))
     symbols = sorted(size_symbols, key=str)
     missing = [s for s in symbols if s not in bindings]
     if missing:
@@ -391,7 +410,10 @@ def _analyze_node(node, layouts, result):
     elif target is aten.cat.default:
         parts = [_tensor_layout(layouts, x) for x in args[0]]
         d = (args[1] if len(args) > 1 else 0) % val.dim()
-        if any(p is not None and len(p) == val.dim() and _padded(p[d]) for p in parts):
+        padded_parts = [k for k, p in enumerate(parts) if p is not None and len(p) == val.dim() and _padded(p[d])]
+        # only the last piece may be padded along d (a KV cache growing from an empty or static
+        # prefix): its real region then stays a prefix of the result
+        if padded_parts and (padded_parts != [len(parts) - 1] or len(parts[-1][d]) != 1):
             raise NotBucketable(f"{node.name}: cat along padded dim {d}")
         others = [p for p in parts if p is not None and len(p) == val.dim()]
         lay = list(_broadcast([tuple(() if k == d else a for k, a in enumerate(p)) for p in others], val.shape))
@@ -399,6 +421,26 @@ def _analyze_node(node, layouts, result):
         layouts[node] = tuple(lay)
     elif target in _REDUCTIONS:
         _reduction(node, layouts, tensor_args, rewrite)
+    elif target in (aten.split_with_sizes.default, aten.split.Tensor, aten.unbind.int):
+        src = tensor_args[0][2]
+        d = (args[2] if target is not aten.unbind.int and len(args) > 2 else
+             (args[1] if target is aten.unbind.int and len(args) > 1 else node.kwargs.get("dim", 0))) % len(src)
+        if _padded(src[d]):
+            raise NotBucketable(f"{node.name}: {target} along padded dim {d}")
+        outs = []
+        for piece in val:
+            lay = list(src)
+            if target is aten.unbind.int:
+                del lay[d]
+            else:
+                lay[d] = layout_of_shape([piece.shape[d]])[0]
+            outs.append(tuple(lay))
+        layouts[node] = outs
+    elif target in _ROW_REDUCTIONS:
+        probe = Rewrite()
+        _reduction_layout(node, layouts, tensor_args, probe)
+        if probe.masks:
+            raise NotBucketable(f"{node.name}: {target} over a padded dim")
     elif target in _SOFTMAX:
         src = tensor_args[0][2]
         d = args[1] % len(src)
@@ -414,7 +456,7 @@ def _analyze_node(node, layouts, result):
         layouts[node] = _broadcast([tensor_args[0][2], tensor_args[1][2]], val.shape)
     elif target in (aten.mm.default, aten.bmm.default):
         a, b = tensor_args[0][2], tensor_args[1][2]
-        if tuple(a[-1]) != tuple(b[-2]) and (_padded(a[-1]) or _padded(b[-2])):
+        if _norm(a[-1]) != _norm(b[-2]) and (_padded(a[-1]) or _padded(b[-2])):
             raise NotBucketable(f"{node.name}: contraction operands padded differently")
         if _padded(a[-1]):
             rewrite.masks.append((0, [(len(a) - 1, a[-1])], 0))
@@ -537,25 +579,30 @@ def _is_pointwise(target) -> bool:
     return torch.Tag.pointwise in tags
 
 
-def _reduction(node, layouts, tensor_args, rewrite):
+def _reduction_layout(node, layouts, tensor_args, rewrite):
+    _reduction(node, layouts, tensor_args, rewrite, identity=0)
+
+
+def _reduction(node, layouts, tensor_args, rewrite, identity=None):
     target = node.target
     src = tensor_args[0][2]
     nd = len(src)
     args = node.args
-    if target in (aten.sum.default, aten.prod.default, aten.any.default, aten.all.default, aten.mean.default):
+    if target in (aten.sum.default, aten.prod.default, aten.any.default, aten.all.default, aten.mean.default) or (
+            identity is not None and (len(args) < 2 or args[1] is None) and "dim" not in node.kwargs):
         dims = list(range(nd))
         keep = False
     else:
         dims = args[1] if len(args) > 1 else node.kwargs.get("dim")
-        if dims is None:
-            dims = list(range(nd))
+        if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+            dims = list(range(nd))  # dim=[] reduces every dim (sum.dim_IntList, amax)
         elif isinstance(dims, int):
             dims = [dims]
         dims = [d % nd for d in dims] if nd else []
         keep = (args[2] if len(args) > 2 else node.kwargs.get("keepdim", False))
     masked = [(d, src[d]) for d in dims if _padded(src[d])]
     if masked:
-        rewrite.masks.append((0, masked, _REDUCTIONS[target]))
+        rewrite.masks.append((0, masked, _REDUCTIONS.get(target, identity)))
         if target in (aten.mean.dim, aten.mean.default):
             rewrite.mean_dims = [(d, src[d]) for d in dims]
     out = [() if d in dims else src[d] for d in range(nd)] if keep else [src[d] for d in range(nd) if d not in dims]
