@@ -282,18 +282,6 @@ def _fits(gm: torch.fx.GraphModule, plan: GraphPlan):
     return check
 
 
-def _start_xla_client() -> None:
-    try:
-        platform_description()  # imports jax, starts the PJRT CPU client (lru-cached)
-    except Exception:  # the compile path calls it again and reports the error there
-        pass
-
-
-# Start the XLA client while Dynamo and AOTAutograd trace: this module is imported when
-# torch.compile resolves backend="neuron", and a warm-cache first call would otherwise wait
-# about a second on `import jax` + client start after tracing (benchmarks/results/cache.md).
-threading.Thread(target=_start_xla_client, name="neuron_compile-xla-client", daemon=True).start()
-
 # The memory level is one per process; disk levels one per (folder, cap).
 MEMORY = MemoryCache()
 _DISKS: dict[tuple[str, int], CompileCache] = {}
