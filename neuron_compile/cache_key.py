@@ -72,8 +72,12 @@ def _target_name(target) -> str:
 
 
 def _tensor_constant(tensor: torch.Tensor) -> str:
-    data = tensor.detach().cpu().contiguous()
-    raw = data.view(torch.uint8).numpy().tobytes() if data.numel() else b""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    # AOTAutograd calls the compiler under its FakeTensorMode: read real constants outside it
+    with unset_fake_temporarily():
+        data = tensor.detach().cpu().contiguous()
+        raw = data.view(torch.uint8).numpy().tobytes() if data.numel() else b""
     return f"tensor<{_value_type(tensor)}>#{hashlib.sha256(raw).hexdigest()[:32]}"
 
 
