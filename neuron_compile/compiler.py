@@ -30,7 +30,7 @@ import torch.fx
 
 from runtime.artifact import Artifact, portable_stablehlo
 from runtime.cache import ArtifactCache, CacheResult, CompileCache, MemoryCache
-from runtime.executor import XlaExecutable, platform_description, to_buffer, to_tensor
+from runtime.executor import PersistentBuffers, XlaExecutable, platform_description, to_tensor
 
 from .cache_key import fx_cache_key, input_signature, output_signature, stablehlo_cache_key
 from .dump import GraphDump, pass_file_name
@@ -112,23 +112,17 @@ class Executable:
     plan: GraphPlan
     xla: XlaExecutable | None
     report: CompileReport = field(repr=False, default=None)
+    buffers: PersistentBuffers = field(repr=False, default_factory=PersistentBuffers)
 
     def __call__(self, args: list) -> list:
         plan = self.plan
         if self.xla is not None:
-            arrays = self.xla.run_buffers([to_buffer(args[i]) for i in plan.tensor_args])
-            results = [to_tensor(a) for a in arrays]
+            get = self.buffers.get
+            results = [to_tensor(a) for a in self.xla.run_buffers([get(i, args[i]) for i in plan.tensor_args])]
         else:
             results = []
-        out = []
-        for kind, value in plan.outputs:
-            if kind == FROM_XLA:
-                out.append(results[value])
-            elif kind == FROM_ARG:
-                out.append(args[value])
-            else:
-                out.append(value)
-        return out
+        return [results[value] if kind == FROM_XLA else (args[value] if kind == FROM_ARG else value)
+                for kind, value in plan.outputs]
 
 
 def op_counts(gm: torch.fx.GraphModule) -> dict[str, int]:
