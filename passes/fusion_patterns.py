@@ -4,8 +4,10 @@ Each pattern is (anchor op name, matcher). A matcher takes the block's
 ``BlockGraph``, the anchor's index and the set of already claimed ops, and
 returns ``(kind, region)`` or None ("no match"). Patterns run in the order of
 ``PATTERNS``: larger kernels first, so attention claims its matmuls before the
-matmul-epilogue pattern sees them. Every region returned is convex and
-disjoint from ``claimed``.
+matmul-epilogue pattern sees them. Every region returned is disjoint from
+``claimed`` and convex, counting each region claimed before it as one op
+(``BlockGraph.claim``), so the composites never depend on each other in a
+cycle.
 
 attention  (anchor: the dot_general computing probs @ V)
     scores = Q K^T ; [scale] ; [mask] ; softmax = exp(s - max) / sum ; out = P V.
@@ -154,10 +156,12 @@ def match_normalization(g: BlockGraph, r: int, claimed: set) -> Match:
         # layer norm: d = x - broadcast(mean(x)); the mean is a reduction
         # that does not itself depend on the rsqrt
         mean = g.producer(g.ops[dp].operands[1])
-        if mean is not None:
-            above = g.backward([mean])
-            if r not in above and any(g.name(i) == "stablehlo.reduce" for i in above):
-                kind, x = "layer_norm", g.ops[dp].operands[0]
+        if (
+            mean is not None
+            and not g.reaches(r, mean)
+            and g.nearest_above(mean, ("stablehlo.reduce",)) is not None
+        ):
+            kind, x = "layer_norm", g.ops[dp].operands[0]
     # epilogue: [convert] [* broadcast(w)] [+ broadcast(b)]
     y = m
     for name in ("stablehlo.convert", "stablehlo.multiply", "stablehlo.add"):

@@ -55,7 +55,6 @@ from .stablehlo_ops import (
     entry_block,
     ints,
     is_static,
-    key,
     public_functions,
     shape,
     tensor_type,
@@ -216,9 +215,8 @@ def zero_beyond(value: ir.Value, memo: dict) -> tuple[int, ...]:
     op = defining_op(value)
     if op is None:
         return full
-    k = (key(op), value.result_number)
-    if k in memo:
-        return memo[k]
+    if value in memo:
+        return memo[value]
     extents = full
     if (
         op.name == "stablehlo.pad"
@@ -238,7 +236,7 @@ def zero_beyond(value: ir.Value, memo: dict) -> tuple[int, ...]:
             + [le[d] for d in range(len(ls)) if d not in lb and d not in lc]
             + [re_[d] for d in range(len(re_)) if d not in rb and d not in rc]
         )
-    memo[k] = extents
+    memo[value] = extents
     return extents
 
 
@@ -247,14 +245,14 @@ class _Rewriter:
 
     def __init__(self, block: ir.Block):
         self.block = block
-        self.pads: dict = {}  # (value key, target) -> padded value
+        self.pads: dict = {}  # (value, target) -> padded value
         self.zero_memo: dict = {}
         self.reused = 0
 
     def padded(self, x: ir.Value, target: tuple[int, ...], ip: ir.InsertionPoint) -> ir.Value:
         if shape(x) == target:
             return x
-        memo_key = (_value_key(x), target)
+        memo_key = (x, target)
         if memo_key in self.pads:
             self.reused += 1
             return self.pads[memo_key]
@@ -305,13 +303,6 @@ class _Rewriter:
             out = build_slice(out, plan.result_shape, ip)
         op.results[0].replace_all_uses_with(out)
         op.erase()
-
-
-def _value_key(v: ir.Value):
-    owner = defining_op(v)
-    if owner is None:
-        return ("arg", v.arg_number)
-    return (key(owner), v.result_number)
 
 
 def erase_dead(block: ir.Block, names=("stablehlo.slice", "stablehlo.pad", "stablehlo.constant")) -> int:

@@ -4,15 +4,19 @@ torch-mlir ships the StableHLO dialect but no generated Python op classes for
 it, so passes build ops with ``ir.Operation.create`` and read attributes by
 name. This module keeps those spellings in one place: shapes and element
 types of values, i64 array attributes, zero scalars, ``stablehlo.pad`` and
-``stablehlo.slice``, the public functions of a module, and a stable
-topological re-sort of a block (outlining may leave a use above its def).
+``stablehlo.slice``, the public functions of a module, and the values an op's
+regions read from outside it.
 
-Ops are compared through ``op.operation`` (the bindings hand out fresh OpView
-wrappers; the underlying Operation hashes and compares by identity).
+Identity: key dicts by ``ir.Value`` (hashes and compares by the value's
+pointer, stable while the value lives), never by an op. The bindings hash an
+``Operation`` by something that changes when its operands are rewired, so an
+op put in a dict before a ``replace_all_uses_with`` may not be found after it
+(that made ``fuse`` pass a region's own value to its composite, which then
+dangled: "using value defined outside the region", and segfaults). Analyses
+number a block's ops by position and map each result value to its op's index.
 """
 from __future__ import annotations
 
-import heapq
 import math
 from typing import Iterable, Sequence
 
@@ -35,11 +39,6 @@ LAYOUT = frozenset(
     "stablehlo." + n for n in ("broadcast_in_dim reshape transpose".split())
 )
 CONSTANTS = frozenset(("stablehlo.constant", "arith.constant"))
-
-
-def key(op) -> ir.Operation:
-    """Hashable identity of an op (OpView or Operation)."""
-    return op.operation
 
 
 def shape(value: ir.Value) -> tuple[int, ...]:
@@ -150,52 +149,38 @@ def entry_block(func) -> ir.Block:
     return func.regions[0].blocks[0]
 
 
-def sort_block_topologically(block: ir.Block) -> None:
-    """Stable topological re-sort of ``block`` (terminator stays last).
+def captured_values(op) -> list[ir.Value]:
+    """Values read inside ``op``'s regions but defined outside ``op``, in
+    first-use order (e.g. a ``stablehlo.while`` body reading a weight).
+    Empty for ops without regions and for isolated bodies like a reduce's."""
+    if not len(op.regions):
+        return []
+    inside: set = set()
+    out: list = []
+    seen: set = set()
 
-    Keeps the original order wherever it is already valid, so an untouched
-    block prints unchanged.
-    """
-    ops = list(block.operations)
-    body, terminator = ops[:-1], ops[-1]
-    index = {key(op): i for i, op in enumerate(body)}
-    deps: dict[int, set[int]] = {i: set() for i in range(len(body))}
-    users_of: dict[int, list[int]] = {i: [] for i in range(len(body))}
-    for i, op in enumerate(body):
-        for producer in _producers(op):
-            j = index.get(key(producer))
-            if j is not None and j != i:
-                deps[i].add(j)
-    for i, ds in deps.items():
-        for j in ds:
-            users_of[j].append(i)
-    ready = [i for i, ds in deps.items() if not ds]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(i)
-        for u in users_of[i]:
-            deps[u].discard(i)
-            if not deps[u]:
-                heapq.heappush(ready, u)
-    if len(order) != len(body):
-        raise RuntimeError("cycle in block while re-sorting after outlining")
-    if order == list(range(len(body))):
-        return
-    for i in order:
-        body[i].move_before(terminator)
+    def visit(o) -> None:
+        for region in o.regions:
+            for block in region.blocks:
+                inside.update(block.arguments)
+                for nested in block.operations:
+                    for v in nested.operands:
+                        if v not in inside and v not in seen:
+                            seen.add(v)
+                            out.append(v)
+                    visit(nested)
+                    inside.update(nested.results)
+
+    visit(op)
+    return out
 
 
-def _producers(op) -> list:
-    """Ops in the same block whose results ``op`` (or its regions) read."""
+def nested_ops(op) -> list:
+    """Every op inside ``op``'s regions, outer before inner."""
     out = []
-    for v in op.operands:
-        p = defining_op(v)
-        if p is not None:
-            out.append(p)
     for region in op.regions:
         for block in region.blocks:
-            for inner in block.operations:
-                out.extend(_producers(inner))
+            for nested in block.operations:
+                out.append(nested)
+                out.extend(nested_ops(nested))
     return out

@@ -117,6 +117,6 @@ def run_interpreter(text: str, inputs: list[np.ndarray]) -> list[np.ndarray]:
     with ctx, ir.Location.unknown():
         module = ir.Module.parse(text)
         arith_constants_to_stablehlo(module)
-        args = [ir.DenseElementsAttr.get(np.ascontiguousarray(x)) for x in inputs]
+        args = [ir.DenseElementsAttr.get(np.asarray(x, order="C")) for x in inputs]  # 0-d stays 0-d
         results = _stablehlo.eval_module(module, args)
         return [np.array(r) for r in results]
