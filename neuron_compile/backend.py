@@ -205,8 +205,15 @@ def _graph_compiler(kind: str, graph_id: int, options: Options, started: float, 
 
         # A plain function, not the object: AOTAutograd wraps backward compilers in
         # torch._dynamo.disable, which keeps a function's attributes (_boxed_call).
-        def run(args):
-            return graph(args)
+        # A static graph calls its executable straight away (one Python frame per call).
+        if graph.static is not None:
+            executable = graph.static
+
+            def run(args):
+                return executable(args)
+        else:
+            def run(args):
+                return graph(args)
 
         run._boxed_call = True
         run.compiled_graph = graph

@@ -79,6 +79,9 @@ def platform_description() -> dict:
     }
 
 
+_to_dlpack = torch._C._to_dlpack
+
+
 def _to_buffer(tensor: torch.Tensor):
     from jaxlib import _jax
 
@@ -89,8 +92,9 @@ def _to_buffer(tensor: torch.Tensor):
     if tensor.is_conj() or tensor.is_neg():
         tensor = tensor.resolve_conj().resolve_neg()
     # Device type 1 is kDLCPU; copy=None lets PJRT alias the torch storage when
-    # it is suitably aligned and copy otherwise.
-    return _jax.dlpack_managed_tensor_to_buffer(tensor.__dlpack__(), _device(), None, None, 1)
+    # it is suitably aligned and copy otherwise. torch._C._to_dlpack skips the
+    # Python checks of Tensor.__dlpack__ (2 us a tensor), which we made above.
+    return _jax.dlpack_managed_tensor_to_buffer(_to_dlpack(tensor), _device(), None, None, 1)
 
 
 def _to_tensor(array) -> torch.Tensor:
