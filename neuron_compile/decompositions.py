@@ -75,9 +75,254 @@ def _max_pool2d_backward(grad_output, x, kernel_size, stride, padding, dilation,
     return aten.view.default(aten.scatter_add.default(zeros, -1, flat_idx, flat_grad), list(x.shape))
 
 
+def _zeros(size, dtype, device):
+    # Not aten.full: its own decomposition allocates with aten.empty (a recursion).
+    zero = aten.scalar_tensor.default(0, dtype=dtype or torch.get_default_dtype(), device=device)
+    return aten.clone.default(aten.expand.default(zero, list(size)))
+
+
+@_ours(aten.empty.memory_format)
+def _empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    # torch-mlir lowers aten.empty to tensor.empty, which XLA refuses to import ("unsupported
+    # op for export to XLA"): transformers' MoE routing (an empty tensor filled by scatter,
+    # mixtral, qwen3_moe...) and OpInfo's empty/new_empty ops. Contents are undefined: zeros.
+    return _zeros(size, dtype, device)
+
+
+@_ours(aten.empty_strided)
+def _empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return _zeros(size, dtype, device)
+
+
+@_ours(aten.empty_permuted)
+def _empty_permuted(size, physical_layout, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return _zeros(size, dtype, device)
+
+
+@_ours(aten.empty_like)
+def _empty_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return _zeros(x.shape, dtype or x.dtype, device or x.device)
+
+
+@_ours(aten.new_empty)
+def _new_empty(x, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return _zeros(size, dtype or x.dtype, device or x.device)
+
+
+@_ours(aten.new_empty_strided)
+def _new_empty_strided(x, size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return _zeros(size, dtype or x.dtype, device or x.device)
+
+
+def _arange(n: int, like: torch.Tensor) -> torch.Tensor:
+    return aten.arange.start_step(0, n, 1, dtype=torch.int64, device=like.device)
+
+
+def _to_last_two(x: torch.Tensor, dim1: int, dim2: int):
+    """Permute dims (dim1, dim2) to the end; returns the view and the inverse permutation."""
+    perm = [d for d in range(x.dim()) if d not in (dim1, dim2)] + [dim1, dim2]
+    inverse = [perm.index(d) for d in range(x.dim())]
+    return aten.permute.default(x, perm), inverse
+
+
+def _diagonal_indices(x: torch.Tensor, offset: int, dim1: int, dim2: int):
+    n1, n2 = x.shape[dim1], x.shape[dim2]
+    length = max(0, min(n1 + min(offset, 0), n2 - max(offset, 0)))
+    i = _arange(length, x)
+    return length, aten.sub.Tensor(i, min(offset, 0)), aten.add.Tensor(i, max(offset, 0))
+
+
+@_ours(aten.diagonal)
+def _diagonal(x: torch.Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1):
+    # torch-mlir has no StableHLO lowering for aten.diagonal: torch.diag, diagonal,
+    # diag_embed's backward, trace-like code and most linalg OpInfo samples hit it.
+    # A gather with two arange index vectors on the permuted tensor is the same view's values.
+    dim1, dim2 = dim1 % x.dim(), dim2 % x.dim()
+    _, rows, cols = _diagonal_indices(x, offset, dim1, dim2)
+    y, _ = _to_last_two(x, dim1, dim2)
+    return aten.index.Tensor(y, [None] * (x.dim() - 2) + [rows, cols])
+
+
+@_ours(aten.diagonal_scatter)
+def _diagonal_scatter(x: torch.Tensor, src: torch.Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1):
+    # The backward of diagonal (and functionalized in-place writes to a diagonal) emits
+    # diagonal_scatter, which torch-mlir does not lower either. Select src where
+    # col - row == offset, x elsewhere: src is gathered along the rows first.
+    dim1, dim2 = dim1 % x.dim(), dim2 % x.dim()
+    length, _, _ = _diagonal_indices(x, offset, dim1, dim2)
+    y, inverse = _to_last_two(x, dim1, dim2)
+    n1, n2 = y.shape[-2], y.shape[-1]
+    if length == 0:
+        return aten.clone.default(x)
+    rows, cols = _arange(n1, x), _arange(n2, x)
+    on_diagonal = aten.eq.Scalar(aten.sub.Tensor(aten.unsqueeze.default(cols, 0), aten.unsqueeze.default(rows, 1)),
+                                 offset)
+    pick = aten.clamp.default(aten.add.Tensor(rows, min(offset, 0)), 0, length - 1)
+    src_rows = aten.index.Tensor(src, [None] * (src.dim() - 1) + [pick])  # [..., n1]
+    src_full = aten.expand.default(aten.unsqueeze.default(src_rows, -1), list(y.shape))
+    return aten.permute.default(aten.where.self(on_diagonal, src_full, y), inverse)
+
+
+@_ours(aten.histc)
+def _histc(x: torch.Tensor, bins: int = 100, min=0, max=0):
+    # torch-mlir does not lower aten.histc; transformers' MoE layers (qwen3_moe, mixtral,
+    # olmoe... grouped_mm_experts_forward) count tokens per expert with it. Bin index
+    # floor((v - lo) * bins / (hi - lo)) as ATen computes it, the top edge in the last
+    # bin, out-of-range values dropped; counts by one-hot sum.
+    flat = aten.view.default(x, [-1])
+    if min == max:
+        lo, hi = aten.min.default(flat), aten.max.default(flat)
+        same = aten.eq.Tensor(lo, hi)
+        lo = aten.where.self(same, aten.sub.Tensor(lo, 1), lo)
+        hi = aten.where.self(same, aten.add.Tensor(hi, 1), hi)
+    else:
+        lo = aten.scalar_tensor.default(min, dtype=x.dtype, device=x.device)
+        hi = aten.scalar_tensor.default(max, dtype=x.dtype, device=x.device)
+    scaled = aten.div.Tensor(aten.mul.Tensor(aten.sub.Tensor(flat, lo), bins), aten.sub.Tensor(hi, lo))
+    index = aten._to_copy.default(aten.floor.default(scaled), dtype=torch.int64)
+    index = aten.masked_fill.Scalar(index, aten.eq.Tensor(flat, hi), bins - 1)
+    inside = aten.logical_and.default(aten.ge.Tensor(flat, lo), aten.le.Tensor(flat, hi))
+    one_hot = aten.logical_and.default(aten.eq.Tensor(aten.unsqueeze.default(index, 1),
+                                                      aten.unsqueeze.default(_arange(bins, x), 0)),
+                                       aten.unsqueeze.default(inside, 1))
+    return aten.sum.dim_IntList(aten._to_copy.default(one_hot, dtype=x.dtype), [0])
+
+
+def _kth_smallest(x: torch.Tensor, k, dim: int, keepdim: bool, nan: str = "ignore"):
+    """(values, indices) of the k-th smallest (0-based) along dim, from a sort (NaN sorts last).
+
+    ``nan``: "ignore" takes position k as is; "propagate" (median) takes the last
+    position, a NaN, when the slice has one; "skip" (nanmedian) takes the lower
+    median of the non-NaN values (k is then recomputed per slice).
+    """
+    if x.dim() == 0:
+        return aten.clone.default(x), aten.zeros_like.default(x, dtype=torch.int64)
+    dim = dim % x.dim()
+    n = x.shape[dim]
+    key = x
+    if x.dtype.is_floating_point:
+        # XLA's sort comparator is not an order with NaNs in it: sort NaN as +inf, read x back
+        key = aten.masked_fill.Scalar(x, aten.isnan.default(x), float("inf"))
+    indices = aten.sort.default(key, dim)[1]
+    values = aten.gather.default(x, dim, indices)
+    if nan == "ignore":
+        position = aten.full.default([1] * x.dim(), k, dtype=torch.int64, device=x.device)
+        position = aten.expand.default(position, [1 if d == dim else s for d, s in enumerate(x.shape)])
+    else:
+        nans = aten.sum.dim_IntList(aten._to_copy.default(aten.isnan.default(x), dtype=torch.int64), [dim], True)
+        if nan == "propagate":
+            position = aten.where.self(aten.gt.Scalar(nans, 0), aten.full_like.default(nans, n - 1),
+                                       aten.full_like.default(nans, k))
+        else:
+            position = aten.clamp_min.default(aten.div.Tensor_mode(aten.rsub.Scalar(nans, n - 1), 2,
+                                                                   rounding_mode="floor"), 0)
+    values = aten.gather.default(values, dim, position)
+    indices = aten.gather.default(indices, dim, position)
+    if not keepdim:
+        values, indices = aten.squeeze.dim(values, dim), aten.squeeze.dim(indices, dim)
+    return values, indices
+
+
+@_ours(aten.median.dim)
+def _median_dim(x: torch.Tensor, dim: int = -1, keepdim: bool = False):
+    # torch-mlir does not lower aten.median (nor median.dim): the lower median of a
+    # sort, a NaN when the slice has one (as in eager).
+    n = x.shape[dim % x.dim()] if x.dim() else 1
+    return _kth_smallest(x, (n - 1) // 2, dim, keepdim, nan="propagate")
+
+
+@_ours(aten.median.default)
+def _median(x: torch.Tensor):
+    flat = aten.view.default(x, [-1])
+    return aten.view.default(_kth_smallest(flat, (flat.numel() - 1) // 2, 0, False, nan="propagate")[0], [])
+
+
+@_ours(aten.nanmedian.dim)
+def _nanmedian_dim(x: torch.Tensor, dim: int = -1, keepdim: bool = False):
+    # torch-mlir does not lower aten.nanmedian: the lower median of the non-NaN values.
+    return _kth_smallest(x, 0, dim, keepdim, nan="skip")
+
+
+@_ours(aten.nanmedian.default)
+def _nanmedian(x: torch.Tensor):
+    flat = aten.view.default(x, [-1])
+    return aten.view.default(_kth_smallest(flat, 0, 0, False, nan="skip")[0], [])
+
+
+@_ours(aten.scatter.src)
+def _scatter_src(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor):
+    # torch-mlir's StableHLO lowering has scatter_add but not scatter.src (median's and
+    # kthvalue's backward, value-selecting reductions). Written positions take the
+    # scattered value, the rest keep x; with duplicate indices eager's winner is
+    # unspecified, here they add up.
+    if index.numel() == 0:
+        return aten.clone.default(x)
+    src = aten.slice.Tensor(src, 0, 0, index.shape[0]) if src.dim() else src
+    for d in range(1, index.dim()):
+        src = aten.slice.Tensor(src, d, 0, index.shape[d])
+    written = aten.scatter_add.default(aten.zeros_like.default(x, dtype=torch.int64), dim, index,
+                                       aten.ones_like.default(index))
+    placed = aten.scatter_add.default(aten.zeros_like.default(x), dim, index, src)
+    return aten.where.self(aten.gt.Scalar(written, 0), placed, x)
+
+
+@_ours(aten.scatter.value)
+def _scatter_value(x: torch.Tensor, dim: int, index: torch.Tensor, value):
+    if index.numel() == 0:
+        return aten.clone.default(x)
+    written = aten.scatter_add.default(aten.zeros_like.default(x, dtype=torch.int64), dim, index,
+                                       aten.ones_like.default(index))
+    return aten.masked_fill.Scalar(x, aten.gt.Scalar(written, 0), value)
+
+
+@_ours(aten.kthvalue)
+def _kthvalue(x: torch.Tensor, k: int, dim: int = -1, keepdim: bool = False):
+    # torch-mlir does not lower aten.kthvalue: the (k-1)-th of a stable sort.
+    return _kth_smallest(x, k - 1, dim, keepdim)
+
+
+@_ours(aten.cumprod)
+def _cumprod(x: torch.Tensor, dim: int, dtype=None):
+    # torch-mlir does not lower aten.cumprod (nor its backward's cumprod): a product over
+    # a lower-triangular selection, out[i] = prod_{j<=i} x[j] (O(n^2) work along dim).
+    if dtype is not None:
+        x = aten._to_copy.default(x, dtype=dtype)
+    elif not (x.dtype.is_floating_point or x.dtype.is_complex):
+        x = aten._to_copy.default(x, dtype=torch.int64)
+    if x.dim() == 0:
+        return aten.clone.default(x)
+    dim = dim % x.dim()
+    n = x.shape[dim]
+    y = aten.movedim.int(x, dim, -1)  # [..., n]
+    grid = aten.expand.default(aten.unsqueeze.default(y, -2), list(y.shape[:-1]) + [n, n])  # [..., i, j] = y[j]
+    idx = _arange(n, x)
+    lower = aten.le.Tensor(aten.unsqueeze.default(idx, 0), aten.unsqueeze.default(idx, 1))  # j <= i
+    picked = aten.where.self(lower, grid, aten.ones_like.default(grid))
+    return aten.movedim.int(aten.prod.dim_int(picked, -1), -1, dim)
+
+
+@_ours(aten.addmv)
+def _addmv(x: torch.Tensor, mat: torch.Tensor, vec: torch.Tensor, *, beta=1, alpha=1):
+    # torch-mlir does not lower aten.addmv (nn.Linear on a 1-D input reaches it through
+    # addmv in some paths; OpInfo addmv): beta * x + alpha * (mat @ vec), beta=0 ignores x.
+    out = aten.mv.default(mat, vec)
+    if alpha != 1:
+        out = aten.mul.Tensor(out, alpha)
+    if beta == 0:
+        return aten.expand.default(out, list(torch.broadcast_shapes(x.shape, out.shape)))
+    return aten.add.Tensor(aten.mul.Tensor(x, beta) if beta != 1 else x, out)
+
+
+@_ours(aten._cdist_forward)
+def _cdist_forward(x1: torch.Tensor, x2: torch.Tensor, p: float, compute_mode=None):
+    # torch-mlir does not lower aten._cdist_forward (torch.cdist): pairwise differences,
+    # then the p-norm over the last dim (exact, no matmul trick).
+    diff = aten.sub.Tensor(aten.unsqueeze.default(x1, -2), aten.unsqueeze.default(x2, -3))  # [..., r1, r2, m]
+    return aten.linalg_vector_norm.default(diff, p, [-1])
+
+
 @functools.lru_cache(maxsize=1)
-def decomposition_table() -> dict:
-    """The table we hand to AOTAutograd (a fresh dict each process, shared after)."""
+def _base_table() -> dict:
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
     table = dict(get_decomposition_table())
@@ -85,7 +330,66 @@ def decomposition_table() -> dict:
     return table
 
 
+def decomposition_table() -> dict:
+    """The table we hand to AOTAutograd: torch-mlir's, ours, and those of libraries loaded so far."""
+    table = _base_table()
+    for op, fn in _library_decompositions():
+        table.setdefault(op, fn)
+    return table
+
+
+def _group_of_rows(offs: torch.Tensor, rows: int) -> torch.Tensor:
+    """Expert of each row for cumulative group ends ``offs``: the number of ends <= row (E: past the last)."""
+    row = aten.arange.start_step(0, rows, 1, dtype=offs.dtype, device=offs.device)
+    return aten.sum.dim_IntList(aten._to_copy.default(aten.ge.Tensor(aten.unsqueeze.default(row, 1),
+                                                                     aten.unsqueeze.default(offs, 0)),
+                                                      dtype=torch.int64), [1])
+
+
+def _grouped_mm(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    # transformers' MoE layers (mixtral, qwen3_moe, olmoe, granitemoe, gpt_oss...) call the
+    # opaque custom op transformers::grouped_mm_fallback, a Python loop over experts.
+    # Every expert on every row, then each row picks its own expert's result (rows past
+    # the last offset stay zero, as in the loop).
+    rows, experts = x.shape[0], weight.shape[0]
+    group = _group_of_rows(offs, rows)
+    every = aten.matmul.default(x, weight)  # [E, S, N]
+    picked = aten.index.Tensor(every, [aten.clamp_max.default(group, experts - 1), _arange(rows, x)])
+    return aten.mul.Tensor(picked, aten.unsqueeze.default(aten.lt.Scalar(group, experts), 1))
+
+
+def _grouped_mm_backward(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, grad: torch.Tensor):
+    # The backward custom op of the same loop: grad_input rows use their expert's weight,
+    # grad_weight[e] sums x^T grad over expert e's rows (a one-hot mask per expert).
+    rows, experts = x.shape[0], weight.shape[0]
+    group = _group_of_rows(offs, rows)
+    grad_input = _grouped_mm(grad, aten.transpose.int(weight, 1, 2), offs)
+    mask = aten._to_copy.default(aten.eq.Tensor(aten.unsqueeze.default(_arange(experts, x), 1),
+                                                aten.unsqueeze.default(group, 0)), dtype=x.dtype)  # [E, S]
+    masked = aten.mul.Tensor(aten.unsqueeze.default(mask, 2), aten.unsqueeze.default(x, 0))  # [E, S, K]
+    grad_weight = aten.matmul.default(aten.transpose.int(masked, 1, 2), grad)  # [E, K, N]
+    return grad_input, grad_weight
+
+
+def _library_decompositions():
+    """Decompositions of custom ops that libraries register (only once they are loaded)."""
+    found = []
+    transformers_ops = getattr(torch.ops, "transformers", None)
+    for name, fn in (("grouped_mm_fallback", _grouped_mm), ("grouped_mm_fallback_backward", _grouped_mm_backward)):
+        try:
+            found.append((getattr(transformers_ops, name).default, fn))
+        except (AttributeError, RuntimeError):
+            pass
+    return found
+
+
 def _sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        # What ATen's SDPA does before it dispatches (convert_boolean_attn_mask): the
+        # math kernel adds the mask, so True must become 0 and False -inf. Without it a
+        # boolean mask was added as 1/0 (every transformers model with use_cache=False:
+        # llama's logits were off by 0.4).
+        attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(attn_mask.logical_not(), float("-inf"))
     return torch.ops.aten._scaled_dot_product_attention_math(
         query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
     )[0]

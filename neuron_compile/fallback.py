@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 import logging
 import operator
+import re
 import threading
 
 import torch
@@ -84,9 +85,18 @@ def _learned() -> set[str]:
         return set(_LEARNED)
 
 
+_HIGHER_ORDER = re.compile(r"Higher-order operation '(\w+)' not implemented")
+
+
 def _learn(exc: LoweringError, gm: torch.fx.GraphModule) -> bool:
     """Add the ops a LoweringError names, if they name nodes of ``gm`` (else nothing is learned)."""
     ops = [op.strip() for op in (exc.op or "").split(",") if op.strip()]
+    # The importer rejects some higher-order ops (with_effects around linalg's error checks)
+    ops += [f"higher_order.{name}" for name in _HIGHER_ORDER.findall(str(exc))]
+    if not ops and exc.stage == "import":
+        # the importer names no op: its usual refusal is a higher-order op
+        ops = [_op_name(n) for n in gm.graph.nodes
+               if n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator)]
     ops = [op for op in ops if _blocked_nodes(gm, {op})]
     with _LEARNED_LOCK:
         new = [op for op in ops if op not in _LEARNED]
@@ -95,7 +105,13 @@ def _learn(exc: LoweringError, gm: torch.fx.GraphModule) -> bool:
 
 
 def _blocked_nodes(gm: torch.fx.GraphModule, ops: set[str]) -> list[torch.fx.Node]:
-    return [n for n in gm.graph.nodes if n.op == "call_function" and any(_matches(n, op) for op in ops)]
+    return [n for n in gm.graph.nodes if n.op == "call_function" and any(_is(n, op) for op in ops)]
+
+
+def _is(node: torch.fx.Node, op: str) -> bool:
+    if isinstance(node.target, torch._ops.HigherOrderOperator):
+        return op == f"higher_order.{node.target.name()}"
+    return not op.startswith("higher_order.") and _matches(node, op)
 
 
 class _Lowerable(OperatorSupportBase):
@@ -225,6 +241,8 @@ def _record_fallback(report: CompileReport, eager_nodes, whole_eager, gm: torch.
 def _op_name(node: torch.fx.Node) -> str:
     if isinstance(node.target, torch._ops.OpOverload):
         return str(node.target)  # aten.histc.default
+    if isinstance(node.target, torch._ops.HigherOrderOperator):
+        return f"higher_order.{node.target.name()}"
     return getattr(node.target, "__name__", str(node.target))
 
 

@@ -184,9 +184,39 @@ _STAGES = ("torch-backend", "stablehlo", "cleanup")
 def _import(gm, ctx):
     from torch_mlir.extras.fx_importer import FxImporter
 
-    importer = FxImporter(context=ctx)
+    importer = FxImporter(context=ctx, hooks=_dense_literals())
     importer.import_stateless_graph(gm.graph, func_name="main")
     return importer.module
+
+
+def _dense_literals():
+    """Importer hooks that inline tensor constants as dense elements, never ``dense_resource``.
+
+    The FX importer turns a constant tensor of more than one element (group
+    norm's, as_strided's index tables...) into a ``dense_resource`` blob, which
+    XLA rejects ("Only dense elements attr are supported"). Graph constants are
+    small (weights stay arguments), so dense elements cost nothing.
+    """
+    import numpy as np
+    from torch_mlir.extras.fx_importer import TORCH_DTYPE_TO_MLIR_TYPE, TORCH_DTYPE_TO_NPY_TYPE, FxImporterHooks
+    from torch_mlir.ir import DenseElementsAttr, Operation
+
+    class DenseLiterals(FxImporterHooks):
+        def resolve_literal(self, gni, literal, info):
+            if not isinstance(literal, torch.Tensor) or literal.numel() <= 1 or literal.is_complex():
+                return None
+            npy = TORCH_DTYPE_TO_NPY_TYPE.get(literal.dtype)
+            if npy is None:
+                return None
+            array = np.ascontiguousarray(np.array(literal.tolist()).astype(npy))
+            if literal.dtype in (torch.bfloat16, torch.float16):
+                array = array.view(np.uint16)  # the buffer protocol knows no bfloat16: pass the bits
+            attr = DenseElementsAttr.get(array, type=TORCH_DTYPE_TO_MLIR_TYPE[literal.dtype](),
+                                         shape=list(literal.shape))
+            return Operation.create(name="torch.vtensor.literal", results=[gni._cc.tensor_to_vtensor_type(literal)],
+                                    attributes={"value": attr}).result
+
+    return DenseLiterals()
 
 
 def _replay(gm, stages) -> str | None:

@@ -1,0 +1,122 @@
+"""Our decompositions (neuron_compile/decompositions.py), compiled, against eager.
+
+Each case names the op the decomposition stands in for; the model or OpInfo
+entry that hits it is in the decomposition's comment.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+
+def compiled(fn):
+    return torch.compile(fn, backend="neuron", fullgraph=True)
+
+
+def check(fn, *args, grad=False, **tol):
+    """Forward (and with grad=True, the gradient of every float input) of compiled fn equals eager's."""
+    ref_args = [a.detach().clone().requires_grad_(grad and a.is_floating_point()) if isinstance(a, torch.Tensor) else a
+                for a in args]
+    got_args = [a.detach().clone().requires_grad_(grad and a.is_floating_point()) if isinstance(a, torch.Tensor) else a
+                for a in args]
+    ref = fn(*ref_args)
+    got = compiled(fn)(*got_args)
+    torch.testing.assert_close(got, ref, **tol)
+    if grad:
+        gen = torch.Generator().manual_seed(0)
+        outs = [ref] if isinstance(ref, torch.Tensor) else [o for o in ref if o.is_floating_point()]
+        weights = [torch.randn(o.shape, generator=gen) for o in outs]
+        got_outs = [got] if isinstance(got, torch.Tensor) else [o for o in got if o.is_floating_point()]
+        sum((o * w).sum() for o, w in zip(outs, weights)).backward()
+        sum((o * w).sum() for o, w in zip(got_outs, weights)).backward()
+        for r, g in zip(ref_args, got_args):
+            if isinstance(r, torch.Tensor) and r.requires_grad:
+                torch.testing.assert_close(g.grad, r.grad, **tol)
+
+
+def test_sdpa_boolean_mask():
+    # aten SDPA turns a boolean mask into 0/-inf before its math kernel; so must we
+    q, k, v = torch.randn(2, 4, 8, 16), torch.randn(2, 4, 8, 16), torch.randn(2, 4, 8, 16)
+    mask = torch.ones(8, 8, dtype=torch.bool).tril()[None, None].expand(2, -1, 8, 8)
+    check(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, mask, grad=True)
+
+
+@pytest.mark.parametrize("offset,dims", [(0, (0, 1)), (2, (1, 2)), (-1, (2, 0))])
+def test_diagonal_and_its_backward(offset, dims):
+    x = torch.randn(4, 5, 6)
+    check(lambda x: torch.diagonal(x, offset, *dims) * 2, x, grad=True)
+
+
+def test_diagonal_scatter():
+    x, src = torch.randn(3, 5, 4), torch.randn(3, 3)
+    check(lambda x, s: torch.diagonal_scatter(x, s, 1, 1, 2), x, src, grad=True)
+
+
+def test_diag_and_trace():
+    x = torch.randn(5, 5)
+    check(lambda x: (torch.diag(x, -1), torch.trace(x), torch.diag(x[0])), x)
+
+
+@pytest.mark.parametrize("lo,hi", [(-1.0, 1.0), (0, 0)])
+def test_histc(lo, hi):
+    x = torch.randn(50)
+    check(lambda x: torch.histc(x, bins=7, min=lo, max=hi), x)
+
+
+def test_histc_counts_tokens_per_expert():
+    # what transformers' MoE layers do: integer expert ids as floats, one bin per expert
+    ids = torch.randint(0, 4, (32,)).float()
+    check(lambda x: torch.histc(x, bins=4, min=0, max=3), ids)
+
+
+def test_median_kthvalue_nanmedian():
+    x = torch.randn(4, 7)
+    check(lambda x: torch.median(x, dim=1), x, grad=True)
+    check(lambda x: torch.median(x), x)
+    check(lambda x: torch.kthvalue(x, 3, dim=0, keepdim=True), x, grad=True)
+    y = x.clone()
+    y[0, 2] = y[3, 1] = float("nan")
+    check(lambda x: torch.median(x, dim=1).values, y, equal_nan=True)
+    check(lambda x: torch.nanmedian(x, dim=1).values, y)
+    check(lambda x: torch.nanmedian(x), y)
+
+
+def test_cumprod_and_its_backward():
+    check(lambda x: torch.cumprod(x, dim=1), torch.randn(3, 6), grad=True)
+    check(lambda x: torch.cumprod(x, 0), torch.randint(-3, 4, (5,)))
+
+
+def test_addmv_and_cdist():
+    check(lambda b, m, v: torch.addmv(b, m, v, beta=0.5, alpha=2.0), torch.randn(4), torch.randn(4, 3),
+          torch.randn(3), grad=True)
+    check(lambda a, b: torch.cdist(a, b), torch.randn(2, 5, 3), torch.randn(2, 4, 3))
+    check(lambda a, b: torch.cdist(a, b, p=1.0), torch.randn(5, 3), torch.randn(4, 3))
+
+
+def test_scatter_src_and_value():
+    x = torch.randn(4, 6)
+    index = torch.argsort(torch.rand(4, 6), dim=1)[:, :3]
+    check(lambda x, s: x.scatter(1, index, s), x, torch.randn(4, 3))
+    check(lambda x: x.scatter(1, index, 2.5), x)
+
+
+def test_empty_then_filled():
+    # an empty tensor whose every element is written (argsort's inverse permutation)
+    perm = torch.randperm(10)
+    check(lambda p: torch.empty_like(p).scatter_(0, p, torch.arange(10)), perm)
+    check(lambda x: x.new_empty((3, 2)).fill_(4.0) + x.sum(), torch.randn(2))
+
+
+def test_constant_tensors_are_dense():
+    # group norm's graph carries a constant index table; XLA rejects dense_resource constants
+    x = torch.randn(2, 6, 5)
+    check(lambda x: F.group_norm(x, 3), x, grad=True)
+
+
+def test_transformers_grouped_mm():
+    moe = pytest.importorskip("transformers.integrations.moe", reason="transformers is in the test extra")
+    assert hasattr(torch.ops.transformers, "grouped_mm_fallback"), moe
+    x, w = torch.randn(10, 8), torch.randn(3, 8, 5)
+    offs = torch.tensor([3, 3, 9], dtype=torch.int32)  # an empty group, and a row past the last offset
+    check(lambda x, w: torch.ops.transformers.grouped_mm_fallback(x, w, offs=offs), x, w, grad=True,
+          rtol=1e-5, atol=1e-5)
