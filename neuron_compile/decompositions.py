@@ -114,6 +114,41 @@ def _new_empty_strided(x, size, stride, *, dtype=None, layout=None, device=None,
     return _zeros(size, dtype or x.dtype, device or x.device)
 
 
+# Reductions over a dim of a 0-d tensor: torch-mlir's StableHLO pipeline segfaults on
+# them (OpInfo's sum/amax/... samples of shape [] with dim=0). A 0-d tensor reduced
+# over its only "dim" is itself (in the reduction's dtype); other ranks go on as before.
+def _sum_dtype(x, dtype):
+    if dtype is not None:
+        return dtype
+    return torch.int64 if not (x.dtype.is_floating_point or x.dtype.is_complex) else x.dtype
+
+
+def _rank0(fn):
+    def decomposition(x, *args, **kwargs):
+        return fn(x, *args, **kwargs) if isinstance(x, torch.Tensor) and x.dim() == 0 else NotImplemented
+    return decomposition
+
+
+_RANK0 = {
+    aten.sum.dim_IntList: lambda x, dim=None, keepdim=False, *, dtype=None:
+        aten._to_copy.default(x, dtype=_sum_dtype(x, dtype)),
+    aten.prod.dim_int: lambda x, dim, keepdim=False, *, dtype=None:
+        aten._to_copy.default(x, dtype=_sum_dtype(x, dtype)),
+    aten.mean.dim: lambda x, dim=None, keepdim=False, *, dtype=None:
+        aten._to_copy.default(x, dtype=dtype or x.dtype),
+    aten.amax.default: lambda x, dim=(), keepdim=False: aten.clone.default(x),
+    aten.amin.default: lambda x, dim=(), keepdim=False: aten.clone.default(x),
+    aten.logsumexp.default: lambda x, dim, keepdim=False: aten.clone.default(x),
+    aten.max.dim: lambda x, dim, keepdim=False: (aten.clone.default(x), aten.zeros_like.default(x, dtype=torch.int64)),
+    aten.min.dim: lambda x, dim, keepdim=False: (aten.clone.default(x), aten.zeros_like.default(x, dtype=torch.int64)),
+    aten.argmax.default: lambda x, dim=None, keepdim=False: aten.zeros_like.default(x, dtype=torch.int64),
+    aten.argmin.default: lambda x, dim=None, keepdim=False: aten.zeros_like.default(x, dtype=torch.int64),
+    aten.any.dim: lambda x, dim, keepdim=False: aten.ne.Scalar(x, 0),
+    aten.all.dim: lambda x, dim, keepdim=False: aten.ne.Scalar(x, 0),
+    aten.cumsum.default: lambda x, dim, *, dtype=None: aten._to_copy.default(x, dtype=_sum_dtype(x, dtype)),
+}
+
+
 def _arange(n: int, like: torch.Tensor) -> torch.Tensor:
     return aten.arange.start_step(0, n, 1, dtype=torch.int64, device=like.device)
 
@@ -327,6 +362,9 @@ def _base_table() -> dict:
 
     table = dict(get_decomposition_table())
     table.update(_OURS)
+    for op, fn in _RANK0.items():
+        if op not in table:  # ops some table already decomposes keep that decomposition
+            table[op] = _rank0(fn)
     return table
 
 

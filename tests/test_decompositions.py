@@ -120,3 +120,13 @@ def test_transformers_grouped_mm():
     offs = torch.tensor([3, 3, 9], dtype=torch.int32)  # an empty group, and a row past the last offset
     check(lambda x, w: torch.ops.transformers.grouped_mm_fallback(x, w, offs=offs), x, w, grad=True,
           rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("reduce", [
+    lambda x: x.sum(0, keepdim=True), lambda x: x.amax(0), lambda x: x.mean(0), lambda x: x.max(0),
+    lambda x: x.argmax(0), lambda x: x.prod(0), lambda x: x.logsumexp(0), lambda x: x.cumsum(0),
+    lambda x: x.to(torch.int64).sum(0), lambda x: x.any(0),
+], ids=["sum", "amax", "mean", "max", "argmax", "prod", "logsumexp", "cumsum", "sum_int", "any"])
+def test_reductions_of_a_0d_tensor(reduce):
+    # torch-mlir's pipeline segfaulted on these (OpInfo's 0-d samples of every reduction)
+    check(reduce, torch.tensor(3.5))
