@@ -14,6 +14,7 @@ it is exactly what this table leaves. Three layers, later ones win:
 from __future__ import annotations
 
 import functools
+import threading
 
 import torch
 from torch._decomp import register_decomposition
@@ -147,6 +148,39 @@ _RANK0 = {
     aten.all.dim: lambda x, dim, keepdim=False: aten.ne.Scalar(x, 0),
     aten.cumsum.default: lambda x, dim, *, dtype=None: aten._to_copy.default(x, dtype=_sum_dtype(x, dtype)),
 }
+
+
+_WRAPPING = threading.local()
+
+
+def _wrap_negative(x: torch.Tensor, indices):
+    """Integer index tensors with negative entries counted from the end, as eager reads them."""
+    out = []
+    for dim, index in enumerate(indices):
+        if index is not None and not (index.dtype == torch.bool or index.dtype == torch.uint8):
+            index = aten.where.self(aten.lt.Scalar(index, 0), aten.add.Tensor(index, x.shape[dim]), index)
+        out.append(index)
+    return out
+
+
+def _with_wrapped_indices(op):
+    # XLA's gather and scatter clamp out-of-range indices where PyTorch counts negative
+    # ones from the end: x[:, [-2]] (falcon's _split_heads, OpInfo index samples) read the
+    # wrong row. Wrap them, then trace the op itself (the flag stops the recursion).
+    def decomposition(x, indices, *args, **kwargs):
+        if getattr(_WRAPPING, "on", False):
+            return NotImplemented
+        _WRAPPING.on = True
+        try:
+            return op(x, _wrap_negative(x, indices), *args, **kwargs)
+        finally:
+            _WRAPPING.on = False
+
+    return decomposition
+
+
+_OURS[aten.index.Tensor] = _with_wrapped_indices(aten.index.Tensor)
+_OURS[aten.index_put.default] = _with_wrapped_indices(aten.index_put.default)
 
 
 def _arange(n: int, like: torch.Tensor) -> torch.Tensor:

@@ -130,3 +130,14 @@ def test_transformers_grouped_mm():
 def test_reductions_of_a_0d_tensor(reduce):
     # torch-mlir's pipeline segfaulted on these (OpInfo's 0-d samples of every reduction)
     check(reduce, torch.tensor(3.5))
+
+
+def test_negative_fancy_indices_count_from_the_end():
+    # XLA's gather clamps them; falcon's _split_heads reads qkv[:, :, :, [-2]]
+    x = torch.randn(3, 4, 5)
+    check(lambda x: (x[:, :, [-2]], x[:, [1, -1]], x[torch.tensor([-1, 0])]), x, grad=True)
+
+
+def test_negative_indices_in_index_put():
+    x, v = torch.randn(4, 3), torch.randn(2, 3)
+    check(lambda x, v: x.index_put((torch.tensor([-1, 1]),), v), x, v, grad=True)
