@@ -180,7 +180,49 @@ def _with_wrapped_indices(op):
 
 
 _OURS[aten.index.Tensor] = _with_wrapped_indices(aten.index.Tensor)
-_OURS[aten.index_put.default] = _with_wrapped_indices(aten.index_put.default)
+_index_put_wrapped = _with_wrapped_indices(aten.index_put.default)
+
+
+@_ours(aten.index_put.default)
+def _index_put(x: torch.Tensor, indices, values: torch.Tensor, accumulate: bool = False):
+    # x[mask] = v (masked writes in user code, OpInfo index_put): torch-mlir does not lower
+    # index_put with a boolean index. When v is the same for every selected position
+    # (it broadcasts over x's trailing dims), that is a select: where(mask, v, x).
+    mask = indices[0] if len(indices) == 1 else None
+    if mask is not None and mask.dtype in (torch.bool, torch.uint8) and \
+            values.dim() <= x.dim() - mask.dim() and not getattr(_WRAPPING, "on", False):
+        selected = aten._to_copy.default(mask, dtype=torch.bool)
+        selected = aten.view.default(selected, list(mask.shape) + [1] * (x.dim() - mask.dim()))
+        values = aten._to_copy.default(values, dtype=x.dtype)
+        if accumulate:
+            return aten.add.Tensor(x, aten.where.self(selected, values, aten.zeros_like.default(x)))
+        return aten.where.self(selected, aten.expand.default(values, list(x.shape)), x)
+    return _index_put_wrapped(x, indices, values, accumulate)
+
+
+def _python_remainder(a: torch.Tensor, b: torch.Tensor):
+    # torch-mlir lowers remainder as a truncated fmod (stablehlo.remainder), while
+    # PyTorch's remainder takes the divisor's sign (Python's %): OpInfo remainder and
+    # __rmod__ gave wrong values for mixed signs. Shift nonzero results of the wrong sign.
+    r = aten.fmod.Tensor(a, b)
+    wrong_sign = aten.logical_and.default(aten.ne.Scalar(r, 0),
+                                          aten.ne.Tensor(aten.lt.Scalar(r, 0), aten.lt.Scalar(b, 0)))
+    return aten.where.self(wrong_sign, aten.add.Tensor(r, b), r)
+
+
+@_ours(aten.remainder.Tensor)
+def _remainder(a: torch.Tensor, b: torch.Tensor):
+    return _python_remainder(a, b)
+
+
+@_ours(aten.remainder.Scalar)
+def _remainder_scalar(a: torch.Tensor, b):
+    return _python_remainder(a, aten.scalar_tensor.default(b, dtype=torch.result_type(a, b), device=a.device))
+
+
+@_ours(aten.remainder.Scalar_Tensor)
+def _remainder_scalar_tensor(a, b: torch.Tensor):
+    return _python_remainder(aten.scalar_tensor.default(a, dtype=torch.result_type(b, a), device=b.device), b)
 
 
 def _arange(n: int, like: torch.Tensor) -> torch.Tensor:

@@ -141,3 +141,23 @@ def test_negative_fancy_indices_count_from_the_end():
 def test_negative_indices_in_index_put():
     x, v = torch.randn(4, 3), torch.randn(2, 3)
     check(lambda x, v: x.index_put((torch.tensor([-1, 1]),), v), x, v, grad=True)
+
+
+def test_remainder_takes_the_divisors_sign():
+    a, b = torch.randn(20) * 5, torch.randn(20)
+    check(lambda a, b: (torch.remainder(a, b), a % -1.5, 7 % b), a, b)
+    check(lambda a, b: torch.remainder(a, b), torch.randint(-9, 9, (20,)), torch.tensor([3, -4] * 10))
+
+
+def test_boolean_masked_writes():
+    x = torch.randn(5, 4)
+    mask = torch.tensor([True, False, True, True, False])
+    check(lambda x, v: x.index_put((mask,), v), x, torch.randn(4))
+    check(lambda x, v: x.index_put((mask,), v, accumulate=True), x, torch.randn(4))
+
+    def write_where_negative(x, v):
+        y = x.clone()
+        y[y[:, 0] < 0] = v
+        return y
+
+    check(write_where_negative, x, torch.randn(4))
