@@ -225,6 +225,100 @@ def _remainder_scalar_tensor(a, b: torch.Tensor):
     return _python_remainder(aten.scalar_tensor.default(a, dtype=torch.result_type(b, a), device=b.device), b)
 
 
+def _masked_scatter_reduce(x, dim, index, src, reduce, include_self):
+    """scatter_reduce by a one-hot mask over x's positions along dim (O(|index| * x.shape[dim]) work).
+
+    Where index is shorter than x in another dim, the reduction runs on that slice
+    of x and is written back (slice_scatter); NotImplemented (the op stays) for a
+    0-d x or an index of another rank.
+    """
+    dim = dim % max(x.dim(), 1)
+    if x.dim() == 0 or index.dim() != x.dim():
+        return NotImplemented
+    short = [d for d in range(x.dim()) if d != dim and index.shape[d] < x.shape[d]]
+    if short:
+        part = x
+        for d in short:
+            part = aten.slice.Tensor(part, d, 0, index.shape[d])
+        out = _masked_scatter_reduce(part, dim, index, src, reduce, include_self)
+        for d in reversed(short):
+            outer = x
+            for e in short[:short.index(d)]:
+                outer = aten.slice.Tensor(outer, e, 0, index.shape[e])
+            out = aten.slice_scatter.default(outer, out, d, 0, index.shape[d])
+        return out
+    for d in range(src.dim()):
+        if src.shape[d] != index.shape[d]:
+            src = aten.slice.Tensor(src, d, 0, index.shape[d])
+    src = aten._to_copy.default(src, dtype=x.dtype)
+    width = x.shape[dim]
+    hot = aten.eq.Tensor(aten.unsqueeze.default(index, -1), _arange(width, x))  # index.shape + [T]
+    spread = aten.expand.default(aten.unsqueeze.default(src, -1), list(hot.shape))
+    if reduce in ("sum", "mean"):
+        fill = 0
+    elif reduce == "prod":
+        fill = 1
+    elif x.dtype.is_floating_point:
+        fill = float("-inf") if reduce == "amax" else float("inf")
+    else:
+        info = torch.iinfo(x.dtype)
+        fill = info.min if reduce == "amax" else info.max
+    masked = aten.where.self(hot, spread, aten.full_like.default(spread, fill))
+    if reduce in ("sum", "mean"):
+        red = aten.sum.dim_IntList(masked, [dim])
+    elif reduce == "prod":
+        red = aten.prod.dim_int(masked, dim)
+    elif reduce == "amax":
+        red = aten.amax.default(masked, [dim])
+    else:
+        red = aten.amin.default(masked, [dim])
+    red = aten.movedim.int(red, -1, dim)  # x's shape
+    count = aten.movedim.int(aten.sum.dim_IntList(aten._to_copy.default(hot, dtype=torch.int64), [dim]), -1, dim)
+    hit = aten.gt.Scalar(count, 0)
+    if reduce == "mean":
+        total = aten.add.Tensor(red, x) if include_self else red
+        n = aten.add.Tensor(count, 1) if include_self else aten.clamp_min.default(count, 1)
+        mean = aten.div.Tensor(total, n) if x.dtype.is_floating_point else \
+            aten.div.Tensor_mode(total, n, rounding_mode="floor")
+        return aten.where.self(hit, aten._to_copy.default(mean, dtype=x.dtype), x)
+    if include_self:
+        combine = {"sum": aten.add.Tensor, "prod": aten.mul.Tensor, "amax": aten.maximum.default,
+                   "amin": aten.minimum.default}[reduce]
+        red = combine(x, red)
+    return aten.where.self(hit, red, x)
+
+
+@_ours(aten.scatter_reduce.two)
+def _scatter_reduce(x, dim: int, index, src, reduce: str, *, include_self: bool = True):
+    # torch-mlir lowers none of scatter_reduce, scatter(reduce=), index_reduce to StableHLO
+    # (OpInfo scatter_reduce.*, index_reduce.*, scatter with reduce; segment sums in GNNs).
+    return _masked_scatter_reduce(x, dim, index, src, reduce, include_self)
+
+
+@_ours(aten.scatter.reduce)
+def _scatter_with_reduce(x, dim: int, index, src, *, reduce: str):
+    return _masked_scatter_reduce(x, dim, index, src, {"add": "sum", "multiply": "prod"}[reduce], True)
+
+
+@_ours(aten.scatter.value_reduce)
+def _scatter_value_with_reduce(x, dim: int, index, value, *, reduce: str):
+    src = aten.full.default(list(index.shape), value, dtype=x.dtype, device=x.device)
+    return _masked_scatter_reduce(x, dim, index, src, {"add": "sum", "multiply": "prod"}[reduce], True)
+
+
+@_ours(aten.index_reduce)
+def _index_reduce(x, dim: int, index, source, reduce: str, *, include_self: bool = True):
+    dim = dim % max(x.dim(), 1)
+    if x.dim() == 0:  # a 0-d x is a 1-element vector here
+        one = _index_reduce(aten.view.default(x, [1]), 0, index, aten.view.default(source, [-1]), reduce,
+                            include_self=include_self)
+        return NotImplemented if one is NotImplemented else aten.view.default(one, [])
+    shape = [1] * source.dim()
+    shape[dim] = -1
+    spread = aten.expand.default(aten.view.default(index, shape), list(source.shape))
+    return _masked_scatter_reduce(x, dim, spread, source, reduce, include_self)
+
+
 def _arange(n: int, like: torch.Tensor) -> torch.Tensor:
     return aten.arange.start_step(0, n, 1, dtype=torch.int64, device=like.device)
 
@@ -372,8 +466,8 @@ def _scatter_src(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tens
     for d in range(1, index.dim()):
         src = aten.slice.Tensor(src, d, 0, index.shape[d])
     written = aten.scatter_add.default(aten.zeros_like.default(x, dtype=torch.int64), dim, index,
-                                       aten.ones_like.default(index))
-    placed = aten.scatter_add.default(aten.zeros_like.default(x), dim, index, src)
+                                       aten.ones_like.default(index, dtype=torch.int64))
+    placed = aten.scatter_add.default(aten.zeros_like.default(x), dim, index, aten._to_copy.default(src, dtype=x.dtype))
     return aten.where.self(aten.gt.Scalar(written, 0), placed, x)
 
 
@@ -382,7 +476,7 @@ def _scatter_value(x: torch.Tensor, dim: int, index: torch.Tensor, value):
     if index.numel() == 0:
         return aten.clone.default(x)
     written = aten.scatter_add.default(aten.zeros_like.default(x, dtype=torch.int64), dim, index,
-                                       aten.ones_like.default(index))
+                                       aten.ones_like.default(index, dtype=torch.int64))
     return aten.masked_fill.Scalar(x, aten.gt.Scalar(written, 0), value)
 
 

@@ -161,3 +161,22 @@ def test_boolean_masked_writes():
         return y
 
     check(write_where_negative, x, torch.randn(4))
+
+
+@pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce_and_index_reduce(reduce, include_self):
+    x, src = torch.randn(6, 4), torch.randn(5, 3)
+    index = torch.randint(0, 6, (5, 3))  # shorter than x in dim 1: only that slice is reduced into
+    check(lambda x, s: x.scatter_reduce(0, index, s, reduce, include_self=include_self), x, src)
+    if reduce != "sum":
+        check(lambda x, s: x.index_reduce(0, torch.tensor([0, 2, 2, 5, 0]), s, reduce, include_self=include_self),
+              x, torch.randn(5, 4))
+
+
+def test_scatter_with_reduce_and_int32_index():
+    x, src = torch.randn(10, 5), torch.randn(5, 5)
+    index = torch.randint(0, 10, (5, 5))
+    check(lambda x, s: (x.scatter(0, index, s, reduce="add"), x.scatter(0, index, s, reduce="multiply")), x, src)
+    perm = torch.argsort(torch.rand(10, 5), dim=0)[:5].to(torch.int32)
+    check(lambda x, s: x.scatter(0, perm, s), x, src)
