@@ -9,15 +9,29 @@ steady per-call time on the XLA CPU executor. Variants are compiled first and
 then timed round-robin, so machine noise hits all of them alike.
 
     /work/venv/bin/python benchmarks/bench_passes.py [--calls 3] [--rounds 15] [--out FILE.md]
+
+``--compile-time`` measures instead how long the passes themselves take on the
+graphs the backend hands them: for each ``gpt<N>`` of ``--depths`` (the
+built-in GPT-2-style model, as in compile_ladder.py) ``neuron-compile dump
+--passes none`` saves the StableHLO of every graph (inference, or forward and
+backward with ``--train``), then a fresh process per graph parses it and runs
+the default pipeline, best of ``--repeat``, per pass. ``--baseline COMMIT``
+times that commit's ``passes/`` package (``git archive``) the same way, side
+by side; a baseline that crashes or fails on a graph is reported as such.
+
+    /work/venv/bin/python benchmarks/bench_passes.py --compile-time --depths 2,8,32 --train --baseline 96a7fd7
 """
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -91,12 +105,130 @@ def machine() -> str:
     )
 
 
+# ---------------------------------------------------------------- compile time of the passes
+
+# Runs in a fresh process with the passes package under test first on sys.path:
+# parse one module per repeat, run the pipeline, report per-pass seconds.
+TIME_ONE = r"""
+import json, sys, time
+from torch_mlir import ir
+from passes import parse_pipeline
+from passes.pipeline import new_context
+path, spec, repeat = sys.argv[1], sys.argv[2], int(sys.argv[3])
+text = open(path).read()
+best = None
+for _ in range(repeat):
+    with new_context():
+        module = ir.Module.parse(text)
+        ops = 0
+        def count(_op):
+            global ops
+            ops += 1
+            return ir.WalkResult.ADVANCE
+        module.operation.walk(count)
+        start = time.perf_counter()
+        stats = parse_pipeline(spec).run(module)
+        total = time.perf_counter() - start
+        module.operation.verify()
+    run = {"ops": ops, "total": total, "passes": {s.name: s.seconds for s in stats},
+           "fired": {s.name: s.fired for s in stats}}
+    if best is None or run["total"] < best["total"]:
+        best = run
+print(json.dumps(best))
+"""
+
+
+def dump_graphs(depth: int, train: bool, into: Path) -> dict[str, Path]:
+    """StableHLO before passes of every graph of gpt<depth>, as the backend makes it."""
+    out = into / f"gpt{depth}{'-train' if train else ''}"
+    cmd = [str(Path(sys.executable).with_name("neuron-compile")), "dump", f"gpt{depth}",
+           "--passes", "none", "--out", str(out)] + (["--train"] if train else [])
+    env = {**os.environ, "NEURON_COMPILE_CACHE_DIR": str(into / "cache")}
+    subprocess.run(cmd, check=True, capture_output=True, env=env)
+    return {f"gpt{depth} {p.parent.name.split('.')[-1]}": p for p in sorted(out.glob("pid*/*/02-stablehlo.mlir"))}
+
+
+def time_passes(package_root: Path, path: Path, spec: str, repeat: int) -> dict:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(package_root), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", TIME_ONE, str(path), spec, str(repeat)],
+                          capture_output=True, text=True, env=env, cwd=package_root)
+    if proc.returncode == -11:
+        return {"error": "segfault"}
+    if proc.returncode != 0:
+        errors = [ln.strip() for ln in proc.stderr.splitlines() if "error:" in ln] or ["?"]
+        return {"error": "fails: " + errors[-1].split("error:", 1)[-1].strip().replace("|", "/")[:70]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def compile_time(args) -> int:
+    depths = [int(d) for d in args.depths.split(",")]
+    spec = parse_pipeline(args.pipeline).spec
+    with tempfile.TemporaryDirectory(prefix="bench-passes-") as tmp:
+        tmp = Path(tmp)
+        roots = {"now": ROOT}
+        if args.baseline:
+            base = tmp / "baseline"
+            base.mkdir()
+            archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.baseline, "passes"],
+                                     check=True, capture_output=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
+            roots = {args.baseline: base, "now": ROOT}
+        graphs: dict[str, Path] = {}
+        for depth in depths:
+            graphs.update(dump_graphs(depth, args.train, tmp))
+            print(f"dumped gpt{depth}", file=sys.stderr)
+        results = {label: {g: time_passes(root, p, spec, args.repeat) for g, p in graphs.items()}
+                   for label, root in roots.items()}
+    names = [p.name for p in parse_pipeline(spec).passes]
+    lines = [f"pipeline `{spec}`, best of {args.repeat} per graph, each graph in a fresh process; "
+             f"machine: {machine()}", "",
+             "| graph | ops | " + " | ".join(f"{label}: {n} ms" for label in results for n in names)
+             + " | " + " | ".join(f"{label}: total ms" for label in results) + " |",
+             "| --- | --- |" + " --- |" * (len(results) * (len(names) + 1))]
+    for g in graphs:
+        now = results["now"][g]
+        cells = []
+        for label in results:
+            r = results[label][g]
+            cells += ["-" if "error" in r else f"{r['passes'][n] * 1e3:.0f}" for n in names]
+        totals = [r["error"] if "error" in r else f"{r['total'] * 1e3:.0f}" for r in (results[l][g] for l in results)]
+        lines.append(f"| {g} | {now.get('ops', '?')} | " + " | ".join(cells) + " | " + " | ".join(totals) + " |")
+    lines.append("")
+    for label in results:
+        ok = [r for r in results[label].values() if "error" not in r]
+        b = fit_exponent([r["ops"] for r in ok], [r["total"] for r in ok])
+        lines.append(f"- {label}: total time ~ ops^{b:.2f} over {len(ok)} graphs" if b is not None
+                     else f"- {label}: too few graphs to fit")
+    report = "\n".join(lines)
+    print(report)
+    if args.out:
+        Path(args.out).write_text(report + "\n")
+    return 0
+
+
+def fit_exponent(xs, ys):
+    """b in y = a * x^b, least squares on logs."""
+    pts = [(math.log(x), math.log(y)) for x, y in zip(xs, ys) if x > 0 and y > 0]
+    if len({p[0] for p in pts}) < 2:
+        return None
+    mx, my = sum(p[0] for p in pts) / len(pts), sum(p[1] for p in pts) / len(pts)
+    return sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=3, help="calls per variant per round (best taken)")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--out", help="also write the markdown table here")
+    ap.add_argument("--compile-time", action="store_true", help="time the passes themselves on gpt<N> graphs")
+    ap.add_argument("--depths", default="2,8,32", help="--compile-time: gpt depths")
+    ap.add_argument("--train", action="store_true", help="--compile-time: forward and backward graphs")
+    ap.add_argument("--repeat", type=int, default=3, help="--compile-time: runs per graph (best taken)")
+    ap.add_argument("--pipeline", default="default", help="--compile-time: pipeline or profile")
+    ap.add_argument("--baseline", help="--compile-time: also time this commit's passes/")
     args = ap.parse_args(argv)
+    if args.compile_time:
+        return compile_time(args)
 
     import jax
 
