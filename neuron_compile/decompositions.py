@@ -319,6 +319,15 @@ def _index_reduce(x, dim: int, index, source, reduce: str, *, include_self: bool
     return _masked_scatter_reduce(x, dim, spread, source, reduce, include_self)
 
 
+@_ours(aten.topk)
+def _topk(x: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):
+    # torch-mlir lowers topk only with sorted=True (deepseek_v3's expert-group routing asks
+    # sorted=False). Unsorted order is unspecified, so the sorted result is a valid one.
+    if sorted:
+        return NotImplemented
+    return aten.topk.default(x, k, dim, largest, True)
+
+
 def _arange(n: int, like: torch.Tensor) -> torch.Tensor:
     return aten.arange.start_step(0, n, 1, dtype=torch.int64, device=like.device)
 
