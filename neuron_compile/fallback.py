@@ -58,15 +58,25 @@ def compile_with_fallback(gm: torch.fx.GraphModule, *, report: CompileReport, op
     """``compile_graph``, or with ``options.fallback == "eager"`` a partly eager executable."""
     if options.fallback != "eager":
         return compile_graph(gm, report=report, options=options)
+    from runtime.executor import XlaCompileError
+
     original = _copy(gm)
     if not _blocked_nodes(original, _learned()):
         try:
             return compile_graph(gm, report=report, options=options)
         except LoweringError as exc:
             if not _learn(exc, original):
-                raise
+                return _whole_graph_eager(original, report, f"{exc.op or 'an op'} does not lower ({exc.stage})")
             log.info("%s: %s does not lower; partitioning for eager fallback", report.graph, exc.op)
+        except (XlaCompileError, NotImplementedError) as exc:
+            return _whole_graph_eager(original, report, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
     return _compile_partitioned(original, report, options)
+
+
+def _whole_graph_eager(gm: torch.fx.GraphModule, report: CompileReport, why: str) -> "FallbackExecutable":
+    """No op to blame: the whole graph runs eagerly (reported like a partition that fell back)."""
+    _record_fallback(report, [], [(gm, why)], gm)
+    return FallbackExecutable(gm, {})
 
 
 def learned_ops() -> set[str]:

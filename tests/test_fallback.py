@@ -105,3 +105,18 @@ def test_fallback_training_matches_eager_gradients():
     kinds = {r.kind for r in neuron_compile.compile_reports() if r.fallback}
     assert "forward" in kinds
     assert any("cholesky" in op for r in neuron_compile.compile_reports() for op in r.fallback)
+
+
+def test_xla_rejecting_a_graph_runs_it_eagerly(monkeypatch):
+    from runtime.executor import XlaCompileError
+
+    def rejects(gm, *, report, options):
+        raise XlaCompileError("UNIMPLEMENTED: pretend XLA refused this graph")
+
+    monkeypatch.setattr(fallback, "compile_graph", rejects)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend="neuron", options={"fallback": "eager"})(x), model(x))
+    top = [r for r in neuron_compile.compile_reports() if r.fallback]
+    assert len(top) == 1 and any("pretend XLA refused" in n for n in top[0].notes)
