@@ -14,6 +14,7 @@ it is exactly what this table leaves. Three layers, later ones win:
 from __future__ import annotations
 
 import functools
+import math
 import threading
 
 import torch
@@ -326,6 +327,95 @@ def _topk(x: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorted: 
     if sorted:
         return NotImplemented
     return aten.topk.default(x, k, dim, largest, True)
+
+
+_LANCZOS = (0.99999999999980993, 676.5203681218851, -1259.1392167224028, 771.32342877765313,
+            -176.61502916214059, 12.507343278686905, -0.13857109526572012, 9.9843695780195716e-6,
+            1.5056327351493116e-7)
+
+
+def _lgamma_positive(z: torch.Tensor) -> torch.Tensor:
+    """log Gamma(z) for z >= 0.5 by Lanczos (g=7, 9 terms)."""
+    z = aten.sub.Tensor(z, 1)
+    series = aten.full_like.default(z, _LANCZOS[0])
+    for k, c in enumerate(_LANCZOS[1:], start=1):
+        series = aten.add.Tensor(series, aten.div.Tensor(aten.full_like.default(z, c), aten.add.Tensor(z, k)))
+    t = aten.add.Tensor(z, 7.5)
+    half_log_2pi = 0.9189385332046727
+    return aten.add.Tensor(aten.add.Tensor(aten.sub.Tensor(aten.mul.Tensor(aten.add.Tensor(z, 0.5), aten.log.default(t)), t),
+                                           half_log_2pi), aten.log.default(series))
+
+
+@_ours(aten.lgamma)
+def _lgamma(x: torch.Tensor):
+    # torch-mlir does not lower aten.lgamma (OpInfo lgamma, mvlgamma; Poisson/Gamma losses).
+    # Lanczos for x >= 0.5, the reflection log(pi / |sin(pi x)|) - lgamma(1 - x) below.
+    if not x.dtype.is_floating_point:
+        x = aten._to_copy.default(x, dtype=torch.get_default_dtype())
+    work = aten._to_copy.default(x, dtype=torch.float64) if x.dtype != torch.float64 else x
+    small = aten.lt.Scalar(work, 0.5)
+    safe = aten.where.self(small, aten.rsub.Scalar(work, 1), work)
+    positive = _lgamma_positive(safe)
+    sin = aten.abs.default(aten.sin.default(aten.mul.Tensor(work, math.pi)))
+    reflected = aten.sub.Tensor(aten.log.default(aten.div.Tensor(aten.full_like.default(sin, math.pi), sin)), positive)
+    return aten._to_copy.default(aten.where.self(small, reflected, positive), dtype=x.dtype)
+
+
+def _digamma_positive(z: torch.Tensor) -> torch.Tensor:
+    """psi(z) for z > 0: ten recurrence steps, then the asymptotic series."""
+    shift = aten.zeros_like.default(z)
+    for k in range(10):
+        shift = aten.add.Tensor(shift, aten.reciprocal.default(aten.add.Tensor(z, k)))
+    w = aten.add.Tensor(z, 10)
+    inv2 = aten.reciprocal.default(aten.mul.Tensor(w, w))
+    series = aten.sub.Tensor(aten.log.default(w), aten.div.Tensor(aten.full_like.default(w, 0.5), w))
+    power = inv2
+    for j, b in enumerate(_BERNOULLI, start=1):
+        series = aten.sub.Tensor(series, aten.mul.Tensor(power, b / (2 * j)))
+        power = aten.mul.Tensor(power, inv2)
+    return aten.sub.Tensor(series, shift)
+
+
+@_ours(aten.digamma)
+def _digamma(x: torch.Tensor):
+    # torch-mlir does not lower aten.digamma (OpInfo digamma, polygamma_n_0, lgamma's
+    # backward). Reflection psi(1 - x) - pi / tan(pi x) below 0.5.
+    if not x.dtype.is_floating_point:
+        x = aten._to_copy.default(x, dtype=torch.get_default_dtype())
+    work = aten._to_copy.default(x, dtype=torch.float64)
+    small = aten.lt.Scalar(work, 0.5)
+    positive = _digamma_positive(aten.where.self(small, aten.rsub.Scalar(work, 1), work))
+    cot = aten.div.Tensor(aten.full_like.default(work, math.pi), aten.tan.default(aten.mul.Tensor(work, math.pi)))
+    return aten._to_copy.default(aten.where.self(small, aten.sub.Tensor(positive, cot), positive), dtype=x.dtype)
+
+
+_BERNOULLI = (1 / 6, -1 / 30, 1 / 42, -1 / 30, 5 / 66)  # B2, B4, ..., B10
+
+
+@_ours(aten.polygamma)
+def _polygamma(n: int, x: torch.Tensor):
+    # torch-mlir does not lower aten.polygamma (OpInfo polygamma_n_*): n = 0 is digamma;
+    # n >= 1 is (-1)^(n+1) n! zeta(n+1, x), summed directly over ten shifts and by
+    # Euler-Maclaurin beyond (for x > 0; poles and negative x are left to the formula).
+    if n == 0:
+        return aten.digamma.default(x)
+    if not x.dtype.is_floating_point:
+        x = aten._to_copy.default(x, dtype=torch.get_default_dtype())
+    z = aten._to_copy.default(x, dtype=torch.float64)
+    s = n + 1
+    total = aten.zeros_like.default(z)
+    for k in range(10):
+        total = aten.add.Tensor(total, aten.pow.Tensor_Scalar(aten.add.Tensor(z, k), -s))
+    w = aten.add.Tensor(z, 10)
+    tail = aten.add.Tensor(aten.div.Tensor(aten.pow.Tensor_Scalar(w, 1 - s), s - 1),
+                           aten.mul.Tensor(aten.pow.Tensor_Scalar(w, -s), 0.5))
+    rising = float(s)  # s (s+1) ... (s+2j-2)
+    for j, b in enumerate(_BERNOULLI, start=1):
+        term = b / math.factorial(2 * j) * rising
+        tail = aten.add.Tensor(tail, aten.mul.Tensor(aten.pow.Tensor_Scalar(w, -s - 2 * j + 1), term))
+        rising *= (s + 2 * j - 1) * (s + 2 * j)
+    zeta = aten.add.Tensor(total, tail)
+    return aten._to_copy.default(aten.mul.Tensor(zeta, (-1) ** (n + 1) * math.factorial(n)), dtype=x.dtype)
 
 
 def _arange(n: int, like: torch.Tensor) -> torch.Tensor:

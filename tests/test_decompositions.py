@@ -185,3 +185,13 @@ def test_scatter_with_reduce_and_int32_index():
 def test_unsorted_topk():
     # deepseek_v3 routes expert groups with topk(sorted=False); any order is valid, compare sorted
     check(lambda x: torch.topk(x, 3, dim=-1, sorted=False)[0].sort(dim=-1)[0], torch.randn(6, 8))
+
+
+def test_lgamma_digamma_polygamma():
+    # none of them lowers in torch-mlir; series and reflection formulas in float64
+    x = torch.cat([torch.rand(40) * 20 + 0.01, -torch.rand(10) * 5 - 0.05, torch.tensor([1.0, 2.0, 0.5])])
+    check(torch.lgamma, x, grad=True, rtol=1e-4, atol=1e-4)
+    check(torch.digamma, x, rtol=1e-4, atol=1e-4)
+    positive = x.abs() + 0.01
+    check(lambda x: (torch.polygamma(1, x), torch.polygamma(3, x), torch.mvlgamma(x + 3, 3)), positive,
+          rtol=1e-4, atol=1e-4)
