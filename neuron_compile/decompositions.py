@@ -418,6 +418,90 @@ def _polygamma(n: int, x: torch.Tensor):
     return aten._to_copy.default(aten.mul.Tensor(zeta, (-1) ** (n + 1) * math.factorial(n)), dtype=x.dtype)
 
 
+# Small ops torch-mlir has no StableHLO lowering for, each written with ops it has
+# (OpInfo's long tail: one OpInfo entry each).
+@_ours(aten.hypot)
+def _hypot(a, b):
+    return aten.sqrt.default(aten.add.Tensor(aten.mul.Tensor(a, a), aten.mul.Tensor(b, b)))
+
+
+@_ours(aten.fmax)
+def _fmax(a, b):
+    # max that ignores a NaN operand (NaN only when both are)
+    return aten.where.self(aten.isnan.default(b), a, aten.where.self(aten.isnan.default(a), b, aten.maximum.default(a, b)))
+
+
+@_ours(aten.fmin)
+def _fmin(a, b):
+    return aten.where.self(aten.isnan.default(b), a, aten.where.self(aten.isnan.default(a), b, aten.minimum.default(a, b)))
+
+
+@_ours(aten.narrow_copy)
+def _narrow_copy(x, dim: int, start: int, length: int):
+    return aten.clone.default(aten.slice.Tensor(x, dim, start, start + length))
+
+
+@_ours(aten.view_copy.default)
+def _view_copy(x, size):
+    return aten.clone.default(aten.view.default(x, size))
+
+
+@_ours(aten.permute_copy)
+def _permute_copy(x, dims):
+    return aten.clone.default(aten.permute.default(x, dims))
+
+
+@_ours(aten.unbind_copy.int)
+def _unbind_copy(x, dim: int = 0):
+    return [aten.clone.default(aten.select.int(x, dim, i)) for i in range(x.shape[dim])]
+
+
+@_ours(aten.dist)
+def _dist(a, b, p=2):
+    return aten.linalg_vector_norm.default(aten.sub.Tensor(a, b), p)
+
+
+def _cumulative_extreme(x: torch.Tensor, dim: int, largest: bool):
+    """(values, indices) of a running max/min along dim: a triangular mask, the last extreme's index."""
+    if x.dim() == 0:
+        return aten.clone.default(x), aten.zeros_like.default(x, dtype=torch.int64)
+    dim = dim % x.dim()
+    n = x.shape[dim]
+    y = aten.movedim.int(x, dim, -1)
+    grid = aten.expand.default(aten.unsqueeze.default(y, -2), list(y.shape[:-1]) + [n, n])  # [..., i, j] = y[j]
+    idx = _arange(n, x)
+    upto = aten.le.Tensor(aten.unsqueeze.default(idx, 0), aten.unsqueeze.default(idx, 1))  # j <= i
+    if x.dtype.is_floating_point:
+        fill = float("-inf") if largest else float("inf")
+    elif x.dtype == torch.bool:
+        fill = not largest
+    else:
+        info = torch.iinfo(x.dtype)
+        fill = info.min if largest else info.max
+    masked = aten.where.self(upto, grid, aten.full_like.default(grid, fill))
+    values = aten.amax.default(masked, [-1]) if largest else aten.amin.default(masked, [-1])
+    hits = aten.logical_and.default(upto, aten.eq.Tensor(grid, aten.unsqueeze.default(values, -1)))
+    if x.dtype.is_floating_point:  # a NaN is the extreme from where it appears on
+        nan_seen = aten.any.dim(aten.logical_and.default(upto, aten.isnan.default(grid)), -1)
+        values = aten.where.self(nan_seen, aten.full_like.default(values, float("nan")), values)
+        hits = aten.where.self(aten.unsqueeze.default(nan_seen, -1),
+                               aten.logical_and.default(upto, aten.isnan.default(grid)), hits)
+    position = aten.where.self(hits, aten.expand.default(idx, list(hits.shape)), aten.full_like.default(
+        aten.expand.default(idx, list(hits.shape)), -1))
+    indices = aten.amax.default(position, [-1])  # ATen reports the last position reaching the extreme
+    return aten.movedim.int(values, -1, dim), aten.movedim.int(indices, -1, dim)
+
+
+@_ours(aten.cummax)
+def _cummax(x, dim: int):
+    return _cumulative_extreme(x, dim, True)
+
+
+@_ours(aten.cummin)
+def _cummin(x, dim: int):
+    return _cumulative_extreme(x, dim, False)
+
+
 def _arange(n: int, like: torch.Tensor) -> torch.Tensor:
     return aten.arange.start_step(0, n, 1, dtype=torch.int64, device=like.device)
 

@@ -195,3 +195,17 @@ def test_lgamma_digamma_polygamma():
     positive = x.abs() + 0.01
     check(lambda x: (torch.polygamma(1, x), torch.polygamma(3, x), torch.mvlgamma(x + 3, 3)), positive,
           rtol=1e-4, atol=1e-4)
+
+
+def test_long_tail_small_ops():
+    a, b = torch.randn(4, 5), torch.randn(4, 5)
+    b[0, 0] = float("nan")
+    check(lambda a, b: (torch.hypot(a, b), torch.fmax(a, b), torch.fmin(a, b), torch.dist(a, b.nan_to_num()),
+                        torch.narrow_copy(a, 1, 1, 3), torch.permute_copy(a, (1, 0)), torch.unbind_copy(a, 1)[2]),
+          a, b, equal_nan=True)
+
+
+def test_cummax_cummin():
+    x = torch.randint(0, 4, (3, 7)).float()  # ties: the last index reaching the extreme, as in ATen
+    check(lambda x: (torch.cummax(x, 1), torch.cummin(x, 0)), x)
+    check(lambda x: torch.cummax(x, 0), torch.randint(-5, 5, (6,)))
