@@ -83,3 +83,19 @@ def test_five_adamw_steps_of_tiny_llama_follow_eager():
             losses.append(loss.item())
     assert theirs[-1] < theirs[0]  # it trains
     torch.testing.assert_close(torch.tensor(ours), torch.tensor(theirs), rtol=1e-4, atol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gpt2", "llama", "qwen3", "bert"])
+def test_neuron_profile_pads_matmuls_and_fuses_attention(name):
+    """With the hardware's `neuron` profile: attention regions, padded matmuls, and still eager's numbers."""
+    model = build(name).eval()
+    ids = torch.randint(0, VOCAB, (2, 16))
+    compiled = torch.compile(model, backend="neuron", options={"passes": "neuron"})
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(input_ids=ids).logits, model(input_ids=ids).logits,
+                                   rtol=1e-4, atol=1e-4)
+    (report,) = [r for r in neuron_compile.compile_reports() if r.kind == "inference"]
+    stats = {p.name: p for p in report.passes}
+    assert stats["pad-to-multiple"].fired > 0  # 64-wide matmuls padded to the 128 partitions
+    assert stats["fuse"].details["regions"].get("attention", 0) == 2  # one per layer
