@@ -502,6 +502,43 @@ def _cummin(x, dim: int):
     return _cumulative_extreme(x, dim, False)
 
 
+def _variance(x: torch.Tensor, dim, correction, keepdim: bool):
+    """(var, mean) with eager's edge: no degrees of freedom left (N <= correction) gives NaN.
+
+    torch-mlir's lowering divided by max(N - correction, 0) as if it were 1 (OpInfo
+    var/std(_mean).unbiased of one element gave -0 where eager gives NaN).
+    """
+    dims = list(range(x.dim())) if dim is None or len(dim) == 0 else [d % max(x.dim(), 1) for d in dim]
+    n = 1
+    for d in dims:
+        n *= x.shape[d]
+    c = 1 if correction is None else correction
+    mean = aten.mean.dim(x, dims, True)
+    centered = aten.sub.Tensor(x, mean)
+    total = aten.sum.dim_IntList(aten.mul.Tensor(centered, centered), dims, keepdim)
+    var = aten.div.Tensor(total, max(n - c, 0))
+    return var, mean if keepdim else aten.view.default(mean, list(var.shape))
+
+
+def _real_float(fn):
+    def decomposition(x, *args, **kwargs):
+        if not x.dtype.is_floating_point:
+            return NotImplemented
+        return fn(x, *args, **kwargs)
+    return decomposition
+
+
+_OURS[aten.var.correction] = _real_float(
+    lambda x, dim=None, *, correction=None, keepdim=False: _variance(x, dim, correction, keepdim)[0])
+_OURS[aten.std.correction] = _real_float(
+    lambda x, dim=None, *, correction=None, keepdim=False: aten.sqrt.default(_variance(x, dim, correction, keepdim)[0]))
+_OURS[aten.var_mean.correction] = _real_float(
+    lambda x, dim=None, *, correction=None, keepdim=False: _variance(x, dim, correction, keepdim))
+_OURS[aten.std_mean.correction] = _real_float(
+    lambda x, dim=None, *, correction=None, keepdim=False: (
+        aten.sqrt.default(_variance(x, dim, correction, keepdim)[0]), _variance(x, dim, correction, keepdim)[1]))
+
+
 def _arange(n: int, like: torch.Tensor) -> torch.Tensor:
     return aten.arange.start_step(0, n, 1, dtype=torch.int64, device=like.device)
 

@@ -7,6 +7,7 @@ entry that hits it is in the decomposition's comment.
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._pytree import tree_flatten
 
 
 def compiled(fn):
@@ -24,9 +25,9 @@ def check(fn, *args, grad=False, **tol):
     torch.testing.assert_close(got, ref, **tol)
     if grad:
         gen = torch.Generator().manual_seed(0)
-        outs = [ref] if isinstance(ref, torch.Tensor) else [o for o in ref if o.is_floating_point()]
+        outs = [o for o in tree_flatten(ref)[0] if o.is_floating_point()]
         weights = [torch.randn(o.shape, generator=gen) for o in outs]
-        got_outs = [got] if isinstance(got, torch.Tensor) else [o for o in got if o.is_floating_point()]
+        got_outs = [o for o in tree_flatten(got)[0] if o.is_floating_point()]
         sum((o * w).sum() for o, w in zip(outs, weights)).backward()
         sum((o * w).sum() for o, w in zip(got_outs, weights)).backward()
         for r, g in zip(ref_args, got_args):
@@ -209,3 +210,11 @@ def test_cummax_cummin():
     x = torch.randint(0, 4, (3, 7)).float()  # ties: the last index reaching the extreme, as in ATen
     check(lambda x: (torch.cummax(x, 1), torch.cummin(x, 0)), x)
     check(lambda x: torch.cummax(x, 0), torch.randint(-5, 5, (6,)))
+
+
+def test_variance_and_its_edges():
+    x = torch.randn(4, 6)
+    check(lambda x: (torch.var(x, 1), torch.std(x, 0, keepdim=True), torch.var_mean(x, correction=0),
+                     torch.std_mean(x, (0, 1))), x, grad=True, rtol=1e-5, atol=1e-5)
+    # one element, one degree of freedom taken: NaN as in eager
+    check(lambda x: (torch.var(x), torch.std_mean(x)), torch.randn(1), equal_nan=True)
