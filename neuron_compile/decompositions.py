@@ -218,7 +218,12 @@ def _remainder(a: torch.Tensor, b: torch.Tensor):
 
 @_ours(aten.remainder.Scalar)
 def _remainder_scalar(a: torch.Tensor, b):
-    return _python_remainder(a, aten.scalar_tensor.default(b, dtype=torch.result_type(a, b), device=a.device))
+    # The divisor's sign is known here: no comparison of a constant (torch-mlir folds
+    # lt(scalar_tensor(1.5), 0) to true).
+    divisor = aten.scalar_tensor.default(b, dtype=torch.result_type(a, b), device=a.device)
+    r = aten.fmod.Tensor(a, divisor)
+    wrong_sign = aten.gt.Scalar(r, 0) if b < 0 else aten.lt.Scalar(r, 0)
+    return aten.where.self(wrong_sign, aten.add.Tensor(r, divisor), r)
 
 
 @_ours(aten.remainder.Scalar_Tensor)

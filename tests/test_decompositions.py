@@ -146,7 +146,7 @@ def test_negative_indices_in_index_put():
 
 def test_remainder_takes_the_divisors_sign():
     a, b = torch.randn(20) * 5, torch.randn(20)
-    check(lambda a, b: (torch.remainder(a, b), a % -1.5, 7 % b), a, b)
+    check(lambda a, b: (torch.remainder(a, b), a % -1.5, a % 1.5, 7 % b), a, b)
     check(lambda a, b: torch.remainder(a, b), torch.randint(-9, 9, (20,)), torch.tensor([3, -4] * 10))
 
 
