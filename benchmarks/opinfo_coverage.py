@@ -1,0 +1,624 @@
+"""Op coverage of the ``neuron`` backend against PyTorch's OpInfo database.
+
+Every entry of ``torch.testing._internal.common_methods_invocations.op_db``
+(702 in torch 2.13) with its own sample inputs, through
+``torch.compile(fn, backend="neuron", fullgraph=True)`` against eager:
+forward in float32 (and bfloat16, int64, bool where the op supports them),
+and backward in float32 where the op supports autograd. Each sample is one of
+
+    pass            compiled result equals eager's (assert_close)
+    mismatch        it ran, the numbers differ (the error is kept)
+    does-not-lower  LoweringError: Torch-MLIR has no StableHLO for an ATen op
+    xla-rejects     XlaCompileError: the StableHLO did not compile on XLA
+    graph-break     fullgraph capture failed in Dynamo; without fullgraph the
+                    result is correct (the op just runs outside our graph)
+    crash           anything else: an exception in our backend, a segfault,
+                    a timeout (the worker process is restarted after it)
+
+Samples whose eager run raises, and values with no defined content (``empty``,
+random ops: compared by shape and dtype only), are noted, not counted as
+failures. Per (op, dtype, direction) at most ``--max-samples`` samples are
+taken, the first ones OpInfo generates.
+
+Isolation: samples run in a worker subprocess (a segfault in a native library
+is a ``crash``, not the end of the run); ``torch._dynamo.reset()`` before each
+sample, so recompile limits never interfere. Raw results are appended to a
+JSONL file as they come, so a run is resumable (``--resume``) and chunkable
+(``--chunk 2/8``); ``--table`` rebuilds ``benchmarks/results/opinfo.{md,json}``
+and ``--write-passing tests/opinfo_passing.json`` the list the CI subset pins.
+
+    nice -n 10 python benchmarks/opinfo_coverage.py --resume            # everything
+    python benchmarks/opinfo_coverage.py --ops add,sin,histc --table-to /tmp/x
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import selectors
+import subprocess
+import sys
+import time
+import traceback
+from collections import Counter, defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+# Raw per-sample records (about 2 MB for a full run): outside the repository, so a run resumes
+# across invocations on one machine; --raw puts them elsewhere.
+RAW = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "neuron_compile" / "opinfo.jsonl"
+
+STATUSES = ("pass", "mismatch", "does-not-lower", "xla-rejects", "graph-break", "crash")
+DTYPES = ("float32", "bfloat16", "int64", "bool")
+# Values with no defined content: compared by shape and dtype only.
+UNDEFINED_VALUES = ("empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided", "empty_permuted",
+                    "bernoulli", "normal", "uniform", "multinomial", "randn", "randn_like", "rand_like",
+                    "randint", "randint_like", "nn.functional.dropout", "nn.functional.dropout2d",
+                    "nn.functional.dropout3d", "nn.functional.alpha_dropout", "nn.functional.feature_alpha_dropout",
+                    "nn.functional.rrelu", "cauchy", "exponential", "geometric", "log_normal",
+                    "torch.empty", "torch.randn")
+TOLERANCES = {"float32": dict(rtol=1e-4, atol=1e-4), "bfloat16": dict(rtol=1.6e-2, atol=1e-2)}
+
+
+def full_name(op) -> str:
+    return op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+
+
+# --------------------------------------------------------------------------- worker
+
+
+def _classify(exc: BaseException) -> tuple[str, str]:
+    """Walk an exception's chain (Dynamo wraps backend errors) to a status and a short message."""
+    import torch._dynamo.exc as dexc
+
+    from neuron_compile.lowering import LoweringError
+    from runtime.executor import XlaCompileError
+
+    seen, todo = set(), [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, LoweringError):
+            return "does-not-lower", f"{e.op or '?'} [{e.stage}]"
+        if isinstance(e, XlaCompileError):
+            return "xla-rejects", _first_line(e)
+        todo += [getattr(e, "inner_exception", None), e.__cause__, e.__context__]
+    if isinstance(exc, (dexc.Unsupported, dexc.UserError)):
+        return "graph-break", _first_line(exc)
+    inner = exc
+    while getattr(inner, "inner_exception", None) is not None or inner.__cause__ is not None:
+        inner = getattr(inner, "inner_exception", None) or inner.__cause__
+    return "crash", f"{type(inner).__name__}: {_first_line(inner)}"
+
+
+def _first_line(exc) -> str:
+    text = str(exc).strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    return (lines[0] if lines else type(exc).__name__)[:300]
+
+
+def _compare(got, ref, dtype_name: str, shape_only: bool):
+    """assert_close over pytrees of outputs; raises AssertionError with the difference."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    got_leaves, got_spec = tree_flatten(got)
+    ref_leaves, ref_spec = tree_flatten(ref)
+    if got_spec != ref_spec:
+        raise AssertionError(f"output structure {got_spec} != eager's {ref_spec}")
+    tol = TOLERANCES.get(dtype_name, dict(rtol=0, atol=0))
+    for g, r in zip(got_leaves, ref_leaves):
+        if isinstance(r, torch.Tensor):
+            if not isinstance(g, torch.Tensor):
+                raise AssertionError(f"got {type(g).__name__}, eager gave a tensor")
+            if shape_only:
+                if g.shape != r.shape or g.dtype != r.dtype:
+                    raise AssertionError(f"shape/dtype {g.shape}/{g.dtype} != eager's {r.shape}/{r.dtype}")
+                continue
+            if r.dtype.is_complex or g.dtype.is_complex:
+                torch.testing.assert_close(g, r, equal_nan=True, **tol)
+                continue
+            rt, at = tol["rtol"], tol["atol"]
+            if r.dtype in (torch.float16, torch.bfloat16) or g.dtype in (torch.float16, torch.bfloat16):
+                rt, at = max(rt, 1.6e-2), max(at, 1e-2)
+            torch.testing.assert_close(g, r, rtol=rt, atol=at, equal_nan=True)
+        elif g != r and not (isinstance(r, float) and r != r and g != g):
+            raise AssertionError(f"{g!r} != eager's {r!r}")
+
+
+def _split(sample):
+    """Tensor leaves of (input, args, kwargs) become graph inputs; the rest is baked into a closure.
+
+    Only plain lists, tuples and dicts are walked (a torch.Size stays a leaf: rebuilding
+    one inside the compiled function is a Dynamo graph break of the harness's own).
+    """
+    import torch
+
+    tensors = []
+
+    def collect(obj):
+        if type(obj) in (list, tuple):
+            for x in obj:
+                collect(x)
+        elif type(obj) is dict:
+            for x in obj.values():
+                collect(x)
+        elif isinstance(obj, torch.Tensor):
+            tensors.append(obj)
+
+    def fill(obj, it):
+        if type(obj) in (list, tuple):
+            return type(obj)(fill(x, it) for x in obj)
+        if type(obj) is dict:
+            return {k: fill(v, it) for k, v in obj.items()}
+        if isinstance(obj, torch.Tensor):
+            return next(it)
+        return obj
+
+    template = (sample.input, list(sample.args), dict(sample.kwargs))
+    collect(template)
+
+    def rebuild(flat_tensors):
+        return fill(template, iter(flat_tensors))
+
+    return tensors, rebuild
+
+
+def _make_fn(op, rebuild):
+    def fn(*tensors):
+        inp, args, kwargs = rebuild(tensors)
+        return op.op(inp, *args, **kwargs)
+
+    return fn
+
+
+def _run_forward(op, sample, dtype_name, shape_only):
+    import torch
+
+    tensors, rebuild = _split(sample)
+    fn = _make_fn(op, rebuild)
+    try:
+        ref = fn(*[t.clone() for t in tensors])
+    except Exception as exc:
+        return "eager-error", _first_line(exc)
+    torch._dynamo.reset()
+    try:
+        got = torch.compile(fn, backend="neuron", fullgraph=True)(*[t.clone() for t in tensors])
+    except Exception as exc:
+        status, msg = _classify(exc)
+        if status != "crash" or not _is_graph_break(exc):
+            return status, msg
+        status, msg = "graph-break", _first_line(exc)
+    else:
+        try:
+            _compare(got, ref, dtype_name, shape_only)
+            return "pass", ""
+        except AssertionError as exc:
+            return "mismatch", " ".join(str(exc).split())[:300]
+    # fullgraph failed in Dynamo: is the result right with the graph broken?
+    torch._dynamo.reset()
+    try:
+        got = torch.compile(fn, backend="neuron")(*[t.clone() for t in tensors])
+        _compare(got, ref, dtype_name, shape_only)
+        return "graph-break", msg
+    except AssertionError as exc:
+        return "mismatch", "after graph break: " + " ".join(str(exc).split())[:280]
+    except Exception as exc:
+        return _classify(exc)
+
+
+def _is_graph_break(exc) -> bool:
+    import torch._dynamo.exc as dexc
+
+    e = exc
+    while e is not None:
+        if isinstance(e, (dexc.Unsupported, dexc.UserError)):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _run_backward(op, sample, shape_only):
+    """Gradients of sum(out * w) with respect to every input that requires grad."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    tensors, rebuild = _split(sample)
+    fn = _make_fn(op, rebuild)
+
+    def fresh():
+        return [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
+
+    def grads(call, inputs):
+        out = call(*inputs)
+        leaves = [o for o in tree_flatten(out)[0]
+                  if isinstance(o, torch.Tensor) and o.requires_grad and o.dtype.is_floating_point]
+        wanted = [t for t in inputs if t.requires_grad]
+        if not leaves or not wanted:
+            return None
+        gen = torch.Generator().manual_seed(0)
+        loss = sum((o * torch.randn(o.shape, generator=gen, dtype=o.dtype)).sum() for o in leaves)
+        return torch.autograd.grad(loss, wanted, allow_unused=True)
+
+    try:
+        ref = grads(fn, fresh())
+    except Exception as exc:
+        return "eager-error", _first_line(exc)
+    if ref is None:
+        return "no-grad", ""
+    torch._dynamo.reset()
+    try:
+        got = grads(torch.compile(fn, backend="neuron", fullgraph=True), fresh())
+    except Exception as exc:
+        status, msg = _classify(exc)
+        if status == "crash" and _is_graph_break(exc):
+            return "graph-break", msg
+        return status, msg
+    try:
+        _compare(got, ref, "float32", shape_only)
+        return "pass", ""
+    except AssertionError as exc:
+        return "mismatch", " ".join(str(exc).split())[:300]
+
+
+def _jobs(op, dtypes, max_samples, backward):
+    """(dtype, direction) pairs this op is run with."""
+    import torch
+
+    supported = op.supported_dtypes("cpu")
+    jobs = []
+    for name in dtypes:
+        dtype = getattr(torch, name)
+        if dtype in supported:
+            jobs.append((name, "forward"))
+    if backward and op.supports_autograd and torch.float32 in op.supported_backward_dtypes("cpu") \
+            and "float32" in dtypes:
+        jobs.append(("float32", "backward"))
+    return jobs
+
+
+def _random_sample(op, sample) -> bool:
+    """Samples of deterministic ops that ask for randomness (dropout_p > 0, attention in training)."""
+    kwargs = sample.kwargs
+    if isinstance(kwargs.get("dropout_p"), float) and kwargs["dropout_p"] > 0:
+        return True
+    return "attention" in op.name and kwargs.get("training") is True
+
+
+def ops_by_name() -> dict:
+    """op_db by full name, ready for Dynamo (the harness and tests/test_opinfo_subset.py use this)."""
+    import torch.testing._internal.common_methods_invocations as cmi
+
+    # OpInfo wraps random ops in wrapper_set_seed (fork_rng + manual_seed), which Dynamo
+    # cannot trace: a graph break of the test's own. Their values are compared by shape
+    # and dtype only, so the seed does not matter: call the op directly.
+    cmi.wrapper_set_seed = lambda op, *args, **kwargs: op(*args, **kwargs)
+    return {full_name(op): op for op in cmi.op_db}
+
+
+def is_shape_only(op, sample) -> bool:
+    """Compare by shape and dtype only: ops with undefined values, and random samples."""
+    return op.name in UNDEFINED_VALUES or any(s in op.name for s in ("dropout", "rand")) or _random_sample(op, sample)
+
+
+def worker(names: list[str], dtypes, max_samples: int, backward: bool, skip: set) -> None:
+    """Run ops; one JSON line per event on stdout (begin of a sample, its result, end of an op)."""
+    import warnings
+
+    import torch
+    import torch._dynamo
+
+    import neuron_compile
+
+    warnings.filterwarnings("ignore")
+    torch._dynamo.config.recompile_limit = 1 << 20
+    torch._dynamo.config.accumulated_recompile_limit = 1 << 20
+    torch._logging.set_logs(dynamo=50, aot=50, inductor=50)
+    import logging
+    logging.getLogger("torch").setLevel(logging.CRITICAL)
+    by_name = ops_by_name()
+
+    def emit(**record):
+        sys.stdout.write(json.dumps(record) + "\n")
+        sys.stdout.flush()
+
+    for name in names:
+        op = by_name[name]
+        shape_only = op.name in UNDEFINED_VALUES or any(s in op.name for s in ("dropout", "rand"))
+        for dtype_name, direction in _jobs(op, dtypes, max_samples, backward):
+            dtype = getattr(torch, dtype_name)
+            torch.manual_seed(0)
+            try:
+                samples = op.sample_inputs("cpu", dtype, requires_grad=direction == "backward")
+                samples = [s for _, s in zip(range(max_samples), samples)]
+            except Exception as exc:
+                emit(kind="note", op=name, dtype=dtype_name, direction=direction,
+                     note=f"sample_inputs failed: {_first_line(exc)}")
+                continue
+            for index, sample in enumerate(samples):
+                key = f"{dtype_name}:{direction}:{index}"
+                random = _random_sample(op, sample)
+                if f"{name}|{key}" in skip:
+                    continue
+                emit(kind="begin", op=name, key=key)
+                start = time.perf_counter()
+                neuron_compile.reset()
+                try:
+                    if direction == "forward":
+                        status, msg = _run_forward(op, sample, dtype_name, shape_only or random)
+                    else:
+                        status, msg = _run_backward(op, sample, shape_only or random)
+                except Exception as exc:  # the harness itself must not die on one sample
+                    status, msg = "crash", f"harness: {type(exc).__name__}: {_first_line(exc)}"
+                    traceback.print_exc(file=sys.stderr)
+                emit(kind="sample", op=name, dtype=dtype_name, direction=direction, index=index, status=status,
+                     error=msg, seconds=round(time.perf_counter() - start, 3),
+                     shape_only=(shape_only or random) or None)
+        emit(kind="done", op=name)
+    torch._dynamo.reset()
+
+
+# --------------------------------------------------------------------------- supervisor
+
+
+def all_op_names() -> list[str]:
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    return [full_name(op) for op in op_db]
+
+
+def load_raw(path: Path, *more: Path) -> tuple[dict, set]:
+    """Sample records by op and the set of ops finished, from JSONL files (later records win)."""
+    samples, done = defaultdict(dict), set()
+    for one in (path, *more):
+        if not one.exists():
+            continue
+        for line in one.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if rec["kind"] == "sample":
+                samples[rec["op"]][f"{rec['dtype']}:{rec['direction']}:{rec['index']}"] = rec
+            elif rec["kind"] == "done":
+                done.add(rec["op"])
+            elif rec["kind"] == "note":
+                samples[rec["op"]].setdefault("notes", []).append(rec)
+    return samples, done
+
+
+def supervise(names, args, raw: Path) -> None:
+    """Feed ops to worker processes; a dead or stuck worker costs one sample (a crash), then restarts."""
+    raw.parent.mkdir(parents=True, exist_ok=True)
+    samples, done = load_raw(raw)
+    todo = [n for n in names if n not in done] if args.resume else list(names)
+    skip = {f"{op}|{key}" for op, recs in samples.items() for key in recs if key != "notes"} if args.resume else set()
+    env = dict(os.environ)
+    env.setdefault("NEURON_COMPILE_CACHE", "0")
+    env["PYTHONPATH"] = str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")
+    started = time.time()
+    total = len(todo)
+    with raw.open("a") as out:
+        while todo:
+            cmd = [sys.executable, __file__, "--worker", "--dtypes", ",".join(args.dtypes),
+                   "--max-samples", str(args.max_samples), "--ops", ",".join(todo)]
+            if not args.backward:
+                cmd.append("--no-backward")
+            skip_file = raw.with_suffix(".skip")
+            skip_file.write_text("\n".join(sorted(skip)))
+            cmd += ["--skip-file", str(skip_file)]
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL if not args.verbose else None,
+                                    text=True, env=env, cwd=str(HERE.parent))
+            sel = selectors.DefaultSelector()
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            current, deadline = None, time.time() + args.timeout
+            while True:
+                if not sel.select(timeout=max(0.1, deadline - time.time())):
+                    if time.time() >= deadline:
+                        proc.kill()
+                        proc.wait()
+                        break
+                    continue
+                line = proc.stdout.readline()
+                if not line:
+                    proc.wait()
+                    break
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if rec["kind"] == "begin":
+                    current = rec
+                    deadline = time.time() + args.timeout
+                    continue
+                out.write(line)
+                out.flush()
+                if rec["kind"] == "sample":
+                    skip.add(f"{rec['op']}|{rec['dtype']}:{rec['direction']}:{rec['index']}")
+                    current = None
+                    if args.verbose:
+                        print(f"  {rec['op']} {rec['dtype']} {rec['direction']} #{rec['index']}: {rec['status']} "
+                              f"{rec['error'][:100]}", flush=True)
+                if rec["kind"] == "done":
+                    todo.remove(rec["op"])
+                    n = total - len(todo)
+                    print(f"[{n}/{total} {time.time() - started:.0f}s] {rec['op']}", flush=True)
+            sel.close()
+            if current is not None:
+                # the worker died (or hung) inside a sample: that sample crashed
+                dtype, direction, index = current["key"].split(":")
+                why = "timeout" if time.time() >= deadline else f"worker died (exit {proc.returncode})"
+                rec = dict(kind="sample", op=current["op"], dtype=dtype, direction=direction, index=int(index),
+                           status="crash", error=why, seconds=None)
+                out.write(json.dumps(rec) + "\n")
+                out.flush()
+                skip.add(f"{current['op']}|{current['key']}")
+                print(f"  {current['op']} {current['key']}: crash ({why})", flush=True)
+            elif proc.returncode not in (0, None) and todo:
+                # died between samples (e.g. while generating them): give up on that op
+                op = todo.pop(0)
+                out.write(json.dumps(dict(kind="note", op=op, dtype="", direction="",
+                                          note=f"worker died outside a sample (exit {proc.returncode})")) + "\n")
+                out.write(json.dumps(dict(kind="done", op=op)) + "\n")
+                out.flush()
+
+
+# --------------------------------------------------------------------------- table
+
+
+def summarize(raw: Path, *more: Path) -> dict:
+    samples, done = load_raw(raw, *more)
+    per_op = {}
+    totals = defaultdict(Counter)  # "float32 forward" -> status counts
+    ops_totals = defaultdict(Counter)  # per job: ops where every sample passes
+    failures = defaultdict(Counter)  # status -> message counts (float32 forward)
+    for op in sorted(samples):
+        jobs = defaultdict(Counter)
+        errors = defaultdict(list)
+        for key, rec in samples[op].items():
+            if key == "notes":
+                continue
+            job = f"{rec['dtype']} {rec['direction']}"
+            jobs[job][rec["status"]] += 1
+            if rec["status"] not in ("pass", "eager-error", "no-grad"):
+                errors[job].append(f"{rec['status']}: {rec['error']}")
+                if job == "float32 forward":
+                    failures[rec["status"]][_failure_key(rec)] += 1
+        for job, counts in jobs.items():
+            totals[job].update(counts)
+            counted = sum(counts[s] for s in STATUSES)
+            if counted:
+                ops_totals[job]["ops"] += 1
+                ops_totals[job]["all pass"] += counts["pass"] == counted
+        per_op[op] = {
+            "jobs": {job: dict(c) for job, c in sorted(jobs.items())},
+            "errors": {job: sorted(set(e))[:3] for job, e in errors.items()},
+            "notes": [n["note"] for n in samples[op].get("notes", [])],
+        }
+    return {"ops": per_op, "totals": {job: dict(c) for job, c in totals.items()},
+            "ops_totals": {job: dict(c) for job, c in ops_totals.items()},
+            "float32_forward_failures": {s: dict(c.most_common()) for s, c in failures.items()},
+            "ops_done": len(done)}
+
+
+def _failure_key(rec) -> str:
+    if rec["status"] == "does-not-lower":
+        return rec["error"].split(" [")[0]
+    return rec["error"][:80]
+
+
+def _rate(counts: dict) -> str:
+    counted = sum(counts.get(s, 0) for s in STATUSES)
+    return f"{counts.get('pass', 0)}/{counted} ({100 * counts.get('pass', 0) / max(counted, 1):.1f}%)"
+
+
+def write_table(summary: dict, out_dir: Path, meta: dict) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "opinfo.json").write_text(json.dumps({"meta": meta, **summary}, indent=1, sort_keys=True) + "\n")
+    lines = ["# OpInfo coverage of the `neuron` backend", "",
+             f"Generated by `benchmarks/opinfo_coverage.py` ({meta.get('note', '')}). "
+             f"{summary['ops_done']} of {meta.get('op_db', '?')} OpInfo entries run; at most "
+             f"{meta.get('max_samples')} samples per op, dtype and direction (the first ones OpInfo generates). "
+             "Statuses: pass, mismatch, does-not-lower (LoweringError), xla-rejects (XlaCompileError), "
+             "graph-break (fullgraph capture fails in Dynamo, result correct without it), crash. "
+             "Samples whose eager run raises are left out.", "",
+             "## Totals (samples)", "",
+             "| job | pass rate | " + " | ".join(STATUSES[1:]) + " | ops all-pass |",
+             "| --- | --- | " + " | ".join("---" for _ in STATUSES[1:]) + " | --- |"]
+    for job in sorted(summary["totals"], key=lambda j: (j.split()[1], DTYPES.index(j.split()[0]))):
+        c = summary["totals"][job]
+        o = summary["ops_totals"].get(job, {})
+        lines.append(f"| {job} | {_rate(c)} | " + " | ".join(str(c.get(s, 0)) for s in STATUSES[1:])
+                     + f" | {o.get('all pass', 0)}/{o.get('ops', 0)} |")
+    lines += ["", "## float32 forward failures by cause", "", "| status | cause | samples |", "| --- | --- | --- |"]
+    for status, causes in summary["float32_forward_failures"].items():
+        for cause, n in list(causes.items())[:25]:
+            lines.append(f"| {status} | {cause.replace('|', '/')} | {n} |")
+    lines += ["", "## Per op", "", "Counts per job as pass/counted; the first error of each failing job.", "",
+              "| op | " + " | ".join(f"{d} fw" for d in DTYPES) + " | float32 bw | first error |",
+              "| --- | " + " | ".join("---" for _ in DTYPES) + " | --- | --- |"]
+    for op, info in summary["ops"].items():
+        cells = []
+        for job in [f"{d} forward" for d in DTYPES] + ["float32 backward"]:
+            c = info["jobs"].get(job)
+            if not c:
+                cells.append("")
+                continue
+            counted = sum(c.get(s, 0) for s in STATUSES)
+            cells.append(f"{c.get('pass', 0)}/{counted}" if counted else "-")
+        err = next((e[0] for e in info["errors"].values() if e), "")
+        lines.append(f"| {op} | " + " | ".join(cells) + f" | {err[:140].replace('|', '/')} |")
+    (out_dir / "opinfo.md").write_text("\n".join(lines) + "\n")
+
+
+def write_passing(summary: dict, path: Path) -> None:
+    """The ops whose every float32 forward sample passes, with whether backward does too (tests pin these)."""
+    passing = {}
+    for op, info in summary["ops"].items():
+        fw = info["jobs"].get("float32 forward", {})
+        counted = sum(fw.get(s, 0) for s in STATUSES)
+        if counted and fw.get("pass", 0) == counted:
+            bw = info["jobs"].get("float32 backward", {})
+            bw_counted = sum(bw.get(s, 0) for s in STATUSES)
+            passing[op] = {"backward": bool(bw_counted) and bw.get("pass", 0) == bw_counted}
+    path.write_text(json.dumps(passing, indent=1, sort_keys=True) + "\n")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ops", default="", help="comma-separated op names or globs (default: all of op_db)")
+    p.add_argument("--dtypes", default="float32,bfloat16,int64,bool")
+    p.add_argument("--max-samples", type=int, default=4)
+    p.add_argument("--no-backward", dest="backward", action="store_false")
+    p.add_argument("--chunk", default="", help="i/n: run the i-th of n equal slices of the op list")
+    p.add_argument("--timeout", type=float, default=180.0, help="seconds per sample before the worker is killed")
+    p.add_argument("--raw", default=str(RAW), help="JSONL file of raw results (appended to)")
+    p.add_argument("--also", default="", help="more JSONL files to read into the tables (comma-separated)")
+    p.add_argument("--resume", action="store_true", help="skip ops and samples already in --raw")
+    p.add_argument("--table", action="store_true", help="only rebuild the tables from --raw")
+    p.add_argument("--table-to", default=str(RESULTS), help="folder for opinfo.md and opinfo.json")
+    p.add_argument("--write-passing", default="", help="write the ops whose float32 samples all pass (the CI pin)")
+    p.add_argument("--note", default="", help="a sentence for the table's header (how the run was made)")
+    p.add_argument("--verbose", action="store_true")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--skip-file", default="", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.dtypes = [d for d in args.dtypes.split(",") if d]
+
+    if args.worker:
+        skip = set(Path(args.skip_file).read_text().split("\n")) if args.skip_file else set()
+        worker(args.ops.split(","), args.dtypes, args.max_samples, args.backward, skip)
+        return 0
+    raw = Path(args.raw)
+    if not args.table:
+        names = all_op_names()
+        if args.ops:
+            pats = args.ops.split(",")
+            names = [n for n in names if any(fnmatch.fnmatchcase(n, pat) for pat in pats)]
+        if args.chunk:
+            i, n = (int(x) for x in args.chunk.split("/"))
+            names = names[i - 1::n]
+        start = time.time()
+        supervise(names, args, raw)
+        print(f"ran {len(names)} ops in {time.time() - start:.0f}s")
+    import torch
+
+    meta = {"torch": torch.__version__, "max_samples": args.max_samples, "op_db": len(all_op_names()),
+            "note": "fullgraph=True, torch._dynamo.reset() per sample, float32 tolerance rtol=atol=1e-4"
+                    + (f"; {args.note}" if args.note else "")}
+    summary = summarize(raw, *[Path(p) for p in args.also.split(",") if p])
+    write_table(summary, Path(args.table_to), meta)
+    if args.write_passing:
+        write_passing(summary, Path(args.write_passing))
+    for job, counts in sorted(summary["totals"].items()):
+        print(f"{job}: {_rate(counts)}  " + " ".join(f"{s}={counts.get(s, 0)}" for s in STATUSES[1:]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
