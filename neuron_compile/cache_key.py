@@ -77,7 +77,8 @@ def _tensor_constant(tensor: torch.Tensor) -> str:
     # AOTAutograd calls the compiler under its FakeTensorMode: read real constants outside it
     with unset_fake_temporarily():
         data = tensor.detach().cpu().contiguous()
-        raw = data.view(torch.uint8).numpy().tobytes() if data.numel() else b""
+        # reshape(-1) first: a 0-d tensor can't be viewed as bytes ("view Float as Byte")
+        raw = data.reshape(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b""
     return f"tensor<{_value_type(tensor)}>#{hashlib.sha256(raw).hexdigest()[:32]}"
 
 

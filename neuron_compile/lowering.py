@@ -257,7 +257,8 @@ def _failing_op(diagnostics: list[str], message: str) -> str | None:
         name = m.group(1)
         if name == "torch.operator":
             named = _OPERATOR_NAME.search(text)
-            name = "torch." + named.group(1) if named else name
+            if named:  # an op torch-mlir has no definition for at all (custom ops included)
+                return named.group(1)
         if name.startswith(("torch.aten.", "torch.prims.", "torch.torchvision.")):
             return name[len("torch."):]
         return None

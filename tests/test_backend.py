@@ -285,3 +285,13 @@ def test_changing_python_scalar():
     x = torch.randn(4, 3)
     for scale, n in [(0.5, 1), (2.0, 2), (-3.25, 7), (1e-3, 0)]:
         torch.testing.assert_close(c(x, scale, n), fn(x, scale, n))
+
+
+def test_zero_dim_tensor_constant_in_graph():
+    def fn(y):
+        y = y.clone()
+        y[y < 0] = 0.0  # a 0-d float constant in the graph (part of the cache key)
+        return y * 2
+
+    x = torch.randn(8)
+    torch.testing.assert_close(compiled(fn)(x), fn(x))
