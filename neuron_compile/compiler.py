@@ -116,12 +116,19 @@ class Executable:
 
     def __call__(self, args: list) -> list:
         plan = self.plan
+        passed = [args[value] for kind, value in plan.outputs if kind == FROM_ARG]
         if self.xla is not None:
             get = self.buffers.get
-            results = [to_tensor(a) for a in self.xla.run_buffers([get(i, args[i]) for i in plan.tensor_args])]
+            buffers = [get(i, args[i]) for i in plan.tensor_args]
+            # AOTAutograd's boxed convention lets a compiled graph steal its argument list:
+            # dropping it lets saved activations die as soon as XLA is done with them
+            args.clear()
+            results = [to_tensor(a) for a in self.xla.run_buffers(buffers)]
+            del buffers
         else:
             results = []
-        return [results[value] if kind == FROM_XLA else (args[value] if kind == FROM_ARG else value)
+        passed.reverse()
+        return [results[value] if kind == FROM_XLA else (passed.pop() if kind == FROM_ARG else value)
                 for kind, value in plan.outputs]
 
 
