@@ -224,6 +224,7 @@ def _graph_compiler(kind: str, graph_id: int, options: Options, started: float, 
 
 def neuron_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **kwargs):
     """Dynamo backend entry point (``torch.compile(..., backend="neuron", options={...})``)."""
+    from functorch.compile import min_cut_rematerialization_partition
     from torch._dynamo.backends.common import aot_autograd
 
     if kwargs.get("mode") not in (None, "default"):
@@ -238,5 +239,8 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
         bw_compiler=_graph_compiler("backward", graph_id, opts, started, boundary),
         inference_compiler=_graph_compiler("inference", graph_id, opts, started, boundary),
         decompositions=decomposition_table(),
+        # Inductor's partitioner: recomputes cheap ops in the backward instead of saving
+        # them, so the forward hands fewer, smaller activations to the backward
+        partition_fn=min_cut_rematerialization_partition,
     )
     return backend(gm, example_inputs)
