@@ -3,18 +3,26 @@
 ``torch.compile(model, backend="neuron")`` finds ``neuron_backend`` through the
 ``torch_dynamo_backends`` entry point (pyproject.toml), so users import
 nothing. For each graph Dynamo captures, AOTAutograd (with our decomposition
-table) produces an inference graph, or a forward and a backward graph, and
-hands each to ``_graph_compiler``, which returns a ``CompiledGraph``.
+table and the min-cut rematerialization partitioner) produces an inference
+graph, or a forward and a backward graph, and hands each to ``_graph_compiler``,
+which wraps a ``CompiledGraph``.
 
 Static and symbolic graphs
 --------------------------
 A static graph is compiled at once. A graph with symbolic sizes (Dynamo's
 automatic dynamic shapes after a second shape, ``dynamic=True``,
-``mark_dynamic``) is compiled lazily, once per concrete signature: the symbolic
-graph is re-traced with ``make_fx`` on the call's concrete sizes (node
-metadata, and so the user's source lines, are preserved), which bakes every
-SymInt and every size computation into constants, and the static result goes
-through the same ``compile_graph``. We never switch Dynamo's dynamic shapes off.
+``mark_dynamic``) is compiled lazily:
+
+* bucketed (the default, ``bucketing.py``): sizes round up to a bucket, the
+  symbolic graph is re-traced at the bucket's sizes with the padding made
+  exact, and one executable serves every size in the bucket;
+* per exact shape (``buckets=0``, or when the bucketing analysis can't prove a
+  graph exact): the symbolic graph is re-traced with ``make_fx`` on the call's
+  concrete sizes, which bakes every SymInt into a constant.
+
+Either way node metadata (the user's source lines) is preserved and the static
+result goes through the same ``compile_graph``. We never switch Dynamo's
+dynamic shapes off.
 """
 
 from __future__ import annotations
@@ -120,18 +128,23 @@ class CompiledGraph:
         return executable(args)
 
     def _specialize(self, key, args) -> Executable:
+        return self._compile_once(key, _describe(args, self.dynamic_positions), lambda: specialize(self.gm, args))
+
+    def _compile_once(self, key, signature: str, trace, counter: str | None = None) -> Executable:
+        """Compile the static graph ``trace()`` returns, once per key, threads waiting on one compile."""
         with self._lock:
             if key in self.specializations:
                 return self.specializations[key]
-            report = self._new_report(_describe(args, self.dynamic_positions))
+            report = self._new_report(signature)
             with report.stage("specialize"):
-                static_gm = specialize(self.gm, args)
+                static_gm = trace()
             executable = compile_with_fallback(static_gm, report=report, options=self.options)
             record(report)
             COUNTERS["specializations"] += 1
+            if counter:
+                COUNTERS[counter] += 1
             self.specializations[key] = executable
             return executable
-
 
     # -- bucketed path: pad to the bucket, run the bucket's executable, slice back ------------
 
@@ -165,25 +178,17 @@ class CompiledGraph:
         return result
 
     def _specialize_bucket(self, key, padded, true_sizes, bucket_env) -> Executable:
-        with self._lock:
-            if key in self.specializations:
-                return self.specializations[key]
-            buckets = ", ".join(f"{s}->{bucket_env[s]}" for s in self.bucketing.symbols)
-            report = self._new_report(f"bucket {buckets}")
-            with report.stage("specialize"):
-                interpreter = BucketInterpreter(self.gm, self.bucketing, bucket_env)
+        def trace():
+            interpreter = BucketInterpreter(self.gm, self.bucketing, bucket_env)
 
-                def run(*flat):
-                    return interpreter.run_with_true_sizes(flat[-1], *flat[:-1])
+            def run(*flat):
+                return interpreter.run_with_true_sizes(flat[-1], *flat[:-1])
 
-                with fx_traceback.preserve_node_meta():
-                    static_gm = make_fx(run, tracing_mode="fake")(*padded, true_sizes)
-            executable = compile_with_fallback(static_gm, report=report, options=self.options)
-            record(report)
-            COUNTERS["specializations"] += 1
-            COUNTERS["buckets"] += 1
-            self.specializations[key] = executable
-            return executable
+            with fx_traceback.preserve_node_meta():
+                return make_fx(run, tracing_mode="fake")(*padded, true_sizes)
+
+        buckets = ", ".join(f"{s}->{bucket_env[s]}" for s in self.bucketing.symbols)
+        return self._compile_once(key, f"bucket {buckets}", trace, counter="buckets")
 
 
 def specialize(gm: torch.fx.GraphModule, args: list) -> torch.fx.GraphModule:

@@ -346,9 +346,7 @@ def _analyze_node(node, layouts, result):
                 aten.slice.Tensor, aten.expand.default, aten.narrow.default, aten.select.int):
             if i < len(schema) and str(schema[i].type) in ("Scalar", "Tensor", "float", "number"):
                 rewrite.true_values[i] = a.meta["val"].node.expr
-    if target in _CREATION and target is not aten.scalar_tensor.default:
-        pass
-    elif target is aten.scalar_tensor.default and _is_sym_node(args[0]):
+    if target is aten.scalar_tensor.default and _is_sym_node(args[0]):  # torch.tensor(n): a value
         rewrite.true_values[0] = args[0].meta["val"].node.expr
 
     if isinstance(val, torch.Tensor) and not any_padded and target not in _CREATION and target not in _LIKE:
@@ -506,9 +504,7 @@ def _analyze_node(node, layouts, result):
         ignore = args[t_index + 3] if len(args) > t_index + 3 else -100
         tgt = tensor_args[[i for i, _, _ in tensor_args].index(t_index)][2]
         rewrite.masks.append((t_index, [(k, a) for k, a in enumerate(tgt) if _padded(a)], ("value", ignore)))
-        layouts[node] = ([(), ()] if target is aten.nll_loss_forward.default else tensor_args[1][2])
-        if target is aten.nll_loss_forward.default:
-            layouts[node] = [(), ()]
+        layouts[node] = [(), ()] if target is aten.nll_loss_forward.default else tensor_args[1][2]
     elif target is aten.cumsum.default:
         layouts[node] = tensor_args[0][2]  # prefix sums never read the padded tail
     elif target is aten.constant_pad_nd.default:
