@@ -24,7 +24,10 @@ import time
 import weakref
 from dataclasses import dataclass
 
+import jaxlib
 import torch
+from jaxlib import _jax, utils, xla_client
+from torch.utils.dlpack import from_dlpack as _from_capsule
 
 __all__ = ["XlaExecutable", "XlaCompileError", "platform_description"]
 
@@ -35,8 +38,6 @@ class XlaCompileError(RuntimeError):
 
 @functools.lru_cache(maxsize=1)
 def _client():
-    from jaxlib import utils, xla_client
-
     # PJRT logs two INFO lines when a client starts; keep them off the user's terminal
     utils.absl_set_min_log_level(1)
     try:
@@ -54,22 +55,16 @@ def _device():
 
 @functools.lru_cache(maxsize=1)
 def _device_list():
-    from jaxlib import xla_client
-
     return xla_client.DeviceList((_device(),))
 
 
 def _compile_options():
-    from jaxlib import xla_client
-
     return xla_client.CompileOptions()
 
 
 @functools.lru_cache(maxsize=1)
 def platform_description() -> dict:
     """What the executor runs on: a cache-key part and a manifest field."""
-    import jaxlib
-
     client = _client()
     return {
         "platform": client.platform,
@@ -83,8 +78,6 @@ _to_dlpack = torch._C._to_dlpack
 
 
 def _to_buffer(tensor: torch.Tensor):
-    from jaxlib import _jax
-
     if tensor.requires_grad:
         tensor = tensor.detach()
     if not tensor.is_contiguous():
@@ -98,8 +91,6 @@ def _to_buffer(tensor: torch.Tensor):
 
 
 def _to_tensor(array) -> torch.Tensor:
-    from jaxlib import _jax
-
     # straight from the PJRT buffer to a DLPack capsule: no jax.Array method (and so no
     # `import jax`) on the way, and 8 us less per output than torch.from_dlpack(array)
     try:
@@ -111,12 +102,6 @@ def _to_tensor(array) -> torch.Tensor:
         import numpy as np
 
         return torch.from_numpy(np.asarray(array).copy())
-
-
-def _from_capsule(capsule):
-    from torch.utils.dlpack import from_dlpack
-
-    return from_dlpack(capsule)
 
 
 @dataclass
