@@ -30,11 +30,12 @@ import torch.fx
 
 from runtime.artifact import Artifact, portable_stablehlo
 from runtime.cache import ArtifactCache, CacheResult, CompileCache, MemoryCache
+from runtime.cache_key import CacheKey
 from runtime.executor import PersistentBuffers, XlaExecutable, platform_description, to_tensor
 
 from .cache_key import fx_cache_key, input_signature, output_signature, stablehlo_cache_key
 from .dump import GraphDump, pass_file_name
-from .lowering import lower_to_stablehlo
+from .lowering import drop_error_checks, lower_to_stablehlo
 from .report import COUNTERS, CompileReport
 
 log = logging.getLogger("neuron_compile")
@@ -113,6 +114,10 @@ class Executable:
     xla: XlaExecutable | None
     report: CompileReport = field(repr=False, default=None)
     buffers: PersistentBuffers = field(repr=False, default_factory=PersistentBuffers)
+    # the FX-level cache key and input signature it was found under (None without a cache):
+    # enough to find it again with no FX graph at hand (``cached_executable``)
+    front: CacheKey | None = field(repr=False, default=None)
+    signature: list | None = field(repr=False, default=None)
 
     def __call__(self, args: list) -> list:
         plan = self.plan
@@ -144,7 +149,8 @@ def op_counts(gm: torch.fx.GraphModule) -> dict[str, int]:
 def compile_graph(gm: torch.fx.GraphModule, *, report: CompileReport, options) -> Executable:
     """Compile one static, decomposed FX graph into an ``Executable``."""
     dump = GraphDump(options.dump_dir, report.graph) if options.dump_dir else None
-    # plan: drop what XLA never sees (scalars, unused inputs, passthrough outputs)
+    # plan: drop what XLA never sees (scalars, unused inputs, passthrough outputs, linalg error checks)
+    drop_error_checks(gm)
     plan = plan_graph(gm)
     report.nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
     report.ops = op_counts(gm)
@@ -156,24 +162,51 @@ def compile_graph(gm: torch.fx.GraphModule, *, report: CompileReport, options) -
     if cache is None:
         # lower, passes, compile: no key, no artifact
         xla = LoweredGraph(gm, report, options, dump, front=None).compile()[1]
+        front = signature = None
     else:
-        # xla-client: import jax and start the PJRT client (first graph of a process; the platform is a key part)
+        # xla-client: start the PJRT client (first graph of a process; the platform is a key part)
         with report.stage("xla-client"):
             platform_description()
         # key: the FX graph and its input signature, known without lowering
         with report.stage("cache-key"):
             front = fx_cache_key(gm, options.passes or "default")
-        # cache: memory, then disk; a miss lowers, keys the StableHLO, compiles, stores
-        timed, start = report.total_seconds, time.perf_counter()
-        result = cache.get(front, lambda: LoweredGraph(gm, report, options, dump, front=front, plan=plan),
-                           check=_fits(gm, plan))
-        # cache-io: lookups, reads, checksums, deserializing, storing (the stages a miss ran are apart)
-        report.stages["cache-io"] = time.perf_counter() - start - (report.total_seconds - timed)
-        _count(result, report, dump)
-        xla = result.loaded.executable
+        signature = input_signature(gm)
+        xla = _from_cache(cache, front, lambda: LoweredGraph(gm, report, options, dump, front=front, plan=plan),
+                          _fits(signature, plan), report, dump)
     if dump:
         dump.write_json("report.json", report.as_dict())
-    return Executable(plan, xla, report)
+    return Executable(plan, xla, report, front=front, signature=signature)
+
+
+def cached_executable(front: CacheKey, plan: GraphPlan, signature: list, rebuild, *, report: CompileReport,
+                      options) -> Executable:
+    """A compiled graph found by its FX key, with no FX graph at hand: how a precompiled package loads.
+
+    ``rebuild()`` returns the unplanned FX graph; it is only called when the
+    cache misses (the artifact was evicted or the cache cleared), and the graph
+    is then lowered and compiled as ``compile_graph`` would.
+    """
+    def lower():
+        gm = rebuild()
+        drop_error_checks(gm)
+        if plan_graph(gm) != plan:
+            raise RuntimeError(f"{report.graph}: the rebuilt graph plans differently from the one saved")
+        return LoweredGraph(gm, report, options, None, front=front, plan=plan)
+
+    with report.stage("xla-client"):
+        platform_description()
+    xla = _from_cache(compile_cache(options), front, lower, _fits(signature, plan), report, None)
+    return Executable(plan, xla, report, front=front, signature=signature)
+
+
+def _from_cache(cache: CompileCache, front: CacheKey, lower, check, report: CompileReport, dump) -> XlaExecutable:
+    # cache: memory, then disk; a miss lowers, keys the StableHLO, compiles, stores
+    timed, start = report.total_seconds, time.perf_counter()
+    result = cache.get(front, lower, check=check)
+    # cache-io: lookups, reads, checksums, deserializing, storing (the stages a miss ran are apart)
+    report.stages["cache-io"] = time.perf_counter() - start - (report.total_seconds - timed)
+    _count(result, report, dump)
+    return result.loaded.executable
 
 
 class LoweredGraph:
@@ -271,10 +304,10 @@ def _tensor_info(node: torch.fx.Node) -> dict:
     return {"shape": list(val.shape), "dtype": str(val.dtype).removeprefix("torch.")}
 
 
-def _fits(gm: torch.fx.GraphModule, plan: GraphPlan):
+def _fits(signature: list, plan: GraphPlan):
     """A cached manifest must describe exactly the XLA parameters and results this plan expects."""
     def check(manifest: dict) -> str | None:
-        if manifest.get("input_signature") != input_signature(gm):
+        if manifest.get("input_signature") != signature:
             return "its input signature is not this graph's"
         if len(manifest.get("outputs", ())) != plan.num_xla_outputs:
             return "its output count is not this graph's"

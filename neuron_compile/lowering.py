@@ -23,6 +23,7 @@ reproduces the failure (``neuron-compile repro DIR``).
 
 from __future__ import annotations
 
+import operator
 import os
 import re
 import tempfile
@@ -128,6 +129,7 @@ def lower_to_stablehlo(gm: torch.fx.GraphModule, *, report=None, graph_name: str
     def stage(name):
         return report.stage(name) if report is not None else _null_stage()
 
+    drop_error_checks(gm)
     ctx = new_context()
     with stage("import"):
         try:
@@ -147,6 +149,35 @@ def lower_to_stablehlo(gm: torch.fx.GraphModule, *, report=None, graph_name: str
     with stage("stablehlo"):
         fix_unsigned_compares(module)
     return Lowered(module, torch_ir)
+
+
+def drop_error_checks(gm: torch.fx.GraphModule) -> int:
+    """Remove linalg's ``_linalg_check_errors`` (wrapped in ``with_effects``) from the graph.
+
+    torch.linalg.inv/solve/cholesky/lu_factor call it on LAPACK's ``info`` to
+    raise on singular input; functionalization wraps it in the ``with_effects``
+    higher-order op, which the FX importer rejects. A compiled graph cannot
+    raise on a value: the check goes, its effect token passes through, and a
+    singular input gives inf/NaN as on other XLA frontends. Returns how many
+    checks were removed.
+    """
+    with_effects = getattr(torch.ops.higher_order, "with_effects", None)
+    removed = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not with_effects or len(node.args) < 2 \
+                or node.args[1] is not torch.ops.aten._linalg_check_errors.default:
+            continue
+        token = node.args[0]
+        for user in list(node.users):
+            if user.target is operator.getitem and user.args[1] == 0:
+                user.replace_all_uses_with(token)
+                gm.graph.erase_node(user)
+        if not node.users:
+            gm.graph.erase_node(node)
+            removed += 1
+    if removed:
+        gm.recompile()
+    return removed
 
 
 def fix_unsigned_compares(module) -> int:
