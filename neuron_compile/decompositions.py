@@ -755,8 +755,11 @@ def _cdist_forward(x1: torch.Tensor, x2: torch.Tensor, p: float, compute_mode=No
 def _base_table() -> dict:
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
+    from .decompositions_linalg import LINALG
+
     table = dict(get_decomposition_table())
     table.update(_OURS)
+    table.update(LINALG)
     for op, fn in _RANK0.items():
         if op not in table:  # ops some table already decomposes keep that decomposition
             table[op] = _rank0(fn)
