@@ -756,10 +756,12 @@ def _base_table() -> dict:
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
     from .decompositions_linalg import LINALG
+    from .decompositions_special import SPECIAL
 
     table = dict(get_decomposition_table())
     table.update(_OURS)
     table.update(LINALG)
+    table.update(SPECIAL)
     for op, fn in _RANK0.items():
         if op not in table:  # ops some table already decomposes keep that decomposition
             table[op] = _rank0(fn)
