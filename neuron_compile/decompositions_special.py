@@ -350,3 +350,77 @@ def _in_dtype(fn):
 _special(aten.special_erfcx)(_unary(_in_dtype(_erfcx64)))
 _special(aten.erfc)(_unary(_in_dtype(_erfc64)))
 _special(aten.special_log_ndtr)(_unary(_in_dtype(_log_ndtr)))
+
+
+# --------------------------------------------------------------------------- Chebyshev polynomials
+
+
+def _chebyshev(kind: str, y, n):
+    """T, U, V or W of degree trunc(n) at y, following ATen's branches.
+
+    ATen runs the three-term recurrence for small degrees (n <= 6 for T, 8 for
+    U, V, W) and for |y| > 1 at any degree, and the trigonometric closed form for
+    larger degrees inside [-1, 1]. The degree is a tensor whose values the graph
+    does not know, so the recurrence is unrolled to the threshold and larger
+    degrees use the closed form inside [-1, 1] (as ATen) and its hyperbolic
+    counterpart outside (where ATen keeps recurring: equal up to rounding).
+    """
+    limit = 6 if kind == "t" else 8
+    n = torch.trunc(n)
+    two_y = y + y
+    prev = torch.ones_like(y)
+    cur = {"t": y, "u": two_y, "v": two_y - 1, "w": two_y + 1}[kind]
+    small = torch.where(n == 0, prev, torch.where(n == 1, cur, 0.0))
+    for k in range(2, limit + 1):
+        prev, cur = cur, two_y * cur - prev
+        small = torch.where(n == k, cur, small)
+    parity = 1 - 2 * torch.remainder(n, 2)  # (-1)^n
+    inside_y = _safe(y, y.abs() < 1, 0.5)
+    theta = torch.acos(inside_y)
+    outside_a = _safe(y.abs(), y.abs() > 1, 2.0)
+    t = torch.acosh(outside_a)
+    if kind == "t":
+        inside = torch.cos(n * theta)
+        outside = torch.cosh(n * t) * torch.where(y < 0, parity, 1.0)
+        at_one = torch.where(y > 0, 1.0, parity)
+    elif kind == "u":
+        inside = torch.sin((n + 1) * theta) / torch.sin(theta)
+        outside = torch.sinh((n + 1) * t) / torch.sinh(t) * torch.where(y < 0, parity, 1.0)
+        at_one = (n + 1) * torch.where(y > 0, 1.0, parity)
+    else:
+        v_out = torch.cosh((n + 0.5) * t) / torch.cosh(t / 2)
+        w_out = torch.sinh((n + 0.5) * t) / torch.sinh(t / 2)
+        if kind == "v":
+            inside = torch.cos((n + 0.5) * theta) / torch.cos(theta / 2)
+            outside = torch.where(y < 0, parity * w_out, v_out)  # V_n(-a) = (-1)^n W_n(a)
+            at_one = torch.where(y > 0, 1.0, parity * (2 * n + 1))
+        else:
+            inside = torch.sin((n + 0.5) * theta) / torch.sin(theta / 2)
+            outside = torch.where(y < 0, parity * v_out, w_out)
+            at_one = torch.where(y > 0, 2 * n + 1, parity)
+    large = torch.where(y.abs() < 1, inside, outside)
+    out = torch.where(n <= limit, small, large)
+    out = torch.where(y.abs() == 1, at_one, out)
+    out = torch.where(torch.isnan(y) & (n >= 1), y, out)  # the recurrence carries NaN (degree 0 is 1)
+    return torch.where(n < 0, 0.0, out)
+
+
+def _polynomial(kind: str, shifted: bool):
+    def decomposition(x, n):
+        if not isinstance(x, torch.Tensor):
+            x = torch.scalar_tensor(x, dtype=torch.result_type(n, x), device=n.device)
+        if not isinstance(n, torch.Tensor):
+            n = torch.scalar_tensor(n, dtype=torch.result_type(x, n), device=x.device)
+        dtype = torch.result_type(x, n)
+        if dtype.is_complex or not dtype.is_floating_point:
+            return NotImplemented
+        compute = _compute_dtype(torch.empty(0, dtype=dtype))
+        x, n = x.to(compute), n.to(compute)
+        y = x + x - 1 if shifted else x
+        return _chebyshev(kind, y, n).to(dtype)
+    return decomposition
+
+
+for _kind in "tuvw":
+    _special(getattr(aten, f"special_chebyshev_polynomial_{_kind}"))(_polynomial(_kind, False))
+    _special(getattr(aten, f"special_shifted_chebyshev_polynomial_{_kind}"))(_polynomial(_kind, True))

@@ -55,3 +55,19 @@ def test_integer_and_bfloat16_inputs_keep_eagers_dtype():
     for g, r in zip(got, ref):
         assert g.dtype == r.dtype
         torch.testing.assert_close(g, r, rtol=1.6e-2, atol=1e-2)
+
+
+def test_chebyshev_polynomials_match_eager():
+    # degrees below, at and above ATen's recurrence thresholds (6 for T, 8 for U, V, W),
+    # negative and fractional degrees (truncated), x inside, on and outside [-1, 1], NaN
+    x = torch.cat([torch.linspace(-3, 3, 61), torch.tensor([1.0, -1.0, 0.0, 0.5, float("nan")])])
+    grid_x, grid_n = torch.meshgrid(x, torch.arange(-2.0, 20.0) + 0.3, indexing="ij")
+    names = [f"{shift}chebyshev_polynomial_{kind}" for kind in "tuvw" for shift in ("", "shifted_")]
+
+    def fn(x, n):
+        return {name: getattr(S, name)(x, n) for name in names}
+
+    got = torch.compile(fn, backend="neuron", fullgraph=True)(grid_x, grid_n)
+    ref = fn(grid_x, grid_n)
+    for name in names:
+        torch.testing.assert_close(got[name], ref[name], rtol=1e-4, atol=1e-4, equal_nan=True, msg=name)
