@@ -27,14 +27,17 @@ dynamic shapes off.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
+import os
 import threading
 import time
 
 import torch
 import torch.fx
 import torch.fx.traceback as fx_traceback
+from torch._inductor.output_code import OutputCode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from .bucketing import (BucketAnalysis, BucketInterpreter, SymOutput, analyze, pad_to_bucket, round_up,
@@ -42,6 +45,7 @@ from .bucketing import (BucketAnalysis, BucketInterpreter, SymOutput, analyze, p
 from .compiler import Executable
 from .fallback import compile_with_fallback  # compile_graph, or partly eager with fallback=eager
 from .decompositions import decompose_before_autograd, decomposition_table
+from . import __version__
 from .options import Options
 from .report import COUNTERS, CompileReport, record
 
@@ -73,22 +77,27 @@ class CompiledGraph:
     """What AOTAutograd calls for one graph: a boxed callable over XLA executables."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs, *, name: str, kind: str, options: Options,
-                 aot_seconds: float = 0.0, boundary_layouts: dict | None = None):
+                 aot_seconds: float = 0.0, boundary_layouts: dict | None = None,
+                 dynamic_positions: tuple | None = None, stage: str = "aot-autograd"):
         self.name = name
         self.kind = kind
         self.options = options
         self.gm = gm
         self._lock = threading.Lock()
         # Positions whose value or shape can change between calls.
-        self.dynamic_positions = tuple(i for i, a in enumerate(example_inputs) if _is_symbolic(a))
+        if dynamic_positions is None:
+            dynamic_positions = tuple(i for i, a in enumerate(example_inputs) if _is_symbolic(a))
+        self.dynamic_positions = dynamic_positions
         self.specializations: dict[tuple, Executable] = {}
         self.static: Executable | None = None
         self._aot_seconds = aot_seconds
+        self._aot_stage = stage
         self.bucketing: BucketAnalysis | None = None
         if not self.dynamic_positions:
-            report = self._new_report("")
-            self.static = compile_with_fallback(gm, report=report, options=options)
-            record(report)
+            # A backward compiles at its first call: a forward run with grad enabled and no
+            # backward (inference without no_grad) must not pay for it.
+            if kind != "backward":
+                self.static = self._compile_once((), "", lambda: gm, counter=None, specialization=False)
         elif options.buckets:
             # one executable per bucket when the analysis proves it exact, else per exact shape
             self.bucketing = analyze(gm, boundary_layouts)
@@ -105,7 +114,7 @@ class CompiledGraph:
     def _new_report(self, signature: str) -> CompileReport:
         report = CompileReport(graph=self.name, kind=self.kind, signature=signature)
         if self._aot_seconds:
-            report.stages["aot-autograd"] = self._aot_seconds
+            report.stages[self._aot_stage] = self._aot_seconds
             self._aot_seconds = 0.0
         return report
 
@@ -119,6 +128,9 @@ class CompiledGraph:
     def __call__(self, args: list) -> list:
         if self.static is not None:
             return self.static(args)
+        if not self.dynamic_positions:  # a static backward, at its first call
+            self.static = self._compile_once((), "", lambda: self.gm, specialization=False)
+            return self.static(args)
         if self.bucketing is not None and self.bucketing.ok:
             return self._call_bucketed(args)
         key = self._key(args)
@@ -130,17 +142,22 @@ class CompiledGraph:
     def _specialize(self, key, args) -> Executable:
         return self._compile_once(key, _describe(args, self.dynamic_positions), lambda: specialize(self.gm, args))
 
-    def _compile_once(self, key, signature: str, trace, counter: str | None = None) -> Executable:
+    def _compile_once(self, key, signature: str, trace, counter: str | None = None,
+                      specialization: bool = True) -> Executable:
         """Compile the static graph ``trace()`` returns, once per key, threads waiting on one compile."""
         with self._lock:
             if key in self.specializations:
                 return self.specializations[key]
             report = self._new_report(signature)
-            with report.stage("specialize"):
+            if specialization:
+                with report.stage("specialize"):
+                    static_gm = trace()
+            else:
                 static_gm = trace()
             executable = compile_with_fallback(static_gm, report=report, options=self.options)
             record(report)
-            COUNTERS["specializations"] += 1
+            if specialization:
+                COUNTERS["specializations"] += 1
             if counter:
                 COUNTERS[counter] += 1
             self.specializations[key] = executable
@@ -201,30 +218,183 @@ def specialize(gm: torch.fx.GraphModule, args: list) -> torch.fx.GraphModule:
         return make_fx(run, tracing_mode="fake")(*args)
 
 
-def _graph_compiler(kind: str, graph_id: int, options: Options, started: float, boundary: dict):
+class NeuronOutputCode(OutputCode):
+    """One compiled graph as AOTAutograd holds it, and as PyTorch's precompile stores it.
+
+    Under precompile (``NEURON_COMPILE_PRECOMPILE=1``, or PyTorch's own
+    ``TORCH_CACHING_PRECOMPILE=1``) our graph compilers are
+    ``SerializableAOTDispatchCompiler``s, so AOTAutograd bundles this object
+    into the package Dynamo saves: a new process that runs the same function
+    loads Dynamo's guards and bytecode and AOTAutograd's graphs and runtime
+    metadata, and does no Dynamo tracing and no AOTAutograd tracing.
+
+    What is pickled is the graph, never machine code: the kind, name and
+    options, our tag (version + source fingerprint + options), the FX graph
+    with its node metadata (``GraphPickler``: value types and the user's source
+    lines), and for a static graph its plan, FX cache key and input signature.
+    A load whose tag differs is refused (Dynamo then traces afresh). The first
+    call after a load finds the executable in our artifact cache by that key,
+    without unpickling the FX graph; only if the artifact is gone is the graph
+    unpickled and compiled again.
+    """
+
+    def __init__(self, graph: CompiledGraph, boundary: dict, *, pickled_gm: bytes | None = None,
+                 on_first_call=None):
+        super().__init__()
+        self._boxed_call = True  # an instance attribute: torch._dynamo.disable keeps it on the backward
+        self.graph = graph
+        self.boundary = boundary
+        self._pickled_gm = pickled_gm
+        self._state = None
+        self._target = graph.static if graph.static is not None else graph
+        self._run = self._target
+        if on_first_call is not None:
+            def first(args):
+                self._run = self._target
+                on_first_call()
+                return self._target(args)
+
+            self._run = first
+
+    def __call__(self, args: list) -> list:
+        return self._run(args)
+
+    def prepare_for_serialization(self) -> None:
+        if self._state is not None:
+            return
+        if self._pickled_gm is None:
+            raise RuntimeError(f"{self.graph.name} was compiled without precompile: nothing to serialize")
+        graph = self.graph
+        static = graph.static if graph.static is not None else graph.specializations.get(())
+        fast = None
+        if isinstance(static, Executable) and static.front is not None:
+            fast = (static.plan, static.front, static.signature)
+        self._state = {"kind": graph.kind, "name": graph.name, "user_options": _user_options(graph.options),
+                       "tag": _precompile_tag(graph.options), "positions": graph.dynamic_positions,
+                       "gm": self._pickled_gm, "fast": fast}
+
+    def __getstate__(self):
+        self.prepare_for_serialization()
+        return {"_state": self._state, "boundary": self.boundary, "_boxed_call": True}
+
+    def __setstate__(self, state):
+        # Checked while Dynamo reads the package: an exception here makes Dynamo drop the package
+        # with a warning and trace afresh (one raised later, while it installs, would be fatal).
+        saved = state["_state"]
+        options = dataclasses.replace(Options.resolve(None), **saved["user_options"])
+        if saved["tag"] != _precompile_tag(options):
+            COUNTERS["precompile_stale"] += 1
+            raise RuntimeError(f"neuron_compile: precompiled graph {saved['name']} was saved by other sources or "
+                               f"options ({saved['tag']!r}, now {_precompile_tag(options)!r}); tracing afresh")
+        self.__dict__.update(state)
+        self._options = options
+        self.graph = self._target = self._run = self._pickled_gm = None
+        self._lock = threading.Lock()
+
+    def post_compile(self, example_inputs, constants, graph_kwargs) -> None:
+        """On a load from a precompiled package: the first call finds the executable."""
+        if self._run is None:
+            self._run = self._load_and_run
+            COUNTERS["precompile_loads"] += 1
+
+    def _load_and_run(self, args: list) -> list:
+        with self._lock:
+            if self._target is None:
+                self._target = self._load()
+            self._run = self._target
+        return self._target(args)
+
+    def _load(self):
+        from .compiler import cached_executable
+
+        state, options = self._state, self._options
+        report = CompileReport(graph=state["name"], kind=state["kind"], signature="precompiled")
+        if state["fast"] is not None:
+            plan, front, signature = state["fast"]
+            executable = cached_executable(front, plan, signature, self._unpickle_gm, report=report, options=options)
+            record(report)
+            return executable
+        started = time.perf_counter()
+        gm = self._unpickle_gm()
+        self.graph = CompiledGraph(gm, None, name=state["name"], kind=state["kind"], options=options,
+                                   aot_seconds=time.perf_counter() - started, boundary_layouts=self.boundary,
+                                   dynamic_positions=state["positions"], stage="precompile-load")
+        return self.graph.static if self.graph.static is not None else self.graph
+
+    def _unpickle_gm(self) -> torch.fx.GraphModule:
+        from torch._subclasses import FakeTensorMode
+        from torch.fx._graph_pickler import GraphPickler
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        gm = GraphPickler.loads(self._state["gm"], FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv()))
+        gm.recompile()
+        return gm
+
+    def set_triton_bundle(self, triton_bundle) -> None:
+        pass
+
+
+def _user_options(options: Options) -> dict:
+    """The options that differ from the environment's now: those the user passed in code. A load
+    takes these as saved and everything else from its own environment (a backend's options dict is
+    not visible when a package loads: Dynamo never calls the backend)."""
+    env = Options.resolve(None)
+    return {f.name: getattr(options, f.name) for f in dataclasses.fields(Options)
+            if getattr(options, f.name) != getattr(env, f.name) and f.name not in _ENV_ONLY}
+
+
+_ENV_ONLY = ("cache_dir", "cache_max_bytes", "dump_dir")  # where things go, not what is compiled
+
+
+def _precompile_tag(options: Options) -> str:
+    """What AOTAutograd's output depends on besides Dynamo's graph: our decomposition table and
+    partitioner (our sources) and the options that change what is compiled. Part of
+    AOTAutogradCache's key (``cache_key_tag``) and checked again when a package is loaded."""
+    from .cache_key import source_fingerprint
+
+    what = {f.name: getattr(options, f.name) for f in dataclasses.fields(Options) if f.name not in _ENV_ONLY}
+    return f"neuron_compile {__version__} {source_fingerprint()[:16]} {what}"
+
+
+def precompile_enabled() -> bool:
+    return bool(torch._dynamo.config.caching_precompile)
+
+
+_save_lock = threading.Lock()
+
+
+def _save_precompiled() -> None:
+    """Write Dynamo's packages (guards, bytecode, our bundled graphs) after a new graph first ran."""
+    from torch._dynamo.precompile_context import PrecompileContext
+
+    with _save_lock:
+        try:
+            PrecompileContext.save_to_dynamo_cache()
+            COUNTERS["precompile_saves"] += 1
+        except Exception as exc:  # a package that can't be written costs the next process a trace, no more
+            log.warning("neuron_compile: could not save the precompiled package (%s: %s); the next process "
+                        "traces again", type(exc).__name__, exc)
+
+
+def _graph_compiler(kind: str, graph_id: int, options: Options, started: float, boundary: dict, precompile: bool):
     def compile_fn(gm: torch.fx.GraphModule, example_inputs):
         aot = time.perf_counter() - started if kind != "backward" else 0.0
         COUNTERS["graphs"] += 1
+        pickled = None
+        if precompile:  # before compiling: planning rewrites the graph in place
+            from torch.fx._graph_pickler import GraphPickler, Options as PickleOptions
+
+            pickled = GraphPickler.dumps(gm, PickleOptions(ops_filter=None))
         graph = CompiledGraph(gm, example_inputs, name=f"g{graph_id}.{kind}", kind=kind, options=options,
                               aot_seconds=aot, boundary_layouts=boundary)
+        return NeuronOutputCode(graph, boundary, pickled_gm=pickled,
+                                on_first_call=_save_precompiled if precompile and kind != "backward" else None)
 
-        # A plain function, not the object: AOTAutograd wraps backward compilers in
-        # torch._dynamo.disable, which keeps a function's attributes (_boxed_call).
-        # A static graph calls its executable straight away (one Python frame per call).
-        if graph.static is not None:
-            executable = graph.static
+    if not precompile:
+        return compile_fn
+    from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
 
-            def run(args):
-                return executable(args)
-        else:
-            def run(args):
-                return graph(args)
-
-        run._boxed_call = True
-        run.compiled_graph = graph
-        return run
-
-    return compile_fn
+    return SerializableAOTDispatchCompiler(NeuronOutputCode, compile_fn)
 
 
 def neuron_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **kwargs):
@@ -239,13 +409,28 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     started = time.perf_counter()
     decompose_before_autograd(gm)
     boundary: dict = {}  # padded layouts of forward outputs, read back by the backward
+    precompile = precompile_enabled() and opts.cache
     backend = aot_autograd(
-        fw_compiler=_graph_compiler("forward", graph_id, opts, started, boundary),
-        bw_compiler=_graph_compiler("backward", graph_id, opts, started, boundary),
-        inference_compiler=_graph_compiler("inference", graph_id, opts, started, boundary),
+        fw_compiler=_graph_compiler("forward", graph_id, opts, started, boundary, precompile),
+        bw_compiler=_graph_compiler("backward", graph_id, opts, started, boundary, precompile),
+        inference_compiler=_graph_compiler("inference", graph_id, opts, started, boundary, precompile),
         decompositions=decomposition_table(),
         # Inductor's partitioner: recomputes cheap ops in the backward instead of saving
         # them, so the forward hands fewer, smaller activations to the backward
         partition_fn=min_cut_rematerialization_partition,
     )
-    return backend(gm, example_inputs)
+    if not precompile:
+        return backend(gm, example_inputs)
+    # Precompile: AOTAutograd bundles our NeuronOutputCode (not an Inductor FX-cache key) into the
+    # artifact Dynamo's package refers to, under a key that includes our tag. The backward is
+    # partitioned now rather than at the first backward call, so the bundle is complete when this
+    # returns; our CompiledGraph still defers the backward's XLA compile to its first call.
+    with torch._functorch.config.patch(bundled_autograd_cache=True, force_non_lazy_backward_lowering=True), \
+            torch.compiler.config.patch(cache_key_tag=_precompile_tag(opts)):
+        return backend(gm, example_inputs)
+
+
+if os.environ.get("NEURON_COMPILE_PRECOMPILE", "").strip().lower() in ("1", "true", "yes", "on"):
+    # Read when torch.compile first looks the backend up, which is before Dynamo decides whether
+    # the function gets a precompile package (and loads a saved one).
+    torch._dynamo.config.caching_precompile = True

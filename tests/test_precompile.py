@@ -1,0 +1,101 @@
+"""Precompile: a new process loads Dynamo's and AOTAutograd's output instead of tracing.
+
+Each test runs a script twice in fresh processes sharing one cache folder
+(ours) and one PyTorch cache folder (Dynamo's packages), with
+NEURON_COMPILE_PRECOMPILE=1. The second process must do no Dynamo/AOTAutograd
+trace (our graph compilers are never called), no lowering and no XLA compile,
+and still match eager; a package written under other options is refused and
+traced afresh; a package whose artifacts were evicted recompiles from the
+pickled graph without tracing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SCRIPT = textwrap.dedent('''
+    import json, sys
+    import torch
+    import neuron_compile
+    from neuron_compile.report import COUNTERS
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
+                                torch.nn.Linear(32, 4))
+    x = torch.randn(8, 16)
+    TRAIN = sys.argv[1] == "train"
+
+    def step(x):
+        return model(x).square().mean() if TRAIN else model(x)
+
+    compiled = torch.compile(step, backend="neuron")
+    if TRAIN:
+        loss = compiled(x)
+        loss.backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        step(x).backward()
+        for got, want in zip(grads, (p.grad for p in model.parameters())):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    else:
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), step(x), rtol=1e-5, atol=1e-6)
+            x2 = torch.randn(8, 16)
+            torch.testing.assert_close(compiled(x2), step(x2), rtol=1e-5, atol=1e-6)
+    keys = ("graphs", "lowerings", "xla_compiles", "disk_hits", "misses", "precompile_loads", "precompile_saves",
+            "precompile_stale")
+    print("RESULT " + json.dumps({k: COUNTERS[k] for k in keys}))
+''')
+
+
+def _run(tmp_path: Path, mode: str, **env) -> dict:
+    script = tmp_path / "precompiled_model.py"
+    if not script.exists():
+        script.write_text(SCRIPT)
+    full_env = dict(os.environ, NEURON_COMPILE_PRECOMPILE="1", NEURON_COMPILE_CACHE_DIR=str(tmp_path / "nc"),
+                    TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "torch"), PYTHONPATH=str(ROOT), **env)
+    for name in ("NEURON_COMPILE_CACHE", "NEURON_COMPILE_PASSES", "TORCH_COMPILE_DISABLE"):
+        if name not in env:
+            full_env.pop(name, None)
+    done = subprocess.run([sys.executable, str(script), mode], env=full_env, capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
+@pytest.mark.parametrize("mode", ["infer", "train"])
+def test_second_process_does_not_trace_lower_or_compile(tmp_path, mode):
+    first = _run(tmp_path, mode)
+    assert first["graphs"] >= 1 and first["xla_compiles"] >= 1 and first["precompile_saves"] >= 1
+    second = _run(tmp_path, mode)
+    assert second["graphs"] == 0, second  # no Dynamo/AOTAutograd trace reached our compilers
+    assert second["lowerings"] == 0 and second["xla_compiles"] == 0, second
+    assert second["precompile_loads"] == first["graphs"], (first, second)
+    assert second["disk_hits"] == first["misses"], (first, second)
+
+
+def test_package_saved_under_other_options_is_refused(tmp_path):
+    _run(tmp_path, "infer")
+    other = _run(tmp_path, "infer", NEURON_COMPILE_PASSES="none")
+    assert other["precompile_stale"] >= 1, other
+    assert other["graphs"] >= 1 and other["xla_compiles"] >= 1, other  # traced and compiled afresh
+
+
+def test_evicted_artifacts_recompile_from_the_package_without_tracing(tmp_path):
+    import shutil
+
+    first = _run(tmp_path, "infer")
+    shutil.rmtree(tmp_path / "nc")
+    second = _run(tmp_path, "infer")
+    assert second["graphs"] == 0 and second["precompile_loads"] == first["graphs"], second
+    assert second["lowerings"] == first["lowerings"] and second["xla_compiles"] == first["xla_compiles"], second
