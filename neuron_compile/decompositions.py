@@ -756,16 +756,18 @@ def _base_table() -> dict:
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
     from .decompositions_linalg import LINALG
+    from .decompositions_pool import POOL, with_zero_size
     from .decompositions_special import SPECIAL
 
     table = dict(get_decomposition_table())
     table.update(_OURS)
     table.update(LINALG)
     table.update(SPECIAL)
+    table.update(POOL)
     for op, fn in _RANK0.items():
         if op not in table:  # ops some table already decomposes keep that decomposition
             table[op] = _rank0(fn)
-    return table
+    return with_zero_size(table)
 
 
 def decomposition_table() -> dict:

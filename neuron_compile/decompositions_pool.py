@@ -1,0 +1,291 @@
+"""Pooling and window ops torch-mlir does not lower, or lowers wrong, as gathers of windows.
+
+torch-mlir's StableHLO lowerings of max/avg pooling (reduce_window) are right
+for floor-mode windows; with ``ceil_mode=True`` max_pool2d/3d return wrong
+values (the extra right window) and avg_pool2d/3d do not lower; avg_pool3d
+ignores ``divisor_override``; max_pool3d_with_indices, adaptive_max_pool3d
+and _adaptive_avg_pool3d have no lowering at all. Those cases, and only those
+(the others keep torch-mlir's reduce_window), are computed here by one engine:
+
+* per spatial dim, an integer table ``pos[o, k]`` of the input position the
+  k-th element of window o reads, and ``valid[o, k]`` (inside the input and,
+  for adaptive windows of different lengths, inside the window);
+* one ``index_select`` per spatial dim gathers every window element
+  (positions clamped), giving ``[batch..., o1..od, k1..kd]``;
+* max: the largest valid element, NaN if any (eager propagates NaN); its index
+  is eager's: the first valid element equal to the max in scan order, the last
+  NaN when there is one (ATen's CPU kernel updates on every NaN), the window's
+  first valid element when all are -inf; flat in the input's spatial plane;
+* avg: the sum of valid elements over ATen's divisor (divisor_override, or the
+  window clipped to the padded input when count_include_pad, else to the input).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch._decomp import register_decomposition
+
+aten = torch.ops.aten
+
+POOL: dict = {}
+
+
+def _pool(op):
+    return register_decomposition(op, registry=POOL)
+
+
+def _tuple(v, d):
+    if v is None:
+        return None
+    if isinstance(v, int):
+        return (v,) * d
+    v = tuple(v)
+    return v * d if len(v) == 1 else v
+
+
+def _out_size(size, k, s, p, dil, ceil_mode):
+    # ATen's pooling_output_shape (pool.h)
+    num = size + 2 * p - dil * (k - 1) - 1 + (s - 1 if ceil_mode else 0)
+    out = num // s + 1
+    if ceil_mode and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+def _ar(n, like):
+    return torch.arange(n, dtype=torch.int64, device=like.device)
+
+
+class _Dim:
+    """One spatial dim's windows: pos/valid [out, K], and for avg the divisor factor [out]."""
+
+    def __init__(self, pos, valid, size, count=None):
+        self.pos, self.valid, self.size, self.count = pos, valid, size, count
+
+
+def _strided_dim(size, k, s, p, dil, ceil_mode, like, count_include_pad=True):
+    out = _out_size(size, k, s, p, dil, ceil_mode)
+    start = _ar(out, like) * s - p
+    pos = start.unsqueeze(1) + _ar(k, like).unsqueeze(0) * dil
+    valid = (pos >= 0) & (pos < size)
+    if count_include_pad:  # ATen's avg_pool: the window clipped to the padded input
+        count = torch.clamp(start + k, max=size + p) - start
+    else:
+        count = valid.sum(1)
+    return _Dim(pos, valid, size, count)
+
+
+def _adaptive_dim(size, out, like):
+    o = _ar(out, like)
+    start = torch.div(o * size, out, rounding_mode="floor")
+    end = torch.div((o + 1) * size + out - 1, out, rounding_mode="floor")
+    k = max(((i + 1) * size + out - 1) // out - (i * size) // out for i in range(out)) if out else 1
+    pos = start.unsqueeze(1) + _ar(k, like).unsqueeze(0)
+    valid = pos < end.unsqueeze(1)
+    return _Dim(pos, valid, size, end - start)
+
+
+def _gather_windows(x, dims):
+    """x [B..., S1..Sd] -> (values [B..., o1..od, W], valid [o1..od, W], flat input position [o1..od, W])."""
+    d = len(dims)
+    nb = x.dim() - d
+    outs = [dm.pos.shape[0] for dm in dims]
+    ks = [dm.pos.shape[1] for dm in dims]
+    v = x
+    for j, dm in enumerate(dims):
+        axis = nb + 2 * j  # earlier dims are already split into (o, k)
+        idx = torch.clamp(dm.pos, 0, dm.size - 1).reshape(-1)
+        v = torch.index_select(v, axis, idx)
+        shape = list(v.shape)
+        v = v.reshape(shape[:axis] + [outs[j], ks[j]] + shape[axis + 1:])
+    perm = list(range(nb)) + [nb + 2 * j for j in range(d)] + [nb + 2 * j + 1 for j in range(d)]
+    v = v.permute(perm).reshape(list(x.shape[:nb]) + outs + [math.prod(ks)])
+    valid = None
+    flat = None
+    plane = 1
+    for j in reversed(range(d)):
+        dm = dims[j]
+        shape = [1] * (2 * d)
+        shape[j], shape[d + j] = outs[j], ks[j]
+        vj = dm.valid.reshape(shape)
+        pj = torch.clamp(dm.pos, 0, dm.size - 1).reshape(shape) * plane
+        valid = vj if valid is None else valid & vj
+        flat = pj if flat is None else flat + pj
+        plane *= dm.size
+    full = outs + ks
+    valid = valid.expand(full).reshape(outs + [-1])
+    flat = flat.expand(full).reshape(outs + [-1])
+    return v, valid, flat
+
+
+def _max_windows(x, dims, with_indices):
+    v, valid, flat = _gather_windows(x, dims)
+    neg = torch.full((), float("-inf"), dtype=x.dtype, device=x.device)
+    masked = torch.where(valid, v, neg)
+    values = torch.amax(masked, -1)
+    if not with_indices:
+        return values
+    w = v.shape[-1]
+    nan = torch.isnan(v) & valid
+    last_nan = (w - 1) - torch.argmax(torch.flip(nan, [-1]).to(torch.int32), -1)
+    hit = valid & (v == values.unsqueeze(-1))
+    first_valid = torch.argmax(valid.to(torch.int32), -1)  # all -inf: ATen keeps the window's first element
+    first_hit = torch.where(hit.any(-1), torch.argmax(hit.to(torch.int32), -1), first_valid)
+    k = torch.where(nan.any(-1), last_nan, first_hit)
+    flat = flat.expand(v.shape)
+    return values, torch.gather(flat, -1, k.unsqueeze(-1)).squeeze(-1)
+
+
+def _avg_windows(x, dims, divisor_override):
+    v, valid, _ = _gather_windows(x, dims)
+    total = torch.where(valid, v, torch.zeros((), dtype=x.dtype, device=x.device)).sum(-1)
+    if divisor_override:
+        return total / divisor_override
+    count = None
+    d = len(dims)
+    for j, dm in enumerate(dims):
+        shape = [1] * d
+        shape[j] = dm.pos.shape[0]
+        c = dm.count.reshape(shape)
+        count = c if count is None else count * c
+    return total / count.to(x.dtype)
+
+
+def _check(x, d):
+    if x.dim() not in (d + 1, d + 2) or not x.dtype.is_floating_point or x.numel() == 0:
+        return False
+    return True
+
+
+def _max_pool(d, with_indices, always):
+    def decomposition(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+        if not (always or ceil_mode) or not _check(x, d):
+            return NotImplemented
+        k = _tuple(kernel_size, d)
+        s = _tuple(stride, d) if stride else k
+        p, dil = _tuple(padding, d), _tuple(dilation, d)
+        size = x.shape[-d:]
+        dims = [_strided_dim(size[j], k[j], s[j], p[j], dil[j], ceil_mode, x) for j in range(d)]
+        return _max_windows(x, dims, with_indices)
+    return decomposition
+
+
+# ceil_mode=True: torch-mlir's reduce_window gives wrong values (max) or does not lower (avg);
+# max_pool3d_with_indices never lowers. Floor-mode 2d pooling keeps torch-mlir's lowering.
+POOL[aten.max_pool2d_with_indices.default] = _max_pool(2, True, False)
+POOL[aten.max_pool3d_with_indices.default] = _max_pool(3, True, True)
+POOL[aten.max_pool2d.default] = _max_pool(2, False, False)
+POOL[aten.max_pool3d.default] = _max_pool(3, False, False)
+
+
+def _avg_pool(d):
+    def decomposition(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+                      divisor_override=None):
+        if not (ceil_mode or divisor_override) or not _check(x, d):
+            return NotImplemented
+        k = _tuple(kernel_size, d)
+        s = _tuple(stride, d) if stride else k
+        p = _tuple(padding, d)
+        size = x.shape[-d:]
+        dims = [_strided_dim(size[j], k[j], s[j], p[j], 1, ceil_mode, x, count_include_pad) for j in range(d)]
+        return _avg_windows(x, dims, divisor_override)
+    return decomposition
+
+
+POOL[aten.avg_pool2d.default] = _avg_pool(2)
+POOL[aten.avg_pool3d.default] = _avg_pool(3)
+
+
+@_pool(aten._adaptive_avg_pool3d)
+def _adaptive_avg_pool3d(x, output_size):
+    if not _check(x, 3):
+        return NotImplemented
+    dims = [_adaptive_dim(x.shape[-3 + j], output_size[j], x) for j in range(3)]
+    return _avg_windows(x, dims, None)
+
+
+@_pool(aten.adaptive_max_pool3d)
+def _adaptive_max_pool3d(x, output_size):
+    if not _check(x, 3):
+        return NotImplemented
+    dims = [_adaptive_dim(x.shape[-3 + j], output_size[j], x) for j in range(3)]
+    return _max_windows(x, dims, True)
+
+
+# --------------------------------------------------------------------------- zero-size inputs
+
+# Ops whose decompositions (torch's index arithmetic for padding and im2col, ours above,
+# torch-mlir's reduce_window) do not lower when the input has no elements (OpInfo's
+# batch-0 samples: StableHLO gathers with a slice size of 1 on a 0-dim). The result then
+# has no elements either: zeros of the shape and dtype the op's meta kernel gives.
+ZERO_SIZE = (
+    aten.reflection_pad1d.default, aten.reflection_pad2d.default, aten.reflection_pad3d.default,
+    aten.replication_pad1d.default, aten.replication_pad2d.default, aten.replication_pad3d.default,
+    aten.im2col.default, aten.col2im.default,
+    aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default,
+    aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default,
+    aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default,
+    aten.avg_pool2d.default, aten.avg_pool3d.default,
+)
+
+
+def _meta_outputs(op, args, kwargs):
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+    def to_meta(a):
+        if isinstance(a, torch.Tensor):
+            return torch.empty([int(s) for s in a.shape], dtype=a.dtype, device="meta")
+        return a
+
+    with disable_proxy_modes_tracing(), unset_fake_temporarily():
+        return op(*torch.utils._pytree.tree_map(to_meta, args), **torch.utils._pytree.tree_map(to_meta, kwargs))
+
+
+def _zero_size(op, inner):
+    def decomposition(*args, **kwargs):
+        tensors = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        if tensors and tensors[0].numel() == 0:
+            device = tensors[0].device
+            out = _meta_outputs(op, args, kwargs)
+            return torch.utils._pytree.tree_map(
+                lambda m: torch.zeros(list(m.shape), dtype=m.dtype, device=device) if isinstance(m, torch.Tensor) else m,
+                out)
+        return inner(*args, **kwargs) if inner is not None else NotImplemented
+    return decomposition
+
+
+def with_zero_size(table: dict) -> dict:
+    """Wrap the table's entries (or the ops themselves) for ZERO_SIZE with the empty-input case."""
+    for op in ZERO_SIZE:
+        table[op] = _zero_size(op, table.get(op))
+    return table
+
+
+# --------------------------------------------------------------------------- Tensor.unfold
+
+
+@_pool(aten.unfold)
+def _unfold(x, dimension: int, size: int, step: int):
+    # Tensor.unfold (sliding windows of one dim, a view in eager): torch-mlir has no StableHLO
+    # lowering. A gather of the windows along the dim, the window's elements as a new last dim.
+    if x.dim() == 0:
+        return x.reshape([1])
+    d = dimension % x.dim()
+    n = (x.shape[d] - size) // step + 1
+    if x.numel() == 0 or n * size == 0:
+        shape = list(x.shape)
+        shape[d] = n
+        return torch.zeros(shape + [size], dtype=x.dtype, device=x.device)
+    idx = (_ar(n, x).unsqueeze(1) * step + _ar(size, x).unsqueeze(0)).reshape(-1)
+    v = torch.index_select(x, d, idx)
+    shape = list(x.shape)
+    v = v.reshape(shape[:d] + [n, size] + shape[d + 1:])
+    return v.movedim(d + 1, -1)
+
+
+@_pool(aten.unfold_copy)
+def _unfold_copy(x, dimension: int, size: int, step: int):
+    return _unfold(x, dimension, size, step).clone()

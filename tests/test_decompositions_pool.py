@@ -1,0 +1,62 @@
+"""Pooling and window ops (neuron_compile/decompositions_pool.py), compiled, against eager."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from neuron_compile.decompositions_pool import _out_size
+
+
+def _compiled(fn, *args):
+    torch._dynamo.reset()
+    return torch.compile(fn, backend="neuron", fullgraph=True)(*args)
+
+
+def test_pooling_cases_torch_mlir_gets_wrong_match_eager():
+    x = torch.randn(2, 3, 7, 8)
+    x3 = torch.randn(1, 2, 5, 6, 7)
+    x[0, 0, 0, 0] = float("nan")
+    x[0, 0, 5, 1] = x[0, 0, 5, 3] = float("nan")  # two NaNs in one window: ATen's index is the last
+    x[1, 1, 0, :4] = float("-inf")  # an all -inf window: ATen's index is its first valid element
+    x[1, 2, 2:4, 2:4] = 1.5  # ties: the first in scan order
+
+    def fn(x, x3):
+        return {
+            "max2_ceil_idx": F.max_pool2d(x, 3, 2, 1, (1, 2), ceil_mode=True, return_indices=True),
+            "max2_ceil": F.max_pool2d(x, 3, 2, 0, (1, 2), ceil_mode=True),
+            "max3_idx": F.max_pool3d(x3, 3, 2, 1, return_indices=True),
+            "max3_ceil_idx": F.max_pool3d(x3, 3, 2, 0, (1, 2, 1), ceil_mode=True, return_indices=True),
+            "max3_ceil": F.max_pool3d(x3, 3, 2, 0, ceil_mode=True),
+            "avg2_ceil": F.avg_pool2d(x, 3, 2, 1, ceil_mode=True),
+            "avg2_ceil_nopad": F.avg_pool2d(x, (4, 4), (2, 3), 1, ceil_mode=True, count_include_pad=False),
+            "avg2_div": F.avg_pool2d(x, 3, 2, 1, divisor_override=2),
+            "avg3_ceil_nopad": F.avg_pool3d(x3, 3, 2, 1, ceil_mode=True, count_include_pad=False),
+            "avg3_div": F.avg_pool3d(x3, (2, 3, 4), (1, 2, 2), (0, 1, 2), ceil_mode=True, divisor_override=2),
+            "avg1_ceil": F.avg_pool1d(x[0], 6, 3, 2, ceil_mode=True),
+            "adaptive_avg3": F.adaptive_avg_pool3d(x3, (2, 4, 3)),
+            "adaptive_max3": F.adaptive_max_pool3d(x3, (2, 4, 3), return_indices=True),
+            "unfold": x.unfold(2, 3, 2),
+            "unfold_last": x.unfold(-1, 2, 3),
+        }
+
+    got = _compiled(fn, x, x3)
+    ref = fn(x, x3)
+    for name in ref:
+        torch.testing.assert_close(got[name], ref[name], equal_nan=True, msg=name)
+
+
+def test_zero_size_inputs_give_empty_results():
+    x = torch.randn(0, 3, 5, 5)
+
+    def fn(x):
+        return (F.pad(x, (1, 2, 1, 1), mode="reflect"), F.pad(x[:, 0], (1, 2), mode="replicate"),
+                F.unfold(x, 2, 1, 1, 1), F.adaptive_avg_pool2d(x, (3, 2)), F.max_pool2d(x, 2, ceil_mode=True))
+
+    for g, r in zip(_compiled(fn, x), fn(x)):
+        assert g.shape == r.shape and g.dtype == r.dtype
+
+
+@pytest.mark.parametrize("size,k,s,p,dil", [(6, 3, 2, 0, 1), (3, 3, 2, 0, 1), (9, 6, 3, 2, 1), (7, 3, 2, 1, 2)])
+def test_output_size_is_atens(size, k, s, p, dil):
+    ref = F.max_pool1d(torch.zeros(1, size), k, s, p, dil, ceil_mode=True).shape[-1]
+    assert _out_size(size, k, s, p, dil, True) == ref
