@@ -402,11 +402,19 @@ def _polygamma(n: int, x: torch.Tensor):
     # torch-mlir does not lower aten.polygamma (OpInfo polygamma_n_*): n = 0 is digamma;
     # n >= 1 is (-1)^(n+1) n! zeta(n+1, x), summed directly over ten shifts and by
     # Euler-Maclaurin beyond (for x > 0; poles and negative x are left to the formula).
+    # Negative x: the reflection formula, psi_n(x) = (-1)^n psi_n(1 - x) - pi d^n/dx^n cot(pi x),
+    # the Hurwitz zeta series' value that ATen's Cephes zeta sums (the Euler-Maclaurin tail at
+    # x + 10 alone was 0.1% off below -5); nonpositive integers are ATen's +-inf.
     if n == 0:
         return aten.digamma.default(x)
     if not x.dtype.is_floating_point:
         x = aten._to_copy.default(x, dtype=torch.get_default_dtype())
+    if n == 1:
+        return _trigamma(x)
     z = aten._to_copy.default(x, dtype=torch.float64)
+    negative = aten.lt.Scalar(z, 0)
+    pole = aten.logical_and.default(aten.le.Scalar(z, 0), aten.eq.Tensor(z, aten.floor.default(z)))
+    z = aten.where.self(negative, aten.rsub.Scalar(z, 1), z)
     s = n + 1
     total = aten.zeros_like.default(z)
     for k in range(10):
@@ -420,7 +428,53 @@ def _polygamma(n: int, x: torch.Tensor):
         tail = aten.add.Tensor(tail, aten.mul.Tensor(aten.pow.Tensor_Scalar(w, -s - 2 * j + 1), term))
         rising *= (s + 2 * j - 1) * (s + 2 * j)
     zeta = aten.add.Tensor(total, tail)
-    return aten._to_copy.default(aten.mul.Tensor(zeta, (-1) ** (n + 1) * math.factorial(n)), dtype=x.dtype)
+    out = aten.mul.Tensor(zeta, (-1) ** (n + 1) * math.factorial(n))
+    cot = aten.reciprocal.default(aten.tan.default(aten.mul.Tensor(aten._to_copy.default(x, dtype=torch.float64),
+                                                                   math.pi)))
+    derivative = aten.zeros_like.default(cot)
+    for power, coeff in enumerate(_cot_derivative(n)):
+        if coeff:
+            derivative = aten.add.Tensor(derivative, aten.mul.Tensor(aten.pow.Tensor_Scalar(cot, power), coeff))
+    reflected = aten.sub.Tensor(aten.mul.Tensor(out, (-1) ** n), aten.mul.Tensor(derivative, math.pi))
+    out = aten.where.self(negative, reflected, out)
+    out = aten.where.self(pole, aten.full_like.default(out, (-1) ** (n + 1) * math.inf), out)
+    out = aten.where.self(aten.eq.Scalar(x, math.inf), aten.full_like.default(out, math.nan), out)  # as Cephes
+    return aten._to_copy.default(out, dtype=x.dtype)
+
+
+def _cot_derivative(n: int) -> list:
+    """Coefficients in c = cot(pi x) of d^n/dx^n cot(pi x) (d/dx c = -pi (1 + c^2))."""
+    poly = [0.0, 1.0]
+    for _ in range(n):
+        deriv = [k * poly[k] for k in range(1, len(poly))] + [0.0]  # P'(c)
+        nxt = [0.0] * (len(deriv) + 2)
+        for k, a in enumerate(deriv):
+            nxt[k] -= math.pi * a
+            nxt[k + 2] -= math.pi * a
+        poly = nxt
+    return poly
+
+
+def _trigamma(x: torch.Tensor):
+    # ATen's calc_trigamma (Math.h), step for step in x's precision: reflection below 1/2,
+    # six shifts, then the asymptotic series.
+    dtype = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
+    z = aten._to_copy.default(x, dtype=dtype)
+    small = aten.lt.Scalar(z, 0.5)
+    sin_pi = aten.sin.default(aten.mul.Tensor(z, math.pi))
+    result = aten.where.self(small, aten.neg.default(aten.div.Tensor(aten.full_like.default(z, math.pi * math.pi),
+                                                                         aten.mul.Tensor(sin_pi, sin_pi))),
+                             aten.zeros_like.default(z))
+    z = aten.where.self(small, aten.rsub.Scalar(z, 1), z)
+    for _ in range(6):
+        result = aten.add.Tensor(result, aten.reciprocal.default(aten.mul.Tensor(z, z)))
+        z = aten.add.Tensor(z, 1)
+    ixx = aten.reciprocal.default(aten.mul.Tensor(z, z))
+    series = aten.rsub.Scalar(aten.mul.Tensor(ixx, 1.0 / 42), 1.0 / 30)
+    series = aten.rsub.Scalar(aten.mul.Tensor(ixx, series), 1.0 / 6)
+    series = aten.add.Tensor(aten.add.Tensor(aten.mul.Tensor(ixx, series), aten.reciprocal.default(aten.mul.Tensor(z, 2))), 1)
+    result = aten.add.Tensor(result, aten.div.Tensor(series, z))
+    return aten._to_copy.default(aten.where.self(small, aten.neg.default(result), result), dtype=x.dtype)
 
 
 # Small ops torch-mlir has no StableHLO lowering for, each written with ops it has
@@ -679,6 +733,24 @@ def _nanmedian(x: torch.Tensor):
     return aten.view.default(_kth_smallest(flat, 0, 0, False, nan="skip")[0], [])
 
 
+def _one_per_row(x: torch.Tensor, dim: int, index: torch.Tensor):
+    """Where ``index`` writes, as ``iota == index``, when it writes exactly one position per row
+    along ``dim`` and covers every other dim of ``x`` (nll_loss's backward, one-hot targets).
+
+    XLA fuses the compare into its consumer; the general scatter_add form below materializes an
+    int64 tensor the size of ``x`` (three times the logits in a language model's loss backward).
+    """
+    dim = dim % x.dim() if x.dim() else 0
+    if x.dim() == 0 or index.dim() != x.dim() or index.shape[dim] != 1:
+        return None
+    if any(index.shape[d] != x.shape[d] for d in range(x.dim()) if d != dim):
+        return None
+    shape = [1] * x.dim()
+    shape[dim] = x.shape[dim]
+    iota = aten.view.default(aten.arange.start_step(0, x.shape[dim], 1, dtype=index.dtype, device=x.device), shape)
+    return aten.eq.Tensor(iota, index)
+
+
 @_ours(aten.scatter.src)
 def _scatter_src(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor):
     # torch-mlir's StableHLO lowering has scatter_add but not scatter.src (median's and
@@ -690,6 +762,9 @@ def _scatter_src(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tens
     src = aten.slice.Tensor(src, 0, 0, index.shape[0]) if src.dim() else src
     for d in range(1, index.dim()):
         src = aten.slice.Tensor(src, d, 0, index.shape[d])
+    mask = _one_per_row(x, dim, index)
+    if mask is not None:  # src now has index's shape: one value per row, broadcast along dim
+        return aten.where.self(mask, aten._to_copy.default(src, dtype=x.dtype), x)
     written = aten.scatter_add.default(aten.zeros_like.default(x, dtype=torch.int64), dim, index,
                                        aten.ones_like.default(index, dtype=torch.int64))
     placed = aten.scatter_add.default(aten.zeros_like.default(x), dim, index, aten._to_copy.default(src, dtype=x.dtype))
@@ -700,9 +775,12 @@ def _scatter_src(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tens
 def _scatter_value(x: torch.Tensor, dim: int, index: torch.Tensor, value):
     if index.numel() == 0:
         return aten.clone.default(x)
-    written = aten.scatter_add.default(aten.zeros_like.default(x, dtype=torch.int64), dim, index,
-                                       aten.ones_like.default(index, dtype=torch.int64))
-    return aten.masked_fill.Scalar(x, aten.gt.Scalar(written, 0), value)
+    mask = _one_per_row(x, dim, index)
+    if mask is None:
+        written = aten.scatter_add.default(aten.zeros_like.default(x, dtype=torch.int64), dim, index,
+                                           aten.ones_like.default(index, dtype=torch.int64))
+        mask = aten.gt.Scalar(written, 0)
+    return aten.masked_fill.Scalar(x, mask, value)
 
 
 @_ours(aten.kthvalue)

@@ -218,3 +218,10 @@ def test_variance_and_its_edges():
                      torch.std_mean(x, (0, 1))), x, grad=True, rtol=1e-5, atol=1e-5)
     # one element, one degree of freedom taken: NaN as in eager
     check(lambda x: (torch.var(x), torch.std_mean(x)), torch.randn(1), equal_nan=True)
+
+
+def test_polygamma_negative_arguments():
+    # below zero: the reflection formula (n >= 2), ATen's own trigamma (n = 1); poles are +-inf
+    x = torch.cat([torch.linspace(-12, 3, 301) + 0.013, torch.tensor([-8.4784, -100.3, -3.0, 0.0, float("inf"),
+                                                                      float("-inf"), float("nan")])])
+    check(lambda x: tuple(torch.polygamma(n, x) for n in (1, 2, 3, 4)), x, rtol=1e-4, atol=1e-4, equal_nan=True)
