@@ -1,0 +1,64 @@
+"""scatter with one index per row (nll_loss's backward): a fused compare, not an int64 scatter.
+
+The general decomposition of ``scatter.value``/``scatter.src`` counts writes
+with a scatter_add into an int64 tensor the size of the input; a language
+model's loss backward did that on the logits (an extra 3x logits of XLA temp
+memory in a training step). When the index writes one position per row and
+covers every other dim, the written mask is ``iota == index`` instead.
+"""
+
+import torch
+import torch.nn.functional as F
+
+import neuron_compile
+
+
+def _compiled_ops() -> dict:
+    ops: dict = {}
+    for report in neuron_compile.compile_reports():
+        for name, n in report.ops.items():
+            ops[name] = ops.get(name, 0) + n
+    return ops
+
+
+def test_one_per_row_scatter_matches_eager_without_scatter():
+    x = torch.randn(6, 10)
+    index = torch.randint(0, 10, (6, 1))
+    src = torch.randn(6, 1)
+    index0, src0 = torch.randint(0, 6, (1, 10)), torch.randn(1, 10)  # along dim 0
+
+    def fn(x, s, s0):
+        return x.scatter(1, index, 2.5), x.scatter(1, index, s), x.scatter(0, index0, s0)
+
+    got = torch.compile(fn, backend="neuron", fullgraph=True)(x, src, src0)
+    torch.testing.assert_close(got, fn(x, src, src0))
+    ops = _compiled_ops()
+    assert not any("scatter" in name for name in ops), ops
+
+
+def test_general_scatter_still_exact():
+    x = torch.randn(4, 6)
+    index = torch.argsort(torch.rand(4, 6), dim=1)[:, :3]  # three writes per row
+    fn = lambda x: x.scatter(1, index, -1.0)  # noqa: E731
+    torch.testing.assert_close(torch.compile(fn, backend="neuron", fullgraph=True)(x), fn(x))
+
+
+def test_cross_entropy_backward_with_ignore_index():
+    logits = torch.randn(2, 5, 11, requires_grad=True)
+    target = torch.randint(0, 11, (2, 5))
+    target[0, 1] = -100
+
+    def loss(logits):
+        return F.cross_entropy(logits.view(-1, 11), target.view(-1), ignore_index=-100)
+
+    ref_logits = logits.detach().clone().requires_grad_()
+    loss(ref_logits).backward()
+    got = torch.compile(loss, backend="neuron")(logits)
+    got.backward()
+    torch.testing.assert_close(got, loss(ref_logits.detach()))
+    torch.testing.assert_close(logits.grad, ref_logits.grad)
+    backward_ops = {}
+    for report in neuron_compile.compile_reports():
+        if report.kind == "backward":
+            backward_ops.update(report.ops)
+    assert backward_ops and not any("scatter" in name for name in backward_ops), backward_ops
