@@ -497,7 +497,79 @@ def _fmin(a, b):
 
 @_ours(aten.narrow_copy)
 def _narrow_copy(x, dim: int, start: int, length: int):
+    if length == 0 or x.numel() == 0:  # an empty slice does not lower; its value is a constant
+        shape = list(x.shape)
+        shape[dim] = length
+        return _zeros(shape, x.dtype, x.device)
     return aten.clone.default(aten.slice.Tensor(x, dim, start, start + length))
+
+
+@_ours(aten.roll)
+def _roll(x, shifts, dims=()):
+    # torch-mlir's roll lowering fails on a shift of 0 (a no-op: a copy); other shifts keep it
+    size = [x.numel()] if not dims else [x.shape[d] for d in dims]
+    if x.numel() and all(s % n == 0 for s, n in zip(shifts, size)):
+        return aten.clone.default(x)
+    return NotImplemented
+
+
+@_ours(aten.clamp.Tensor)
+def _clamp_tensor(x, min=None, max=None):
+    # torch-mlir's clamp.Tensor needs bounds of x's shape (OpInfo clamp_max: a [5] bound on a
+    # [5, 1] input broadcasts to [5, 5]). maximum/minimum broadcast, promote and keep NaN as eager.
+    if min is not None:
+        x = aten.maximum.default(x, min)
+    if max is not None:
+        x = aten.minimum.default(x, max)
+    return x
+
+
+@_ours(aten.all.dims)
+def _all_dims(x, dim=None, keepdim: bool = False):
+    # torch-mlir has no all.dims; dim=None reduces everything, dim=() nothing (as eager)
+    truth = aten.ne.Scalar(x, 0)
+    if dim is None:
+        out = aten.all.default(truth)
+        return aten.view.default(out, [1] * x.dim()) if keepdim else out
+    for d in sorted({d % max(x.dim(), 1) for d in dim}, reverse=True):
+        truth = aten.all.dim(truth, d, keepdim) if x.dim() else truth
+    return truth
+
+
+@_ours(aten.angle.default)
+def _angle(x):
+    # real inputs only (complex ones do not lower anyway): pi below zero, NaN kept, as ATen
+    if x.dtype.is_complex:
+        return NotImplemented
+    if not x.dtype.is_floating_point:
+        x = aten._to_copy.default(x, dtype=torch.get_default_dtype())
+    pi = aten.where.self(aten.lt.Scalar(x, 0), aten.full_like.default(x, math.pi), aten.zeros_like.default(x))
+    return aten.where.self(aten.isnan.default(x), x, pi)
+
+
+def _logaddexp(a, b):
+    big, small = aten.maximum.default(a, b), aten.minimum.default(a, b)
+    out = aten.add.Tensor(big, aten.log1p.default(aten.exp.default(aten.sub.Tensor(small, big))))
+    return aten.where.self(aten.isinf.default(big), big, out)  # +inf wins; both -inf stay -inf
+
+
+@_ours(aten.logcumsumexp)
+def _logcumsumexp(x, dim: int):
+    # torch-mlir's lowering gives inf/NaN (exp before the running max). A Hillis-Steele scan of
+    # logaddexp: log2(n) shifted steps, each element combines with the one 2^k before it.
+    if x.dim() == 0:
+        return aten.clone.default(x)
+    if not x.dtype.is_floating_point or x.dtype.is_complex:
+        return NotImplemented
+    dim = dim % x.dim()
+    n = x.shape[dim]
+    step = 1
+    while step < n:
+        pad = [0, 0] * (x.dim() - 1 - dim) + [step, 0]
+        shifted = aten.constant_pad_nd.default(aten.slice.Tensor(x, dim, 0, n - step), pad, -math.inf)
+        x = _logaddexp(x, shifted)
+        step *= 2
+    return x
 
 
 @_ours(aten.view_copy.default)

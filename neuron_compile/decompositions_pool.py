@@ -227,7 +227,7 @@ ZERO_SIZE = (
     aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default,
     aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default,
     aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default,
-    aten.avg_pool2d.default, aten.avg_pool3d.default,
+    aten.avg_pool2d.default, aten.avg_pool3d.default, aten.roll.default,
 )
 
 
@@ -289,3 +289,43 @@ def _unfold(x, dimension: int, size: int, step: int):
 @_pool(aten.unfold_copy)
 def _unfold_copy(x, dimension: int, size: int, step: int):
     return _unfold(x, dimension, size, step).clone()
+
+
+# --------------------------------------------------------------------------- transposed convolution
+
+
+@_pool(aten.convolution.default)
+def _convolution(x, weight, bias, stride, padding, dilation, transposed: bool, output_padding, groups: int):
+    # torch-mlir fails to lower transposed convolutions with output_padding in some stride
+    # combinations (OpInfo conv_transpose2d/3d: stride (3, 2), output_padding (2, 3)). Those, and
+    # only those (others keep its lowering with lhs dilation), become the ordinary convolution
+    # they equal: zeros between input elements, padding dilation * (k - 1) - p on each side (+
+    # output_padding on the right, a crop where negative), the kernel flipped, in and out swapped
+    # per group.
+    if not transposed or not any(output_padding) or x.dim() < 3:
+        return NotImplemented
+    d = x.dim() - 2
+    stride, padding, dilation = _tuple(stride, d), _tuple(padding, d), _tuple(dilation, d)
+    output_padding = _tuple(output_padding, d)
+    ks = list(weight.shape[2:])
+    for j in range(d):
+        axis = 2 + j
+        s = stride[j]
+        if s > 1:
+            size = x.shape[axis]
+            x = x.unsqueeze(axis + 1)
+            pad = [0, 0] * (x.dim() - axis - 2) + [0, s - 1]
+            x = aten.constant_pad_nd.default(x, pad, 0.0)
+            shape = list(x.shape)
+            x = x.reshape(shape[:axis] + [size * s] + shape[axis + 2:])
+            x = aten.slice.Tensor(x, axis, 0, (size - 1) * s + 1)
+        lo = dilation[j] * (ks[j] - 1) - padding[j]
+        hi = lo + output_padding[j]
+        pad = [0, 0] * (x.dim() - axis - 1) + [max(lo, 0), max(hi, 0)]
+        x = aten.constant_pad_nd.default(x, pad, 0.0)
+        length = x.shape[axis]
+        x = aten.slice.Tensor(x, axis, max(-lo, 0), length - max(-hi, 0))
+    cin, cout_g = weight.shape[0], weight.shape[1]
+    w = weight.reshape([groups, cin // groups, cout_g] + ks).transpose(1, 2)
+    w = w.reshape([groups * cout_g, cin // groups] + ks).flip(list(range(2, 2 + d)))
+    return aten.convolution.default(x, w, bias, [1] * d, [0] * d, list(dilation), False, [0] * d, groups)

@@ -296,6 +296,32 @@ def _ndtri(y0):
 _special(aten.special_ndtri)(_unary(_ndtri))
 
 
+def _erfinv(y):
+    # ATen's calc_erfinv (Math.h): a rational first guess (central below |y| = 0.7, tail
+    # above), then two Newton steps on erf; |y| = 1 is +-inf, |y| > 1 NaN.
+    a = (0.886226899, -1.645349621, 0.914624893, -0.140543331)
+    b = (-2.118377725, 1.442710462, -0.329097515, 0.012229801)
+    c = (-1.970840454, -1.624906493, 3.429567803, 1.641345311)
+    d = (3.543889200, 1.637067800)
+    y_abs = y.abs()
+    z = y * y
+    num = ((a[3] * z + a[2]) * z + a[1]) * z + a[0]
+    dem = (((b[3] * z + b[2]) * z + b[1]) * z + b[0]) * z + 1.0
+    central = y * num / dem
+    t = torch.sqrt(-torch.log((1.0 - torch.clamp(y_abs, max=1.0)) / 2.0))
+    num = ((c[3] * t + c[2]) * t + c[1]) * t + c[0]
+    dem = (d[1] * t + d[0]) * t + 1.0
+    tail = torch.copysign(num, y) / dem
+    x = torch.where(y_abs <= 0.7, central, tail)
+    for _ in range(2):
+        x = x - (torch.erf(x) - y) / ((2.0 / math.sqrt(math.pi)) * torch.exp(-x * x))
+    x = torch.where(y_abs == 1.0, torch.copysign(torch.full_like(y, math.inf), y), x)
+    return torch.where(y_abs > 1.0, torch.full_like(y, math.nan), x)
+
+
+_special(aten.erfinv)(_unary(lambda y: _erfinv(y.to(torch.float64)).to(y.dtype)))  # float64: Newton near +-1 cancels
+
+
 # --------------------------------------------------------------------------- erfc, erfcx, log_ndtr
 
 

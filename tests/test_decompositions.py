@@ -225,3 +225,32 @@ def test_polygamma_negative_arguments():
     x = torch.cat([torch.linspace(-12, 3, 301) + 0.013, torch.tensor([-8.4784, -100.3, -3.0, 0.0, float("inf"),
                                                                       float("-inf"), float("nan")])])
     check(lambda x: tuple(torch.polygamma(n, x) for n in (1, 2, 3, 4)), x, rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
+def test_small_ops_second_round():
+    # clamp with broadcast tensor bounds, all over dims (None, () and a list), angle of reals,
+    # an empty narrow_copy, roll of an empty tensor
+    x, b = torch.randn(5, 1), torch.randn(5)
+    b[1] = float("nan")
+    check(lambda x, b: (torch.clamp_max(x, b), torch.clamp_min(x, b), torch.clamp(x, b, b + 1)), x, b, equal_nan=True)
+    m = torch.randn(3, 4).round()
+    check(lambda m: (torch.all(m, dim=()), torch.all(m[0, 0], dim=0, keepdim=True),
+                     torch.all(m, dim=(0, 1), keepdim=True), torch.all(m, dim=(1,))), m)
+    check(torch.angle, torch.tensor([-1.0, 0.0, -0.0, 2.0, float("nan"), -float("inf")]), equal_nan=True)
+    check(lambda x: (torch.narrow_copy(x, 1, 0, 0), torch.roll(x[:0], 1, 0), torch.roll(x, 0, 0), torch.roll(x, 5, 1),
+                     torch.roll(x, (1, 2), (0, 2))), torch.randn(5, 5, 5))
+
+
+def test_logcumsumexp_with_infinities():
+    # torch-mlir's own lowering returned inf/NaN; a logaddexp scan keeps large and infinite values
+    y = torch.randn(5, 6, 7) * 30
+    y[0, 0, 2], y[1, 1, 1], y[3, 3, 3] = float("inf"), -float("inf"), float("nan")
+    y[2, :, 3] = -float("inf")
+    check(lambda y: (torch.logcumsumexp(y, 0), torch.logcumsumexp(y, -1), torch.logcumsumexp(y[0, 0, 0], 0)), y,
+          equal_nan=True)
+
+
+def test_erfinv():
+    # ATen's rational guess and two Newton steps, in float64 (near +-1 the Newton step cancels)
+    y = torch.cat([torch.linspace(-1, 1, 4001), torch.tensor([1.5, -1.5, float("nan"), 0.7, -0.7, 1 - 1e-7, 1e-30])])
+    check(torch.erfinv, y, rtol=1e-5, atol=1e-6, equal_nan=True)

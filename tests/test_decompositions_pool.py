@@ -60,3 +60,18 @@ def test_zero_size_inputs_give_empty_results():
 def test_output_size_is_atens(size, k, s, p, dil):
     ref = F.max_pool1d(torch.zeros(1, size), k, s, p, dil, ceil_mode=True).shape[-1]
     assert _out_size(size, k, s, p, dil, True) == ref
+
+
+def test_transposed_convolution_with_output_padding():
+    # the stride/output_padding combinations torch-mlir does not lower, as ordinary convolutions
+    x, w, b = torch.randn(2, 2, 4, 4), torch.randn(2, 2, 4, 5), torch.randn(4)
+    x3, w3 = torch.randn(2, 2, 4, 4, 3), torch.randn(2, 3, 2, 3, 2)
+
+    def fn(x, w, b, x3, w3):
+        return (F.conv_transpose2d(x, w, b, (3, 2), (1, 2), (2, 3), 2, (4, 4)),
+                F.conv_transpose2d(x[0], w, None, (3, 2), 0, (2, 1)),
+                F.conv_transpose3d(x3, w3, None, (3, 2, 2), (1, 0, 2), (2, 1, 1), 2, (2, 1, 3)),
+                F.conv_transpose1d(x[:, :, 0], w[:, :, 0], None, 3, 4, 1, 1, 2))
+
+    for g, r in zip(_compiled(fn, x, w, b, x3, w3), fn(x, w, b, x3, w3)):
+        torch.testing.assert_close(g, r)
