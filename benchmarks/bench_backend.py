@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -100,7 +99,9 @@ def main(argv=None):
                      f"{m['max_abs_diff']:.1e}"])
     headers = ["backend", "first call s", "per call ms", "first / inductor", "per call / inductor", "max |diff| vs eager"]
     table = tabulate(rows, headers=headers, tablefmt="github")
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.platform()}"
+    from neuron_compile.benchmark import machine_line
+
+    machine = machine_line()
     import torch
 
     text = (f"# neuron vs inductor: GPT-2 style, {args.layers} layers, 256 wide, batch 4x128, inference\n\n"

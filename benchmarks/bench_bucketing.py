@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import subprocess
 import sys
@@ -108,7 +107,9 @@ def main(argv=None):
              f"{r['total_s'] / ref['total_s']:.2f}" if ref else "-", f"{r['max_abs_diff']:.1e}"] for r in results]
     table = tabulate(rows, headers=["mode", "compiles", "total s", "us / token", "total / inductor", "max |diff| vs eager"],
                      tablefmt="github")
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    from neuron_compile.benchmark import machine_line
+
+    machine = machine_line()
     text = (f"# Shape bucketing: tiny llama, {args.batches} batches of random lengths in [1, 1024], batch 2, inference\n\n"
             f"Machine: {machine}. {results[0]['distinct_lengths']} distinct lengths. Each mode in a fresh process, "
             f"empty caches; total includes every compile.\nRerun: `python benchmarks/bench_bucketing.py --batches {args.batches}`\n\n"

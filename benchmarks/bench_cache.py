@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -31,6 +30,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from neuron_compile.benchmark import machine_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -120,23 +121,6 @@ def split(result: dict) -> dict:
             "lower+passes+compile": compile_, "execute (one steady call)": run}
 
 
-def machine() -> str:
-    cpu = platform.machine()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import jax
-    import torch
-
-    return (f"{cpu}, {os.cpu_count()} cores (shared with other engineers' jobs: figures are noisy, ratios matter), "
-            f"Linux {platform.release()}, Python {platform.python_version()}, torch {torch.__version__}, "
-            f"jax/jaxlib {jax.__version__}, XLA CPU (PJRT)")
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -178,7 +162,7 @@ def main(argv=None) -> int:
     lines = [
         "# Compile cache: first call of a GPT-2-style model, cold vs warm (fresh processes)",
         "",
-        f"Machine: {machine()}.",
+        f"Machine: {machine_line()}.",
         "",
         "Model: `GPT2LMHeadModel(GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=50257))`, random weights, "
         f"inference on 4x128 token ids, `torch.compile(backend=\"neuron\")`, {runs['default', 'cold'][0]['graphs']} "

@@ -27,13 +27,14 @@ import argparse
 import json
 import math
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from neuron_compile.benchmark import machine_line
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -86,23 +87,6 @@ def compile_xla(text: str):
     client = get_backend("cpu")
     devices = xla_client.DeviceList(tuple(client.local_devices()[:1]))
     return client.compile_and_load(text, devices, xla_client.CompileOptions())
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import jax
-
-    return (
-        f"{cpu}, {os.cpu_count()} cores visible, Linux {platform.release()}, Python "
-        f"{platform.python_version()}, torch {torch.__version__}, jax/jaxlib {jax.__version__}, XLA CPU (PJRT)"
-    )
 
 
 # ---------------------------------------------------------------- compile time of the passes
@@ -181,7 +165,7 @@ def compile_time(args) -> int:
                    for label, root in roots.items()}
     names = [p.name for p in parse_pipeline(spec).passes]
     lines = [f"pipeline `{spec}`, best of {args.repeat} per graph, each graph in a fresh process; "
-             f"machine: {machine()}", "",
+             f"machine: {machine_line()}", "",
              "| graph | ops | " + " | ".join(f"{label}: {n} ms" for label in results for n in names)
              + " | " + " | ".join(f"{label}: total ms" for label in results) + " |",
              "| --- | --- |" + " --- |" * (len(results) * (len(names) + 1))]
@@ -300,7 +284,7 @@ def main(argv=None) -> int:
         f"\nops per region (neuron profile): {neuron['ops_per_region']}\n"
         f"pass time / XLA compile time per variant: "
         + ", ".join(f"{k}: {r['pass_s']:.2f}s/{r['compile_s']:.2f}s" for k, r in rows.items())
-        + f"\n{args.rounds} rounds; per round and variant the best of {args.calls} calls; machine: {machine()}\n"
+        + f"\n{args.rounds} rounds; per round and variant the best of {args.calls} calls; machine: {machine_line()}\n"
     )
     print(report + detail)
     if args.out:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -233,7 +232,9 @@ def _ratio(a, b):
 def _report(summary, args) -> str:
     from tabulate import tabulate
 
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    from neuron_compile.benchmark import machine_line
+
+    machine = machine_line()
     lines = [f"# neuron vs eager, Inductor and iree-turbine\n",
              f"Machine: {machine}. Medians of {args.repeat} fresh processes per cell, empty caches "
              f"(neuron-warm: a fresh process on the cache its cold run left). Per-call: the quietest "

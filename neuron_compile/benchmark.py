@@ -48,6 +48,16 @@ def machine() -> dict:
             "torch": torch.__version__, "threads": torch.get_num_threads()}
 
 
+def machine_line() -> str:
+    """``machine()`` as the one line a results file opens with."""
+    import jaxlib
+
+    m = machine()
+    return (f"{m['cpu']}, {m['cores']} cores (shared with other jobs: figures are noisy, ratios matter), "
+            f"{m['platform']}, Python {m['python']}, torch {m['torch']} ({m['threads']} threads), "
+            f"jaxlib {jaxlib.__version__}, XLA CPU (PJRT)")
+
+
 # ---- the worker: one backend, one fresh process ----------------------------------------------------
 
 def worker_main(argv: list[str] | None = None) -> int:
