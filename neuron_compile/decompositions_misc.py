@@ -1,0 +1,207 @@
+"""Search, pairwise, strided and bit-level ops torch-mlir has no StableHLO lowering for.
+
+Each is written with ops it lowers, exactly (no approximation): comparisons
+counted instead of a binary search, pairs of rows taken by static slices,
+strided views as gathers of statically computed positions, float neighbours
+as integer steps on the bit pattern.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch._decomp import register_decomposition
+
+aten = torch.ops.aten
+
+MISC: dict = {}
+
+
+def _misc(op):
+    return register_decomposition(op, registry=MISC)
+
+
+# --------------------------------------------------------------------------- searchsorted
+
+
+@_misc(aten.searchsorted.Tensor)
+def _searchsorted(sorted_sequence, values, *, out_int32: bool = False, right: bool = False, side=None,
+                  sorter=None):
+    # ATen's binary search finds the first position whose element is >= v (left) or > v
+    # (right); on a sorted row that is the count of elements for which that fails, which
+    # is also what the search returns for v = NaN (the row's length).
+    dtype = torch.int32 if out_int32 else torch.int64
+    right = right or side == "right"
+    if values.numel() == 0 or sorted_sequence.shape[-1] == 0:
+        return torch.zeros(list(values.shape), dtype=dtype, device=values.device)
+    seq = sorted_sequence
+    if sorter is not None:
+        seq = torch.gather(seq, -1, sorter)
+    if seq.dim() == 1:
+        v, s = values.unsqueeze(-1), seq
+    else:
+        v, s = values.unsqueeze(-1), seq.unsqueeze(-2)
+    found = (s > v) if right else (s >= v)
+    return torch.logical_not(found).sum(-1).to(dtype)
+
+
+@_misc(aten.searchsorted.Scalar)
+def _searchsorted_scalar(sorted_sequence, value, *, out_int32: bool = False, right: bool = False, side=None,
+                         sorter=None):
+    values = torch.full([1] * max(sorted_sequence.dim() - 1, 0) + [1], value, dtype=sorted_sequence.dtype,
+                        device=sorted_sequence.device)
+    out = _searchsorted(sorted_sequence, values, out_int32=out_int32, right=right, side=side, sorter=sorter)
+    return out.reshape([]) if sorted_sequence.dim() == 1 else out.squeeze(-1)
+
+
+# --------------------------------------------------------------------------- pdist
+
+PDIST_MAX_ROWS = 512
+
+
+@_misc(aten._pdist_forward)
+def _pdist_forward(x, p: float = 2.0):
+    # Rows i < j in ATen's order (i major): one static slice per i, then the p-norm of the
+    # differences (linalg_vector_norm handles p = 0 and inf). Unrolled over rows: above
+    # PDIST_MAX_ROWS it is left to fail lowering rather than emit a huge graph.
+    n = x.shape[0]
+    if n > PDIST_MAX_ROWS:
+        return NotImplemented
+    if n < 2 or x.shape[1] == 0:
+        return torch.zeros([n * (n - 1) // 2], dtype=x.dtype, device=x.device)
+    diffs = torch.cat([x[i + 1:] - x[i:i + 1] for i in range(n - 1)], 0)
+    return torch.linalg.vector_norm(diffs, p, [-1])
+
+
+# --------------------------------------------------------------------------- nextafter
+
+_BITS = {torch.float32: (torch.int32, 2 ** 31 - 1), torch.float64: (torch.int64, 2 ** 63 - 1)}
+
+
+@_misc(aten.nextafter)
+def _nextafter(x, other):
+    # The float after x towards other: one step of x's bit pattern (up if the step moves
+    # away from zero, down if towards it); other itself when x == other, NaN with a NaN, the
+    # smallest subnormal (signed as other) from zero: C's nextafter. Compared as integers
+    # (sign-magnitude bits mapped to an ordered key): XLA's CPU float compares treat
+    # subnormals as zero.
+    if x.dtype not in _BITS or other.dtype != x.dtype:
+        return NotImplemented
+    itype, magnitude = _BITS[x.dtype]
+    x, other = torch.broadcast_tensors(x, other)
+    bits, obits = x.view(itype), other.view(itype)
+    key = torch.where(bits < 0, -(bits & magnitude), bits)
+    okey = torch.where(obits < 0, -(obits & magnitude), obits)
+    up = okey > key  # towards +inf
+    away = up == (key > 0)
+    stepped = torch.where(away, bits + 1, bits - 1)
+    from_zero = torch.where(up, torch.ones_like(bits), torch.full_like(bits, -magnitude))  # -magnitude: sign bit | 1
+    out = torch.where(key == 0, from_zero, stepped)
+    out = torch.where(key == okey, obits, out).view(x.dtype)
+    return torch.where(torch.isnan(x) | torch.isnan(other), torch.full_like(x, math.nan), out)
+
+
+# --------------------------------------------------------------------------- strided views
+
+
+def _strided_positions(size, stride, offset, like):
+    """Flat storage position of every element of as_strided(size, stride, offset): an int64 tensor of shape size."""
+    pos = torch.full(list(size), offset, dtype=torch.int64, device=like.device)
+    for j, (n, s) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[j] = n
+        pos = pos + (torch.arange(n, dtype=torch.int64, device=like.device) * s).reshape(shape)
+    return pos
+
+
+def _static_positions(size, stride, offset):
+    positions = [offset]
+    for n, s in zip(size, stride):
+        positions = [p + k * s for p in positions for k in range(n)]
+    return positions
+
+
+def _plain_storage(x) -> bool:
+    # as_strided reads x's storage; in the graph that is x flattened only when x is contiguous
+    # and starts the storage
+    return x.is_contiguous() and x.storage_offset() == 0
+
+
+@_misc(aten.as_strided_copy)
+def _as_strided_copy(x, size, stride, storage_offset=None):
+    offset = storage_offset or 0
+    if not _plain_storage(x):
+        return NotImplemented
+    if math.prod(size) == 0:
+        return torch.zeros(list(size), dtype=x.dtype, device=x.device)
+    flat = x.reshape(-1)
+    return flat[_strided_positions(size, stride, offset, x).reshape(-1)].reshape(list(size))
+
+
+@_misc(aten.as_strided_scatter)
+def _as_strided_scatter(x, src, size, stride, storage_offset=None):
+    # Positions written twice (overlapping strides) have no defined winner: left to fail lowering.
+    offset = storage_offset or 0
+    if not _plain_storage(x):
+        return NotImplemented
+    positions = _static_positions(size, stride, offset)
+    if len(set(positions)) != len(positions):
+        return NotImplemented
+    flat = x.reshape(-1).clone()
+    if not positions:
+        return flat.reshape(list(x.shape))
+    index = _strided_positions(size, stride, offset, x).reshape(-1)
+    return torch.index_put(flat, [index], src.reshape(-1).to(x.dtype)).reshape(list(x.shape))
+
+
+@_misc(aten.put)
+def _put(x, index, source, accumulate: bool = False):
+    # x.put(index, source): writes into x flattened (negative positions from the end). Without
+    # accumulate, repeated positions have no defined winner in eager either; index_put is the op.
+    flat = x.reshape(-1)
+    index = index.reshape(-1)
+    index = torch.where(index < 0, index + flat.shape[0], index)
+    return torch.index_put(flat, [index], source.reshape(-1).to(x.dtype), accumulate).reshape(list(x.shape))
+
+
+# --------------------------------------------------------------------------- mode
+
+
+@_misc(aten.mode)
+def _mode(x, dim: int = -1, keepdim: bool = False):
+    # ATen (CPU) sorts each row and takes the longest run: the most frequent value, the
+    # smallest among equally frequent ones, with the index of its last occurrence. Counted
+    # here with an n x n comparison per row. Rows with NaN have no defined answer in eager
+    # (its sort's comparator is not an order with NaN: [nan, 1, nan, 1, nan] gives NaN at
+    # index 0, [1, nan, 2, nan, nan] gives 1); here NaN is never the mode but of an all-NaN
+    # row (index 0, as eager); the rows above give 1 at index 3 and 1 at index 0.
+    if x.dim() == 0:
+        return x.clone(), torch.zeros([], dtype=torch.int64, device=x.device)
+    if not x.dtype.is_floating_point and x.dtype not in (torch.int32, torch.int64, torch.int16, torch.int8,
+                                                         torch.uint8):
+        return NotImplemented
+    d = dim % x.dim()
+    y = x.movedim(d, -1)
+    n = y.shape[-1]
+    if n == 0 or y.numel() == 0:
+        return NotImplemented
+    same = y.unsqueeze(-1) == y.unsqueeze(-2)  # [..., n, n]
+    nan = torch.isnan(y) if y.dtype.is_floating_point else torch.zeros_like(y, dtype=torch.bool)
+    count = same.sum(-1)  # [..., n]; NaN equals nothing
+    best = count.amax(-1, keepdim=True)
+    top = (count == best) & ~nan
+    if y.dtype.is_floating_point:
+        big = torch.full_like(y, math.inf)
+    else:
+        big = torch.full_like(y, torch.iinfo(y.dtype).max)
+    value = torch.where(top, y, big).amin(-1, keepdim=True)
+    all_nan = nan.all(-1, keepdim=True)
+    position = torch.arange(n, dtype=torch.int64, device=x.device)
+    last = torch.where((y == value) & top, position, -1).amax(-1, keepdim=True)
+    last = torch.where(all_nan, 0, last)
+    value = torch.where(all_nan, torch.full_like(value, math.nan) if y.dtype.is_floating_point else value, value)
+    value, last = value.squeeze(-1), last.squeeze(-1)
+    if keepdim:
+        value, last = value.unsqueeze(d), last.unsqueeze(d)
+    return value, last

@@ -1,0 +1,56 @@
+"""Search, pairwise, strided and bit-level ops (neuron_compile/decompositions_misc.py), compiled, against eager."""
+
+import torch
+
+
+def _compiled(fn, *args):
+    torch._dynamo.reset()
+    return torch.compile(fn, backend="neuron", fullgraph=True)(*args)
+
+
+def _same(fn, *args, **tol):
+    torch.testing.assert_close(_compiled(fn, *args), fn(*args), equal_nan=True, **tol)
+
+
+def test_searchsorted_bucketize_isin():
+    seq = torch.sort(torch.randn(3, 7).round())[0]  # repeated values: left and right differ
+    v = torch.randn(3, 4).round()
+    v[0, 0] = float("nan")
+    _same(lambda s, v: (torch.searchsorted(s, v), torch.searchsorted(s, v, right=True),
+                        torch.searchsorted(s[0], v, side="right", out_int32=True), torch.searchsorted(s[0], 0.0),
+                        torch.bucketize(v, s[0]), torch.searchsorted(s[:, :0], v)), seq, v)
+    unsorted = seq[0][torch.randperm(7)]
+    _same(lambda u, v: torch.searchsorted(u, v, sorter=torch.argsort(u)), unsorted, v)
+    _same(torch.isin, torch.randn(20).round(), torch.randn(5).round())
+
+
+def test_pdist():
+    x = torch.randn(6, 4)
+    _same(lambda x: (torch.pdist(x), torch.pdist(x, 1), torch.pdist(x, float("inf")), torch.pdist(x, 0),
+                     torch.pdist(x[:1])), x)
+
+
+def test_nextafter_bit_exact():
+    a = torch.tensor([0.0, 1.0, -1.0, 1e-45, -1e-45, -0.0, float("nan"), 3.0, float("inf"), -float("inf"), 2.0, 0.0])
+    b = torch.tensor([1.0, 1.0, 0.0, -1.0, 1.0, -1.0, 1.0, float("nan"), 0.0, 0.0, float("inf"), -0.0])
+    _same(torch.nextafter, a, b, rtol=0, atol=0)
+    _same(torch.nextafter, a.double(), b.double(), rtol=0, atol=0)
+    _same(torch.nextafter, torch.randn(5, 1), torch.randn(5), rtol=0, atol=0)
+
+
+def test_strided_copies_and_put():
+    y = torch.randn(3, 3)
+    _same(lambda y: (torch.as_strided_copy(y, (2, 2), (1, 2), 1),
+                     torch.as_strided_copy(y.reshape(-1), (2, 2, 2, 2), (1, 1, 1, 1))), y)
+    _same(lambda y, s: torch.as_strided_scatter(y, s, (2, 2), (1, 2), 1), y, torch.randn(2, 2))
+    _same(lambda y, i, s: (y.put(i, s), y.put(i, s, accumulate=True)), y, torch.tensor([0, -1, 4]), torch.randn(3))
+
+
+def test_mode_smallest_most_frequent_last_index():
+    m = torch.randint(0, 4, (4, 5, 6)).float()
+    _same(lambda m: (torch.mode(m), torch.mode(m, 1), torch.mode(m, 0, True), torch.mode(m[0, 0, 0])), m)
+    _same(lambda m: torch.mode(m, -1), torch.tensor([[3, 1, 3, 1, 2], [2, 2, 5, 5, 0]]))
+    nan = float("nan")
+    rows = torch.tensor([[1, nan, 2, nan, nan], [1, nan, 1, 1, nan], [2, nan, 1, nan, 5], [1, 1, nan, 4, 4],
+                         [nan, nan, nan, nan, nan]])
+    _same(lambda m: torch.mode(m, -1), rows)
