@@ -205,3 +205,57 @@ def _mode(x, dim: int = -1, keepdim: bool = False):
     if keepdim:
         value, last = value.unsqueeze(d), last.unsqueeze(d)
     return value, last
+
+
+# --------------------------------------------------------------------------- segment_reduce
+
+_IDENTITY = {"sum": 0.0, "prod": 1.0, "max": -math.inf, "min": math.inf, "mean": 0.0}
+
+
+@_misc(aten.segment_reduce)
+def _segment_reduce(data, reduce: str, *, lengths=None, indices=None, offsets=None, axis: int = 0,
+                    unsafe: bool = False, initial=None):
+    # Segments [start, end) of data's axis from lengths (or offsets); a membership mask
+    # [..., S, N] selects each segment's elements, the rest get the reduction's identity.
+    # ATen counts ``initial`` as one more element (mean: (initial + sum) / length), an
+    # empty segment is initial, or the identity (mean: NaN).
+    if indices is not None or reduce not in _IDENTITY or not data.dtype.is_floating_point:
+        return NotImplemented
+    axis = axis % data.dim()
+    if offsets is not None:
+        starts, ends = offsets[..., :-1], offsets[..., 1:]
+    elif lengths is not None:
+        ends = torch.cumsum(lengths, -1)
+        starts = ends - lengths
+    else:
+        return NotImplemented
+    n = data.shape[axis]
+    post = data.dim() - axis - 1
+    pos = torch.arange(n, dtype=starts.dtype, device=data.device)
+    mask = (pos >= starts.unsqueeze(-1)) & (pos < ends.unsqueeze(-1))  # [pre..., S, N]
+    mask = mask.reshape(list(mask.shape) + [1] * post)
+    values = torch.where(mask, data.unsqueeze(axis), torch.full((), _IDENTITY[reduce], dtype=data.dtype,
+                                                                    device=data.device))
+    dim = axis + 1
+    if reduce in ("sum", "mean"):
+        out = values.sum(dim)
+    elif reduce == "prod":
+        out = values.prod(dim)
+    elif reduce == "max":
+        out = values.amax(dim)
+    else:
+        out = values.amin(dim)
+    if initial is not None:
+        if reduce in ("sum", "mean"):
+            out = out + initial
+        elif reduce == "prod":
+            out = out * initial
+        elif reduce == "max":
+            out = torch.clamp(out, min=initial)
+        else:
+            out = torch.clamp(out, max=initial)
+    if reduce == "mean":
+        count = mask.sum(dim).to(data.dtype)
+        empty = torch.full((), math.nan if initial is None else initial, dtype=data.dtype, device=data.device)
+        out = torch.where(count == 0, empty, out / count)
+    return out

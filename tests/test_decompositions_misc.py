@@ -54,3 +54,20 @@ def test_mode_smallest_most_frequent_last_index():
     rows = torch.tensor([[1, nan, 2, nan, nan], [1, nan, 1, 1, nan], [2, nan, 1, nan, 5], [1, 1, nan, 4, 4],
                          [nan, nan, nan, nan, nan]])
     _same(lambda m: torch.mode(m, -1), rows)
+
+
+def test_segment_reduce_lengths_offsets_initial():
+    d = torch.randn(5, 3)
+    d[1, 1] = float("nan")
+    lengths, offsets = torch.tensor([2, 0, 3, 0]), torch.tensor([0, 2, 2, 5, 5])
+
+    def fn(d, lengths, offsets):
+        out = []
+        for r in ("sum", "mean", "max", "min", "prod"):
+            out += [torch.segment_reduce(d, r, lengths=lengths), torch.segment_reduce(d, r, lengths=lengths, initial=2.0),
+                    torch.segment_reduce(d, r, offsets=offsets, initial=-1.0),
+                    torch.segment_reduce(d.T.contiguous(), r, lengths=torch.stack([lengths, lengths.flip(0), lengths]),
+                                         axis=1)]
+        return out
+
+    _same(fn, d, lengths, offsets)
