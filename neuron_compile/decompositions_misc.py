@@ -259,3 +259,90 @@ def _segment_reduce(data, reduce: str, *, lengths=None, indices=None, offsets=No
         empty = torch.full((), math.nan if initial is None else initial, dtype=data.dtype, device=data.device)
         out = torch.where(count == 0, empty, out / count)
     return out
+
+
+# --------------------------------------------------------------------------- random distributions
+
+# torch-mlir lowers none of these samplers; each is its distribution's transform of
+# uniform or standard normal draws (rand_like / randn_like, which lower), as ATen's CPU
+# kernels do (cauchy: inverse CDF; log_normal: exp of a normal; geometric: the inverse CDF
+# of a uniform on (0, 1]). An explicit generator is left to fail lowering.
+
+
+def _open_uniform(x, dtype=None):
+    """Uniform on (0, 1]: 1 - U[0, 1)."""
+    return 1.0 - torch.rand_like(x, dtype=dtype or x.dtype)
+
+
+@_misc(aten.cauchy)
+def _cauchy(x, median: float = 0.0, sigma: float = 1.0, *, generator=None):
+    if generator is not None:
+        return NotImplemented
+    return median + sigma * torch.tan(math.pi * (torch.rand_like(x) - 0.5))
+
+
+@_misc(aten.log_normal)
+def _log_normal(x, mean: float = 1.0, std: float = 2.0, *, generator=None):
+    if generator is not None:
+        return NotImplemented
+    return torch.exp(mean + std * torch.randn_like(x))
+
+
+@_misc(aten.geometric)
+def _geometric(x, p: float, *, generator=None):
+    # trials until the first success: ceil(log(u) / log(1 - p)), at least 1
+    if generator is not None:
+        return NotImplemented
+    u = _open_uniform(x, torch.float32)
+    k = torch.ceil(torch.log(u) / math.log1p(-p)) if p < 1 else torch.ones_like(u)
+    return torch.clamp(k, min=1).to(x.dtype)
+
+
+@_misc(aten.normal.Tensor_Tensor)
+def _normal_tt(mean, std, *, generator=None):
+    if generator is not None:
+        return NotImplemented
+    shape = torch.broadcast_shapes(mean.shape, std.shape)
+    z = torch.randn(list(shape), dtype=mean.dtype, device=mean.device)
+    return mean + std * z
+
+
+@_misc(aten.normal.Tensor_float)
+def _normal_tf(mean, std: float = 1.0, *, generator=None):
+    if generator is not None:
+        return NotImplemented
+    return mean + std * torch.randn_like(mean)
+
+
+@_misc(aten.normal.float_Tensor)
+def _normal_ft(mean: float, std, *, generator=None):
+    if generator is not None:
+        return NotImplemented
+    return mean + std * torch.randn_like(std)
+
+
+@_misc(aten.normal.float_float)
+def _normal_ff(mean: float, std: float, size, *, generator=None, dtype=None, layout=None, device=None,
+               pin_memory=None):
+    if generator is not None:
+        return NotImplemented
+    return mean + std * torch.randn(list(size), dtype=dtype or torch.get_default_dtype(), device=device)
+
+
+def _randint_like(x, low, high, dtype):
+    # floor(low + (high - low) U) from a float32 U (rand_like in float64 does not lower): every
+    # integer reachable only while high - low <= 2^24; wider ranges are left to fail lowering
+    if high - low > 2 ** 24:
+        return NotImplemented
+    u = torch.rand(list(x.shape), dtype=torch.float32, device=x.device)  # rand_like of an integer x does not lower
+    return torch.clamp(torch.floor(low + (high - low) * u), max=high - 1).to(dtype or x.dtype)
+
+
+@_misc(aten.randint_like.default)
+def _randint_like_high(x, high, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return _randint_like(x, 0, high, dtype)
+
+
+@_misc(aten.randint_like.low_dtype)
+def _randint_like_low(x, low, high, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return _randint_like(x, low, high, dtype)

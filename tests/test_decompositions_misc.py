@@ -71,3 +71,30 @@ def test_segment_reduce_lengths_offsets_initial():
         return out
 
     _same(fn, d, lengths, offsets)
+
+
+def test_random_samplers_follow_their_distributions():
+    # compiled and eager draw different numbers: their quartiles agree (200k draws: the
+    # quartiles' sampling error is well under the 0.05 allowed), and the supports are right
+    torch.manual_seed(0)
+    n = 200_000
+    x, m, s = torch.zeros(n), torch.full((n,), 3.0), torch.full((n,), 2.0)
+
+    def fn(x, m, s):
+        return (torch.empty_like(x).cauchy_(1.0, 2.0), torch.empty_like(x).log_normal_(0.5, 0.3),
+                torch.empty_like(x).geometric_(0.3), torch.normal(m, s), torch.normal(m, 2.0), torch.normal(1.0, s),
+                torch.normal(0.0, 1.0, (n,)), torch.randint_like(x, 10), torch.randint_like(x, -3, 4),
+                torch.randint_like(x.long(), 5))
+
+    got, ref = _compiled(fn, x, m, s), fn(x, m, s)
+    q = torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64)
+    for i, (g, r) in enumerate(zip(got, ref)):
+        assert g.dtype == r.dtype and g.shape == r.shape, i
+        if i < 7:
+            torch.testing.assert_close(torch.quantile(g.double(), q), torch.quantile(r.double(), q), rtol=0.05,
+                                       atol=0.05, msg=str(i))
+        else:  # randint_like: the same integer range and mean (a discrete median may flip)
+            assert g.min() == r.min() and g.max() == r.max(), i
+            torch.testing.assert_close(g.double().mean(), r.double().mean(), rtol=0.03, atol=0.03)
+    assert got[2].min() == 1 and (got[2] == got[2].round()).all()  # geometric: whole trials, at least one
+    assert got[1].min() > 0 and got[7].max() == 9 and got[8].min() == -3 and got[9].max() == 4
