@@ -346,3 +346,39 @@ def _randint_like_high(x, high, *, dtype=None, layout=None, device=None, pin_mem
 @_misc(aten.randint_like.low_dtype)
 def _randint_like_low(x, low, high, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     return _randint_like(x, low, high, dtype)
+
+
+# --------------------------------------------------------------------------- stable sort
+
+STABLE_SORT_MAX = 1024
+
+
+@_misc(aten.sort.stable)
+def _sort_stable(x, *, stable=None, dim: int = -1, descending: bool = False):
+    # torch-mlir's sort is not stable (tied elements come back in another order) and sort.stable
+    # does not lower. Each element's place is counted: the elements before it in the order, plus
+    # its equals at lower indices (NaN last ascending, first descending, as eager). n x n
+    # comparisons: rows longer than STABLE_SORT_MAX are left to fail lowering.
+    if x.dim() == 0:
+        return x.clone(), torch.zeros([], dtype=torch.int64, device=x.device)
+    d = dim % x.dim()
+    y = x.movedim(d, -1)
+    n = y.shape[-1]
+    if n > STABLE_SORT_MAX or y.dtype == torch.bool or y.dtype.is_complex:
+        return NotImplemented
+    if y.numel() == 0:
+        return x.clone(), torch.zeros(list(x.shape), dtype=torch.int64, device=x.device)
+    a, b = y.unsqueeze(-1), y.unsqueeze(-2)  # a: element i, b: element j
+    if y.dtype.is_floating_point:
+        na, nb = torch.isnan(a), torch.isnan(b)
+        before = ((b > a) | (nb & ~na)) if descending else ((b < a) | (na & ~nb))
+        equal = (a == b) | (na & nb)
+    else:
+        before = (b > a) if descending else (b < a)
+        equal = a == b
+    position = torch.arange(n, dtype=torch.int64, device=x.device)
+    earlier = position.unsqueeze(0) < position.unsqueeze(1)  # [i, j]: j < i
+    rank = (before | (equal & earlier)).sum(-1)  # [..., n]
+    order = torch.zeros_like(rank).scatter(-1, rank, position.expand(rank.shape))
+    values = torch.gather(y, -1, order)
+    return values.movedim(-1, d), order.movedim(-1, d)

@@ -98,3 +98,12 @@ def test_random_samplers_follow_their_distributions():
             torch.testing.assert_close(g.double().mean(), r.double().mean(), rtol=0.03, atol=0.03)
     assert got[2].min() == 1 and (got[2] == got[2].round()).all()  # geometric: whole trials, at least one
     assert got[1].min() > 0 and got[7].max() == 9 and got[8].min() == -3 and got[9].max() == 4
+
+
+def test_stable_sort_keeps_ties_in_order():
+    x = torch.randint(0, 3, (4, 5, 64)).float()
+    x[0, 0, 3] = x[0, 0, 9] = float("nan")
+    xi = torch.randint(0, 3, (70,))
+    _same(lambda x, xi: (torch.sort(x, stable=True), torch.sort(x, dim=1, descending=True, stable=True),
+                         torch.argsort(x, dim=0, stable=True), torch.sort(xi, stable=True, descending=True)), x, xi,
+          rtol=0, atol=0)
