@@ -906,7 +906,7 @@ def _base_table() -> dict:
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
     from .decompositions_linalg import LINALG
-    from .decompositions_misc import MISC
+    from .decompositions_misc import MISC, library_decompositions
     from .decompositions_pool import POOL, with_zero_size
     from .decompositions_special import SPECIAL
 
@@ -916,6 +916,7 @@ def _base_table() -> dict:
     table.update(SPECIAL)
     table.update(POOL)
     table.update(MISC)
+    table.update(library_decompositions())
     for op, fn in _RANK0.items():
         if op not in table:  # ops some table already decomposes keep that decomposition
             table[op] = _rank0(fn)

@@ -382,3 +382,39 @@ def _sort_stable(x, *, stable=None, dim: int = -1, descending: bool = False):
     order = torch.zeros_like(rank).scatter(-1, rank, position.expand(rank.shape))
     values = torch.gather(y, -1, order)
     return values.movedim(-1, d), order.movedim(-1, d)
+
+
+# --------------------------------------------------------------------------- linear_cross_entropy
+
+
+def _lce_chunked(input, linear_weight, target, linear_bias, weight, reduction, ignore_index, label_smoothing,
+                 batch_chunk_size, acc_policy, acc_dtype, allow_retain_graph, compute_input_grad,
+                 compute_linear_weight_grad, compute_linear_bias_grad):
+    # F.linear_cross_entropy with options calls torch.nn's custom op, which computes the loss
+    # in batch chunks and, when asked, the gradients too (in the forward). Without gradients
+    # it is the linear then cross_entropy, with the op's empty gradient placeholders; with
+    # them it is left to fail lowering.
+    if compute_input_grad or compute_linear_weight_grad or compute_linear_bias_grad:
+        return NotImplemented
+    logits = torch.nn.functional.linear(input, linear_weight, linear_bias)
+    loss = torch.nn.functional.cross_entropy(logits, target, weight, ignore_index=ignore_index,
+                                             reduction=reduction, label_smoothing=label_smoothing)
+    empty = torch.zeros([0], dtype=input.dtype, device=input.device)
+    return loss, empty.reshape(0, 0), empty.reshape(0, 0), empty
+
+
+def _lce_chunked_no_reduction(input, linear_weight, target, linear_bias, weight, ignore_index, batch_chunk_size,
+                              acc_policy, acc_dtype):
+    logits = torch.nn.functional.linear(input, linear_weight, linear_bias)
+    return torch.nn.functional.cross_entropy(logits, target, weight, ignore_index=ignore_index, reduction="none")
+
+
+def library_decompositions() -> dict:
+    """Decompositions of torch.nn's custom ops (registered when their module is imported)."""
+    try:
+        import torch.nn.modules.linear_cross_entropy  # noqa: F401  (registers torch_nn::*)
+        ops = torch.ops.torch_nn
+        return {ops._linear_cross_entropy_batch_chunked.default: _lce_chunked,
+                ops._linear_cross_entropy_batch_chunked_no_reduction.default: _lce_chunked_no_reduction}
+    except (ImportError, AttributeError, RuntimeError):
+        return {}

@@ -107,3 +107,23 @@ def test_stable_sort_keeps_ties_in_order():
     _same(lambda x, xi: (torch.sort(x, stable=True), torch.sort(x, dim=1, descending=True, stable=True),
                          torch.argsort(x, dim=0, stable=True), torch.sort(xi, stable=True, descending=True)), x, xi,
           rtol=0, atol=0)
+
+
+def test_linear_cross_entropy_chunked_forward():
+    # torch.nn's chunked custom op without gradients: linear then cross_entropy
+    from torch.nn.modules.linear_cross_entropy_options import LinearCrossEntropyOptions
+
+    options = LinearCrossEntropyOptions(allow_retain_graph=True, batch_chunk_size=2)
+    x, w, b = torch.randn(8, 3), torch.randn(5, 3), torch.randn(5)
+    t = torch.tensor([0, 1, 4, 2, -100, 3, 1, 0])
+    cw = torch.rand(5)
+    F = torch.nn.functional
+
+    def fn(x, w, b, t, cw):
+        return (F.linear_cross_entropy(x, w, t, options=options, ignore_index=-100),
+                F.linear_cross_entropy(x, w, t, linear_bias=b, weight=cw, reduction="sum", options=options,
+                                       ignore_index=-100),
+                F.linear_cross_entropy(x, w, t, reduction="none", options=options, ignore_index=-100))
+
+    with torch.no_grad():
+        _same(fn, x, w, b, t, cw)
