@@ -513,6 +513,28 @@ def _roll(x, shifts, dims=()):
     return NotImplemented
 
 
+@_ours(aten.linalg_vector_norm)
+def _vector_norm_rank0(x, ord=2, dim=None, keepdim: bool = False, *, dtype=None):
+    # torch-mlir's StableHLO pipeline fails on a norm over the only "dim" of a 0-d tensor
+    # (OpInfo cosine_similarity, masked.norm): the norm of one element is |x| (ord 0: x != 0).
+    # Other ranks keep its lowering.
+    if x.dim() != 0:
+        return NotImplemented
+    out = aten._to_copy.default(aten.ne.Scalar(x, 0), dtype=x.dtype) if ord == 0 else aten.abs.default(x)
+    return aten._to_copy.default(out, dtype=dtype) if dtype is not None else out
+
+
+@_ours(aten.masked_scatter)
+def _masked_scatter_broadcast(x, mask, source):
+    # torch-mlir lowers masked_scatter only when x and mask have one shape (OpInfo: a [5] x
+    # under a [5, 5] mask broadcasts to [5, 5]): expand both first, then the op itself.
+    shape = list(torch.broadcast_shapes(x.shape, mask.shape))
+    if list(x.shape) == shape and list(mask.shape) == shape:
+        return NotImplemented
+    return aten.masked_scatter.default(aten.clone.default(aten.expand.default(x, shape)),
+                                       aten.expand.default(mask, shape), source)
+
+
 @_ours(aten.clamp.Tensor)
 def _clamp_tensor(x, min=None, max=None):
     # torch-mlir's clamp.Tensor needs bounds of x's shape (OpInfo clamp_max: a [5] bound on a

@@ -227,7 +227,7 @@ ZERO_SIZE = (
     aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default,
     aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default,
     aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default,
-    aten.avg_pool2d.default, aten.avg_pool3d.default, aten.roll.default,
+    aten.avg_pool2d.default, aten.avg_pool3d.default, aten.roll.default, aten._trilinear.default,
 )
 
 

@@ -254,3 +254,12 @@ def test_erfinv():
     # ATen's rational guess and two Newton steps, in float64 (near +-1 the Newton step cancels)
     y = torch.cat([torch.linspace(-1, 1, 4001), torch.tensor([1.5, -1.5, float("nan"), 0.7, -0.7, 1 - 1e-7, 1e-30])])
     check(torch.erfinv, y, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+def test_rank0_norm_broadcast_masked_scatter_empty_bilinear():
+    s = torch.tensor(-1.5)
+    check(lambda s: (torch.linalg.vector_norm(s, 2, 0, True), torch.linalg.vector_norm(s, 0, 0),
+                     torch.linalg.vector_norm(s, float("inf"), 0), torch.nn.functional.cosine_similarity(s, s * 2, 0)), s)
+    x, mask, src = torch.randn(5), torch.rand(5, 5) > 0.5, torch.randn(5, 5)
+    check(lambda x, m, s: (torch.masked_scatter(x, m, s), torch.masked_scatter(x.unsqueeze(1), m, s)), x, mask, src)
+    check(torch.nn.functional.bilinear, torch.randn(0, 3), torch.randn(0, 4), torch.randn(5, 3, 4), torch.randn(5))
