@@ -329,3 +329,42 @@ def _convolution(x, weight, bias, stride, padding, dilation, transposed: bool, o
     w = weight.reshape([groups, cin // groups, cout_g] + ks).transpose(1, 2)
     w = w.reshape([groups * cout_g, cin // groups] + ks).flip(list(range(2, 2 + d)))
     return aten.convolution.default(x, w, bias, [1] * d, [0] * d, list(dilation), False, [0] * d, groups)
+
+
+# --------------------------------------------------------------------------- antialiased bilinear resize
+
+
+def _aa_weights(in_size: int, out_size: int, align_corners: bool, scale_opt, like):
+    """ATen's _compute_weights_aa for the bilinear (triangle) filter: [out_size, in_size] weights, from aranges."""
+    if align_corners:
+        scale = (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
+    else:
+        scale = 1.0 / scale_opt if scale_opt is not None and scale_opt > 0 else in_size / out_size
+    support = scale if scale >= 1.0 else 1.0  # interp_size 2, times scale when downsampling
+    invscale = 1.0 / scale if scale >= 1.0 else 1.0
+    dtype = like.dtype
+    center = (torch.arange(out_size, dtype=dtype, device=like.device) + 0.5) * scale
+    center = center.unsqueeze(1)  # [out, 1]
+    xmin = torch.clamp(torch.floor(center - support + 0.5), min=0)  # ATen truncates; equal once clamped at 0
+    xend = torch.clamp(torch.floor(center + support + 0.5), max=in_size)
+    j = torch.arange(in_size, dtype=dtype, device=like.device).unsqueeze(0)  # [1, in]
+    w = torch.clamp(1.0 - torch.abs((j - center + 0.5) * invscale), min=0)
+    w = torch.where((j >= xmin) & (j < xend), w, torch.zeros((), dtype=dtype, device=like.device))
+    total = w.sum(1, keepdim=True)
+    return torch.where(total != 0, w / torch.where(total != 0, total, torch.ones_like(total)), w)
+
+
+@_pool(aten._upsample_bilinear2d_aa.default)
+def _upsample_bilinear2d_aa(x, output_size, align_corners: bool, scales_h=None, scales_w=None):
+    # torch-mlir has no lowering; the antialiased resize is separable with weights that depend
+    # only on the sizes: two matmuls with ATen's weights (float32 sums in another order).
+    if not x.dtype.is_floating_point or x.dim() != 4:
+        return NotImplemented
+    h, w = x.shape[-2:]
+    oh, ow = output_size
+    if x.numel() == 0 or oh * ow == 0:
+        return torch.zeros(list(x.shape[:2]) + [oh, ow], dtype=x.dtype, device=x.device)
+    wh = _aa_weights(h, oh, align_corners, scales_h, x)
+    ww = _aa_weights(w, ow, align_corners, scales_w, x)
+    out = torch.matmul(x, ww.t())  # [N, C, h, ow]
+    return torch.matmul(wh, out)  # [N, C, oh, ow]

@@ -75,3 +75,16 @@ def test_transposed_convolution_with_output_padding():
 
     for g, r in zip(_compiled(fn, x, w, b, x3, w3), fn(x, w, b, x3, w3)):
         torch.testing.assert_close(g, r)
+
+
+def test_antialiased_bilinear_resize():
+    x = torch.randn(2, 3, 10, 20)
+
+    def fn(x):
+        return (F.interpolate(x, size=(3, 3), mode="bilinear", antialias=True),
+                F.interpolate(x, scale_factor=(1.7, 0.9), mode="bilinear", antialias=True),
+                F.interpolate(x, size=(7, 33), mode="bilinear", antialias=True, align_corners=True),
+                F.interpolate(x, scale_factor=(0.33, 2.5), mode="bilinear", antialias=True))
+
+    for g, r in zip(_compiled(fn, x), fn(x)):
+        torch.testing.assert_close(g, r)
