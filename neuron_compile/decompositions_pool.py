@@ -368,3 +368,62 @@ def _upsample_bilinear2d_aa(x, output_size, align_corners: bool, scales_h=None, 
     ww = _aa_weights(w, ow, align_corners, scales_w, x)
     out = torch.matmul(x, ww.t())  # [N, C, h, ow]
     return torch.matmul(wh, out)  # [N, C, oh, ow]
+
+
+# --------------------------------------------------------------------------- grid_sampler_3d
+
+
+def _unnormalize(coord, size: int, align_corners: bool):
+    if align_corners:
+        return (coord + 1) / 2 * (size - 1)
+    return ((coord + 1) * size - 1) / 2
+
+
+@_pool(aten.grid_sampler_3d)
+def _grid_sampler_3d(x, grid, interpolation_mode: int, padding_mode: int, align_corners: bool):
+    # torch-mlir has no lowering. ATen's trilinear (mode 0) or nearest (mode 1) sampling with
+    # zeros (0) or border (1) padding: the 8 (or 1) neighbours of each grid point gathered from
+    # the flattened volume, out-of-volume neighbours weighted 0. Reflection padding and bicubic
+    # are left to fail lowering.
+    if interpolation_mode not in (0, 1) or padding_mode not in (0, 1) or not x.dtype.is_floating_point:
+        return NotImplemented
+    n, c, d, h, w = x.shape
+    out_shape = list(grid.shape[1:4])
+    p = math.prod(out_shape)
+    if x.numel() == 0 or p == 0:
+        return torch.zeros([n, c] + out_shape, dtype=x.dtype, device=x.device)
+    g = grid.reshape(n, p, 3)
+    coords = []
+    for k, size in enumerate((w, h, d)):  # grid's last dim is (x, y, z) = (W, H, D)
+        v = _unnormalize(g[..., k], size, align_corners)
+        if padding_mode == 1:
+            v = torch.clamp(v, 0, size - 1)
+        coords.append(v)
+    flat = x.reshape(n, c, d * h * w)
+
+    def corner(ix, iy, iz):
+        valid = (ix >= 0) & (ix <= w - 1) & (iy >= 0) & (iy <= h - 1) & (iz >= 0) & (iz <= d - 1)
+        xi = torch.clamp(ix, 0, w - 1).to(torch.int64)
+        yi = torch.clamp(iy, 0, h - 1).to(torch.int64)
+        zi = torch.clamp(iz, 0, d - 1).to(torch.int64)
+        index = ((zi * h + yi) * w + xi).unsqueeze(1).expand(n, c, p)
+        return torch.gather(flat, 2, index), valid.unsqueeze(1)
+
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
+    if interpolation_mode == 1:
+        ix, iy, iz = (torch.round(v) for v in coords)  # nearbyint: half to even
+        vals, valid = corner(ix, iy, iz)
+        out = torch.where(valid, vals, zero)
+    else:
+        ix, iy, iz = coords
+        x0, y0, z0 = torch.floor(ix), torch.floor(iy), torch.floor(iz)
+        fx, fy, fz = ix - x0, iy - y0, iz - z0
+        out = None
+        for dz in (0, 1):
+            for dy in (0, 1):
+                for dx in (0, 1):
+                    weight = ((fx if dx else 1 - fx) * (fy if dy else 1 - fy) * (fz if dz else 1 - fz)).unsqueeze(1)
+                    vals, valid = corner(x0 + dx, y0 + dy, z0 + dz)
+                    term = torch.where(valid, vals * weight, zero)
+                    out = term if out is None else out + term
+    return out.reshape([n, c] + out_shape)

@@ -88,3 +88,15 @@ def test_antialiased_bilinear_resize():
 
     for g, r in zip(_compiled(fn, x), fn(x)):
         torch.testing.assert_close(g, r)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+def test_grid_sample_3d(mode):
+    x, g = torch.randn(2, 3, 5, 6, 7), torch.rand(2, 4, 3, 5, 3) * 2.4 - 1.2  # some points outside the volume
+
+    def fn(x, g):
+        return tuple(F.grid_sample(x, g, mode=mode, padding_mode=pad, align_corners=ac)
+                     for pad in ("zeros", "border") for ac in (False, True))
+
+    for got, ref in zip(_compiled(fn, x, g), fn(x, g)):
+        torch.testing.assert_close(got, ref)
