@@ -418,3 +418,58 @@ def library_decompositions() -> dict:
                 ops._linear_cross_entropy_batch_chunked_no_reduction.default: _lce_chunked_no_reduction}
     except (ImportError, AttributeError, RuntimeError):
         return {}
+
+
+# --------------------------------------------------------------------------- histogram
+
+
+def _histogram_counts(x, edges, weight, density):
+    # ATen's histogramdd kernel: an element's bin is the last edge <= it (the right edge
+    # itself in the last bin), elements outside [first, last] edge are not counted
+    bins = edges.shape[0] - 1
+    flat = x.reshape(-1)
+    pos = (edges.unsqueeze(0) <= flat.unsqueeze(1)).sum(1) - 1
+    pos = torch.where(flat == edges[-1], bins - 1, pos)
+    inside = (flat >= edges[0]) & (flat <= edges[-1])
+    hit = (pos.unsqueeze(1) == torch.arange(bins, device=x.device).unsqueeze(0)) & inside.unsqueeze(1)  # [M, bins]
+    w = torch.ones_like(flat) if weight is None else weight.reshape(-1).to(x.dtype)
+    hist = torch.where(hit, w.unsqueeze(1), torch.zeros((), dtype=x.dtype, device=x.device)).sum(0)
+    if density:
+        hist = hist / (hist.sum() * (edges[1:] - edges[:-1]))
+    return hist, edges
+
+
+@_misc(aten.histogram.bin_ct)
+def _histogram_bin_ct(x, bins: int = 100, *, range=None, weight=None, density: bool = False):
+    # edges as ATen: range, else the data's min and max (0 and 1 when empty, +-0.5 when equal),
+    # split by linspace's two-sided formula
+    if not x.dtype.is_floating_point:
+        return NotImplemented
+    if range is not None:
+        left = torch.full((), range[0], dtype=x.dtype, device=x.device)
+        right = torch.full((), range[1], dtype=x.dtype, device=x.device)
+    elif x.numel() == 0:
+        left = torch.zeros((), dtype=x.dtype, device=x.device)
+        right = torch.ones((), dtype=x.dtype, device=x.device)
+    else:
+        left, right = x.min(), x.max()
+    same = left == right
+    left, right = torch.where(same, left - 0.5, left), torch.where(same, right + 0.5, right)
+    idx = torch.arange(bins + 1, dtype=x.dtype, device=x.device)
+    step = (right - left) / bins
+    edges = torch.where(idx < (bins + 1) // 2, left + step * idx, right - step * (bins - idx))
+    if x.numel() == 0:
+        hist = torch.zeros([bins], dtype=x.dtype, device=x.device)
+        return (hist / hist.sum() if density else hist), edges
+    return _histogram_counts(x, edges, weight, density)
+
+
+@_misc(aten.histogram.bins_tensor)
+def _histogram_bins_tensor(x, bins, *, weight=None, density: bool = False):
+    if not x.dtype.is_floating_point:
+        return NotImplemented
+    edges = bins.to(x.dtype).clone()
+    if x.numel() == 0:
+        hist = torch.zeros([edges.shape[0] - 1], dtype=x.dtype, device=x.device)
+        return (hist / hist.sum() if density else hist), edges
+    return _histogram_counts(x, edges, weight, density)

@@ -127,3 +127,14 @@ def test_linear_cross_entropy_chunked_forward():
 
     with torch.no_grad():
         _same(fn, x, w, b, t, cw)
+
+
+def test_histogram():
+    x, w = torch.randn(7, 9), torch.rand(7, 9)
+    edges = torch.tensor([-1.0, -0.2, 0.0, 0.5, 2.0])
+    _same(lambda x, w, e: (torch.histogram(x, 5), torch.histogram(x, 6, range=(-1.0, 1.0), weight=w),
+                           torch.histogram(x, 4, density=True), torch.histogram(x, e),
+                           torch.histogram(x, e, weight=w, density=True)), x, w, edges)
+    # one element (min == max: edges +-0.5), values on the edges
+    _same(lambda s, e: (torch.histogram(s, 1), torch.histogram(s, e[:2], density=True)), torch.tensor(0.3), edges)
+    _same(lambda x: (torch.histogram(x, 2), torch.histogram(x, 7)), torch.tensor([1.0, 1.0, 1.0, 2.0, 3.0, 3.0]))
