@@ -138,3 +138,12 @@ def test_histogram():
     # one element (min == max: edges +-0.5), values on the edges
     _same(lambda s, e: (torch.histogram(s, 1), torch.histogram(s, e[:2], density=True)), torch.tensor(0.3), edges)
     _same(lambda x: (torch.histogram(x, 2), torch.histogram(x, 7)), torch.tensor([1.0, 1.0, 1.0, 2.0, 3.0, 3.0]))
+
+
+def test_histogramdd():
+    x, w = torch.randn(40, 3), torch.rand(40)
+    edges = [torch.tensor([-1.0, 0.0, 1.5]), torch.tensor([-2.0, -0.5, 0.0, 0.5, 2.0]), torch.tensor([-3.0, 3.0])]
+    _same(lambda x, w, e0, e1, e2: (torch.histogramdd(x, [2, 3, 4]),
+                                    torch.histogramdd(x, [2, 3, 1], range=[-1.0, 1.0, -2.0, 2.0, 0.0, 1.0], weight=w),
+                                    torch.histogramdd(x, [3, 3, 3], density=True), torch.histogramdd(x, [e0, e1, e2]),
+                                    torch.histogramdd(x, [e0, e1, e2], weight=w, density=True)), x, w, *edges)
