@@ -433,3 +433,15 @@ def _linalg_householder_product(a, tau):
     if not _supported(a, tau):
         return NotImplemented
     return _householder_product(a, tau, a.shape[-1])
+
+
+@_linalg(aten.ormqr)
+def _ormqr(a, tau, c, left: bool = True, transpose: bool = False):
+    # Q of geqrf's reflectors (all m columns), applied to c from the left or the right, or
+    # its transpose: the product LAPACK's ormqr computes without forming Q
+    if not _supported(a, tau, c):
+        return NotImplemented
+    q = _householder_product(a, tau, a.shape[-2])
+    if transpose:
+        q = q.transpose(-2, -1)
+    return torch.matmul(q, c) if left else torch.matmul(c, q)

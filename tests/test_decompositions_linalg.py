@@ -113,3 +113,11 @@ def test_matrices_wider_than_the_unroll_limit_still_fail_loudly():
         assert isinstance(err, LoweringError), exc
     else:
         raise AssertionError("a 65 x 65 determinant lowered: MAX_SIDE no longer guards the unrolling")
+
+
+def test_ormqr_applies_geqrfs_q():
+    a, c, c2 = torch.randn(2, 6, 4), torch.randn(2, 6, 3), torch.randn(2, 3, 6)
+    check(lambda a, c, c2: tuple(torch.ormqr(*torch.geqrf(a), c if left else c2, left, tr)
+                                 for left in (True, False) for tr in (True, False)), a, c, c2)
+    a5, t5, c5 = torch.randn(5, 5), torch.rand(5), torch.randn(5, 5)  # any reflectors, as OpInfo's samples
+    check(lambda a, t, c: torch.ormqr(a, t, c, False, True), a5, t5, c5)
