@@ -35,6 +35,7 @@ from runtime.executor import PersistentBuffers, XlaExecutable, platform_descript
 
 from .cache_key import fx_cache_key, input_signature, output_signature, stablehlo_cache_key
 from .dump import GraphDump, pass_file_name
+from .graph_rewrites import fold_one_hot_sums
 from .lowering import drop_error_checks, lower_to_stablehlo
 from .report import COUNTERS, CompileReport
 
@@ -151,6 +152,7 @@ def compile_graph(gm: torch.fx.GraphModule, *, report: CompileReport, options) -
     dump = GraphDump(options.dump_dir, report.graph) if options.dump_dir else None
     # plan: drop what XLA never sees (scalars, unused inputs, passthrough outputs, linalg error checks)
     drop_error_checks(gm)
+    fold_one_hot_sums(gm)
     plan = plan_graph(gm)
     report.nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
     report.ops = op_counts(gm)
@@ -189,6 +191,7 @@ def cached_executable(front: CacheKey, plan: GraphPlan, signature: list, rebuild
     def lower():
         gm = rebuild()
         drop_error_checks(gm)
+        fold_one_hot_sums(gm)
         if plan_graph(gm) != plan:
             raise RuntimeError(f"{report.graph}: the rebuilt graph plans differently from the one saved")
         return LoweredGraph(gm, report, options, None, front=front, plan=plan)

@@ -1,0 +1,135 @@
+"""Rewrites of AOTAutograd's graphs, before planning, that save XLA work or memory.
+
+``fold_one_hot_sums``: cross-entropy's backward (nll_loss_backward into
+log_softmax's backward) sums a one-hot tensor over the classes,
+``sum(where(iota == target, a, 0) * b, classes)``. That sum is ``a * b`` where
+the target is a class and 0 where it is not, so nothing has to be summed; and
+with the sum gone the one-hot tensor has a single consumer, which XLA fuses
+instead of materializing a logits-sized buffer in the training step.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+from torch._guards import detect_fake_mode
+
+aten = torch.ops.aten
+
+_ARANGES = (aten.arange.default, aten.arange.start, aten.arange.start_step)
+_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.unsqueeze.default)
+
+
+def _val(node):
+    return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+
+
+def _iota_dim(node, rank: int):
+    """The dim ``node`` counts 0, 1, ..., n-1 along (size 1 everywhere else), or None."""
+    val = _val(node)
+    if not isinstance(val, torch.Tensor) or val.dim() > rank:
+        return None
+    source = node
+    while isinstance(source, torch.fx.Node) and source.target in _VIEWS:
+        source = source.args[0]
+    if not isinstance(source, torch.fx.Node) or source.target not in _ARANGES:
+        return None
+    args = source.args
+    start, end, step = (0, args[0], 1) if source.target is aten.arange.default else \
+        (args[0], args[1], args[2] if len(args) > 2 else 1)
+    if start != 0 or step != 1 or not isinstance(end, int):
+        return None
+    sizes = [1] * (rank - val.dim()) + list(val.shape)
+    big = [d for d, s in enumerate(sizes) if s != 1]
+    if len(big) != 1 or sizes[big[0]] != end:
+        return None
+    return big[0]
+
+
+def _is_zeros(node) -> bool:
+    if not isinstance(node, torch.fx.Node):
+        return node == 0
+    if node.target in (aten.zeros_like.default, aten.zeros.default):
+        return True
+    if node.target in (aten.full_like.default, aten.full.default, aten.scalar_tensor.default):
+        fill = node.args[1] if node.target is not aten.scalar_tensor.default else node.args[0]
+        return fill == 0
+    return False
+
+
+def _size_along(node, dim: int, rank: int):
+    val = _val(node)
+    if not isinstance(node, torch.fx.Node):
+        return 1
+    if not isinstance(val, torch.Tensor) or val.dim() > rank:
+        return None
+    sizes = [1] * (rank - val.dim()) + list(val.shape)
+    return sizes[dim]
+
+
+def fold_one_hot_sums(gm: torch.fx.GraphModule) -> int:
+    """Replace ``sum(where(iota == idx, a, 0) * b, [d])`` by ``where(0 <= idx < n, a * b, 0)``; returns the count."""
+    graph = gm.graph
+    folded = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not aten.sum.dim_IntList:
+            continue
+        product, dims = node.args[0], node.args[1]
+        keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+        out = _val(node)
+        if node.kwargs.get("dtype") is not None or not isinstance(out, torch.Tensor) or len(dims or ()) != 1:
+            continue
+        if not isinstance(product, torch.fx.Node) or product.target is not aten.mul.Tensor:
+            continue
+        pval = _val(product)
+        if not isinstance(pval, torch.Tensor) or not pval.dtype.is_floating_point:
+            continue
+        rank, dim = pval.dim(), dims[0] % max(pval.dim(), 1)
+        for selected, scale in (product.args, product.args[::-1]):
+            if not (isinstance(selected, torch.fx.Node) and selected.target is aten.where.self):
+                continue
+            mask, a, zero = selected.args
+            if not (isinstance(mask, torch.fx.Node) and mask.target is aten.eq.Tensor and _is_zeros(zero)):
+                continue
+            for iota, index in (mask.args, mask.args[::-1]):
+                if _iota_dim(iota, rank) != dim or _size_along(index, dim, rank) != 1:
+                    continue
+                if _size_along(a, dim, rank) != 1 or _size_along(scale, dim, rank) != 1:
+                    continue
+                _replace(graph, node, index, a, scale, pval.shape[dim], dim, keepdim, out)
+                folded += 1
+                break
+            else:
+                continue
+            break
+    if folded:
+        graph.eliminate_dead_code()
+        gm.recompile()
+    return folded
+
+
+def _replace(graph, node, index, a, scale, n, dim, keepdim, out) -> None:
+    fake_mode = detect_fake_mode([out])
+    product = _val(node.args[0])
+
+    def emit(target, *args, **kwargs):
+        new = graph.call_function(target, args, kwargs)
+        values = [_val(x) if isinstance(x, torch.fx.Node) else x for x in args]
+        with fake_mode:
+            new.meta["val"] = target(*values, **kwargs)
+        new.meta["stack_trace"] = node.meta.get("stack_trace")
+        return new
+
+    with graph.inserting_before(node):
+        valid = emit(aten.logical_and.default, emit(aten.ge.Scalar, index, 0), emit(aten.lt.Scalar, index, n))
+        value = emit(aten.mul.Tensor, emit(aten.mul.Tensor, a, scale),
+                     emit(aten._to_copy.default, valid, dtype=out.dtype))
+        kept = list(product.shape)
+        kept[dim] = 1
+        value = emit(aten.expand.default, value, kept)
+        if not keepdim:
+            value = emit(aten.squeeze.dim, value, dim)
+        if _val(value).dtype != out.dtype:
+            value = emit(aten._to_copy.default, value, dtype=out.dtype)
+    node.replace_all_uses_with(value)
+    graph.erase_node(node)
