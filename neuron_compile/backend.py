@@ -42,7 +42,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from .bucketing import (BucketAnalysis, BucketInterpreter, SymOutput, analyze, pad_to_bucket, round_up,
                         slice_from_bucket, sym_to_value)
-from .compiler import Executable
+from .compiler import Executable, cached_executable
 from .fallback import compile_with_fallback  # compile_graph, or partly eager with fallback=eager
 from .decompositions import decompose_before_autograd, decomposition_table
 from . import __version__
@@ -97,7 +97,7 @@ class CompiledGraph:
             # A backward compiles at its first call: a forward run with grad enabled and no
             # backward (inference without no_grad) must not pay for it.
             if kind != "backward":
-                self.static = self._compile_once((), "", lambda: gm, counter=None, specialization=False)
+                self.static = self._compile_once((), "")
         elif options.buckets:
             # one executable per bucket when the analysis proves it exact, else per exact shape
             self.bucketing = analyze(gm, boundary_layouts)
@@ -129,7 +129,7 @@ class CompiledGraph:
         if self.static is not None:
             return self.static(args)
         if not self.dynamic_positions:  # a static backward, at its first call
-            self.static = self._compile_once((), "", lambda: self.gm, specialization=False)
+            self.static = self._compile_once((), "")
             return self.static(args)
         if self.bucketing is not None and self.bucketing.ok:
             return self._call_bucketed(args)
@@ -142,21 +142,21 @@ class CompiledGraph:
     def _specialize(self, key, args) -> Executable:
         return self._compile_once(key, _describe(args, self.dynamic_positions), lambda: specialize(self.gm, args))
 
-    def _compile_once(self, key, signature: str, trace, counter: str | None = None,
-                      specialization: bool = True) -> Executable:
-        """Compile the static graph ``trace()`` returns, once per key, threads waiting on one compile."""
+    def _compile_once(self, key, signature: str, trace=None, counter: str | None = None) -> Executable:
+        """Compile once per key, threads waiting on one compile: the static graph ``trace()``
+        returns (a specialization), or with no ``trace`` the graph itself (a static graph)."""
         with self._lock:
             if key in self.specializations:
                 return self.specializations[key]
             report = self._new_report(signature)
-            if specialization:
+            if trace is None:
+                static_gm = self.gm
+            else:
                 with report.stage("specialize"):
                     static_gm = trace()
-            else:
-                static_gm = trace()
             executable = compile_with_fallback(static_gm, report=report, options=self.options)
             record(report)
-            if specialization:
+            if trace is not None:
                 COUNTERS["specializations"] += 1
             if counter:
                 COUNTERS[counter] += 1
@@ -305,8 +305,6 @@ class NeuronOutputCode(OutputCode):
         return self._target(args)
 
     def _load(self):
-        from .compiler import cached_executable
-
         state, options = self._state, self._options
         report = CompileReport(graph=state["name"], kind=state["kind"], signature="precompiled")
         if state["fast"] is not None:
