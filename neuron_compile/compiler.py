@@ -138,6 +138,14 @@ class Executable:
                 for kind, value in plan.outputs]
 
 
+def prepare_graph(gm: torch.fx.GraphModule) -> GraphPlan:
+    """Rewrite AOTAutograd's graph in place for XLA and plan it: drop what XLA never sees (linalg
+    error checks, scalars, unused inputs, passthrough outputs) and fold one-hot sums."""
+    drop_error_checks(gm)
+    fold_one_hot_sums(gm)
+    return plan_graph(gm)
+
+
 def op_counts(gm: torch.fx.GraphModule) -> dict[str, int]:
     counts: dict[str, int] = {}
     for node in gm.graph.nodes:
@@ -150,10 +158,7 @@ def op_counts(gm: torch.fx.GraphModule) -> dict[str, int]:
 def compile_graph(gm: torch.fx.GraphModule, *, report: CompileReport, options) -> Executable:
     """Compile one static, decomposed FX graph into an ``Executable``."""
     dump = GraphDump(options.dump_dir, report.graph) if options.dump_dir else None
-    # plan: drop what XLA never sees (scalars, unused inputs, passthrough outputs, linalg error checks)
-    drop_error_checks(gm)
-    fold_one_hot_sums(gm)
-    plan = plan_graph(gm)
+    plan = prepare_graph(gm)
     report.nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
     report.ops = op_counts(gm)
     if dump:
@@ -190,9 +195,7 @@ def cached_executable(front: CacheKey, plan: GraphPlan, signature: list, rebuild
     """
     def lower():
         gm = rebuild()
-        drop_error_checks(gm)
-        fold_one_hot_sums(gm)
-        if plan_graph(gm) != plan:
+        if prepare_graph(gm) != plan:
             raise RuntimeError(f"{report.graph}: the rebuilt graph plans differently from the one saved")
         return LoweredGraph(gm, report, options, None, front=front, plan=plan)
 
