@@ -85,27 +85,31 @@ def fold_one_hot_sums(gm: torch.fx.GraphModule) -> int:
         if not isinstance(pval, torch.Tensor) or not pval.dtype.is_floating_point:
             continue
         rank, dim = pval.dim(), dims[0] % max(pval.dim(), 1)
-        for selected, scale in (product.args, product.args[::-1]):
-            if not (isinstance(selected, torch.fx.Node) and selected.target is aten.where.self):
-                continue
-            mask, a, zero = selected.args
-            if not (isinstance(mask, torch.fx.Node) and mask.target is aten.eq.Tensor and _is_zeros(zero)):
-                continue
-            for iota, index in (mask.args, mask.args[::-1]):
-                if _iota_dim(iota, rank) != dim or _size_along(index, dim, rank) != 1:
-                    continue
-                if _size_along(a, dim, rank) != 1 or _size_along(scale, dim, rank) != 1:
-                    continue
-                _replace(graph, node, index, a, scale, pval.shape[dim], dim, keepdim, out)
-                folded += 1
-                break
-            else:
-                continue
-            break
+        match = _one_hot_product(product, dim, rank)
+        if match is not None:
+            _replace(graph, node, *match, pval.shape[dim], dim, keepdim, out)
+            folded += 1
     if folded:
         graph.eliminate_dead_code()
         gm.recompile()
     return folded
+
+
+def _one_hot_product(product: torch.fx.Node, dim: int, rank: int):
+    """``(index, a, b)`` when ``product`` is ``where(iota == index, a, 0) * b`` along ``dim``, with
+    ``index``, ``a`` and ``b`` all of size 1 there; else None."""
+    for selected, scale in (product.args, product.args[::-1]):
+        if not (isinstance(selected, torch.fx.Node) and selected.target is aten.where.self):
+            continue
+        mask, a, zero = selected.args
+        if not (isinstance(mask, torch.fx.Node) and mask.target is aten.eq.Tensor and _is_zeros(zero)):
+            continue
+        if _size_along(a, dim, rank) != 1 or _size_along(scale, dim, rank) != 1:
+            continue
+        for iota, index in (mask.args, mask.args[::-1]):
+            if _iota_dim(iota, rank) == dim and _size_along(index, dim, rank) == 1:
+                return index, a, scale
+    return None
 
 
 def _replace(graph, node, index, a, scale, n, dim, keepdim, out) -> None:
