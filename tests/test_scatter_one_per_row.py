@@ -62,3 +62,5 @@ def test_cross_entropy_backward_with_ignore_index():
         if report.kind == "backward":
             backward_ops.update(report.ops)
     assert backward_ops and not any("scatter" in name for name in backward_ops), backward_ops
+    # and no sum of the one-hot over the classes either (graph_rewrites.fold_one_hot_sums)
+    assert "sum.dim_IntList" not in backward_ops, backward_ops
