@@ -109,23 +109,15 @@ def build(arch: str):
 
 
 def _classify(exc: BaseException) -> tuple[str, str]:
-    from neuron_compile.lowering import LoweringError
+    from neuron_compile.lowering import LoweringError, exception_chain, innermost_exception
     from runtime.executor import XlaCompileError
 
-    seen, todo = set(), [exc]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
+    for e in exception_chain(exc):
         if isinstance(e, LoweringError):
             return "does-not-lower", f"{e.op or '?'} at {e.source or '?'}"
         if isinstance(e, XlaCompileError):
             return "xla-rejects", str(e).strip().splitlines()[0][:200]
-        todo += [getattr(e, "inner_exception", None), e.__cause__, e.__context__]
-    inner = exc
-    while getattr(inner, "inner_exception", None) is not None or inner.__cause__ is not None:
-        inner = getattr(inner, "inner_exception", None) or inner.__cause__
+    inner = innermost_exception(exc)
     lines = [ln for ln in str(inner).strip().splitlines() if ln.strip()]
     return "crash", f"{type(inner).__name__}: {(lines[0] if lines else '')[:200]}"
 

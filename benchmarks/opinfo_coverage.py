@@ -74,25 +74,17 @@ def _classify(exc: BaseException) -> tuple[str, str]:
     """Walk an exception's chain (Dynamo wraps backend errors) to a status and a short message."""
     import torch._dynamo.exc as dexc
 
-    from neuron_compile.lowering import LoweringError
+    from neuron_compile.lowering import LoweringError, exception_chain, innermost_exception
     from runtime.executor import XlaCompileError
 
-    seen, todo = set(), [exc]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
+    for e in exception_chain(exc):
         if isinstance(e, LoweringError):
             return "does-not-lower", f"{e.op or '?'} [{e.stage}]"
         if isinstance(e, XlaCompileError):
             return "xla-rejects", _first_line(e)
-        todo += [getattr(e, "inner_exception", None), e.__cause__, e.__context__]
     if isinstance(exc, (dexc.Unsupported, dexc.UserError)):
         return "graph-break", _first_line(exc)
-    inner = exc
-    while getattr(inner, "inner_exception", None) is not None or inner.__cause__ is not None:
-        inner = getattr(inner, "inner_exception", None) or inner.__cause__
+    inner = innermost_exception(exc)
     return "crash", f"{type(inner).__name__}: {_first_line(inner)}"
 
 

@@ -58,6 +58,26 @@ class LoweringError(RuntimeError):
         self.stage = stage
 
 
+def exception_chain(exc: BaseException):
+    """Every exception in ``exc``'s chain, depth first: Dynamo wraps backend errors
+    (``inner_exception``), and Python chains them (``__cause__``, ``__context__``)."""
+    seen, todo = set(), [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        todo += [getattr(e, "inner_exception", None), e.__cause__, e.__context__]
+
+
+def innermost_exception(exc: BaseException) -> BaseException:
+    """The end of ``exc``'s wrapped/caused chain: what actually went wrong."""
+    while getattr(exc, "inner_exception", None) is not None or exc.__cause__ is not None:
+        exc = getattr(exc, "inner_exception", None) or exc.__cause__
+    return exc
+
+
 @dataclass
 class Lowered:
     """The output of lowering: the StableHLO module and the torch-dialect text for dumps."""
