@@ -146,10 +146,28 @@ class _PipelineFailed(Exception):
 def lower_to_stablehlo(gm: torch.fx.GraphModule, *, report=None, graph_name: str = "graph",
                        keep_torch_ir: bool = False) -> Lowered:
     """Lower a static, decomposed FX graph to a StableHLO module (parameters as arguments)."""
-    def stage(name):
-        return report.stage(name) if report is not None else _null_stage()
-
     drop_error_checks(gm)
+    from .jax_lowering import jax_nodes, lower_spliced
+
+    chosen = jax_nodes(gm)
+    if chosen:
+        # ops Torch-MLIR has no lowering for: JAX lowers them, Torch-MLIR the rest, one module
+        def lower_part(sub, name):
+            return _lower_torch_mlir(sub, report, name, keep_torch_ir=False).module
+
+        module = lower_spliced(gm, chosen, lower_part, graph_name=graph_name, stage=lambda: _stage(report, "jax"))
+        return Lowered(module, "// spliced graph: see the Torch-MLIR parts' dumps\n" if keep_torch_ir else None)
+    return _lower_torch_mlir(gm, report, graph_name, keep_torch_ir=keep_torch_ir)
+
+
+def _stage(report, name):
+    return report.stage(name) if report is not None else _null_stage()
+
+
+def _lower_torch_mlir(gm, report, graph_name, *, keep_torch_ir) -> Lowered:
+    def stage(name):
+        return _stage(report, name)
+
     ctx = new_context()
     with stage("import"):
         try:
@@ -393,7 +411,7 @@ def _error(gm, ir_text, stage, message, diagnostics, graph_name) -> LoweringErro
         lines.append(f"The FX graph and the failing IR are saved in {repro}; reproduce with: neuron-compile repro {repro}")
     lines.append(
         "What to do: rewrite that line with ops that lower, or run it eagerly with "
-        "options={'fallback': 'eager'} / NEURON_COMPILE_FALLBACK=eager once fallback is available, "
+        "options={'fallback': 'eager'} / NEURON_COMPILE_FALLBACK=eager, "
         "or wrap it in torch.compiler.disable."
     )
     return LoweringError("\n".join(lines), op=op, source=source, repro_dir=str(repro) if repro else None, stage=stage)

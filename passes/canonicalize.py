@@ -71,10 +71,13 @@ def _splat(value: ir.Value):
     op = value.owner if isinstance(value, ir.OpResult) else None
     if op is None or op.name != "stablehlo.constant":
         return None
-    attr = op.attributes["value"]
-    if not isinstance(attr, ir.DenseElementsAttr) or not attr.is_splat:
+    try:
+        attr = op.attributes["value"]
+        if not isinstance(attr, ir.DenseElementsAttr) or not attr.is_splat:
+            return None
+        return attr.get_splat_value()
+    except TypeError:  # an element type the bindings have no class for (complex): not folded
         return None
-    return attr.get_splat_value()
 
 
 def _scalar(attr) -> float | int | None:
