@@ -42,7 +42,7 @@ from .report import COUNTERS, CompileReport
 log = logging.getLogger("neuron_compile")
 
 # Where each graph output comes from at run time.
-FROM_XLA, FROM_ARG, CONSTANT = 0, 1, 2
+FROM_XLA, FROM_ARG, CONSTANT, EMPTY = 0, 1, 2, 3
 
 
 @dataclass
@@ -54,8 +54,11 @@ class GraphPlan:
       has its scalars baked in).
     * ``outputs``: per graph output, ``(FROM_XLA, k)``, ``(FROM_ARG, i)`` (an
       input returned as is: AOTAutograd saves inputs for backward that way,
-      and handing back the very tensor costs no copy), or ``(CONSTANT, v)``
-      (None gradients, sizes baked by specialization).
+      and handing back the very tensor costs no copy), ``(CONSTANT, v)``
+      (None gradients, sizes baked by specialization), or ``(EMPTY, (shape,
+      dtype))``: a zero-size tensor holds nothing to compute, and is made
+      fresh per call (batch norm's ``reserve``, an empty uint8 literal that
+      Torch-MLIR does not lower).
     """
 
     tensor_args: tuple[int, ...]
@@ -81,8 +84,12 @@ def plan_graph(gm: torch.fx.GraphModule) -> GraphPlan:
             if value.op == "placeholder":
                 outputs.append((FROM_ARG, position[value]))
                 continue
-            if not isinstance(value.meta.get("val"), torch.Tensor):
-                raise NotImplementedError(f"graph output {value.name} is not a tensor: {value.meta.get('val')!r}")
+            val = value.meta.get("val")
+            if not isinstance(val, torch.Tensor):
+                raise NotImplementedError(f"graph output {value.name} is not a tensor: {val!r}")
+            if val.numel() == 0:
+                outputs.append((EMPTY, (tuple(val.shape), val.dtype)))
+                continue
             if value not in index_of:
                 index_of[value] = len(xla_nodes)
                 xla_nodes.append(value)
@@ -134,7 +141,8 @@ class Executable:
         else:
             results = []
         passed.reverse()
-        return [results[value] if kind == FROM_XLA else (passed.pop() if kind == FROM_ARG else value)
+        return [results[value] if kind == FROM_XLA else passed.pop() if kind == FROM_ARG
+                else torch.empty(value[0], dtype=value[1]) if kind == EMPTY else value
                 for kind, value in plan.outputs]
 
 
@@ -296,6 +304,8 @@ def _aliases(plan: GraphPlan | None) -> list[dict]:
     for position, (kind, value) in enumerate(plan.outputs if plan else ()):
         if kind == FROM_ARG:
             out.append({"output": position, "input": value})
+        elif kind == EMPTY:
+            out.append({"output": position, "empty": [list(value[0]), str(value[1]).removeprefix("torch.")]})
         elif kind == CONSTANT:
             out.append({"output": position, "constant": repr(value)})
     return out

@@ -553,3 +553,54 @@ def _histogramdd_from_bin_tensors(x, bins, *, weight=None, density: bool = False
     if not _dd_supported(x, math.prod(b.shape[0] - 1 for b in bins)):
         return NotImplemented
     return _dd_counts(x, [b.to(x.dtype) for b in bins], weight, density)
+
+
+@_misc(aten.multinomial)
+def _multinomial(weights, num_samples: int, replacement: bool = False, *, generator=None):
+    # Gumbel-max: argmax(log w + G) is a draw of category i with probability w_i / sum(w);
+    # the top num_samples keys of one set of draws are a draw without replacement, and
+    # a fresh set per sample is a draw with replacement. Zero weights get -inf keys.
+    if generator is not None:
+        return NotImplemented
+    logits = torch.log(weights.to(torch.float32))
+    if replacement:
+        shape = list(weights.shape[:-1]) + [num_samples, weights.shape[-1]]
+        keys = logits.unsqueeze(-2) - torch.log(-torch.log(_open_uniform(torch.empty(shape, device=weights.device),
+                                                                          torch.float32)))
+        return torch.argmax(keys, dim=-1)
+    keys = logits - torch.log(-torch.log(_open_uniform(logits, torch.float32)))
+    return torch.topk(keys, num_samples, dim=-1).indices
+
+
+@_misc(aten.nonzero_static)
+def _nonzero_static(x, *, size: int, fill_value: int = -1):
+    # The r-th row holds the coordinates of the r-th nonzero element in row-major order:
+    # each nonzero's rank is a running count, a [size, numel] comparison finds the element
+    # of each rank, and its flat index splits into coordinates; rows past the count are
+    # fill_value.
+    flat = (x != 0).reshape(-1)
+    index = torch.arange(flat.numel(), device=x.device)
+    rank = torch.cumsum(flat.to(torch.int64), 0) - 1
+    rows = torch.arange(size, device=x.device).unsqueeze(1)
+    chosen = flat.unsqueeze(0) & (rank.unsqueeze(0) == rows)  # [size, numel]
+    found = chosen.any(1, keepdim=True)
+    flat_index = (chosen.to(torch.int64) * index.unsqueeze(0)).sum(1, keepdim=True)
+    coords, stride = [], 1
+    for extent in reversed(x.shape):
+        coords.append(torch.remainder(torch.div(flat_index, stride, rounding_mode="floor"), extent))
+        stride *= extent
+    coords = torch.cat(coords[::-1], 1) if coords else torch.zeros((size, 0), dtype=torch.int64, device=x.device)
+    return torch.where(found, coords, fill_value)
+
+
+def _torch_decompositions():
+    # PyTorch's own decompositions that torch-mlir's list leaves out
+    from torch._decomp import decomposition_table
+
+    for op in (aten._batch_norm_with_update_functional.default, aten._batch_norm_with_update.default,
+               aten._batch_norm_no_update.default):
+        if op in decomposition_table:
+            MISC.setdefault(op, decomposition_table[op])
+
+
+_torch_decompositions()

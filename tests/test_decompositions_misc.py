@@ -147,3 +147,48 @@ def test_histogramdd():
                                     torch.histogramdd(x, [2, 3, 1], range=[-1.0, 1.0, -2.0, 2.0, 0.0, 1.0], weight=w),
                                     torch.histogramdd(x, [3, 3, 3], density=True), torch.histogramdd(x, [e0, e1, e2]),
                                     torch.histogramdd(x, [e0, e1, e2], weight=w, density=True)), x, w, *edges)
+
+
+def test_nonzero_static():
+    x = torch.tensor([[0.0, 1.5, 0.0, -2.0], [3.0, 0.0, 0.0, 0.0], [0.0, 0.0, 7.0, 1.0]])
+    _same(lambda x: (torch.nonzero_static(x, size=3), torch.nonzero_static(x, size=9, fill_value=-7),
+                     torch.nonzero_static(x[1], size=2), torch.nonzero_static(x[0, 0], size=2),
+                     torch.nonzero_static(x > 5, size=1)), x)
+
+
+def test_multinomial_draws_follow_the_weights():
+    """Random: no eager value to match. Checked instead: shapes, dtypes, no repeats without
+    replacement, zero weights never drawn, and frequencies within 4 sigma of the weights."""
+    weights = torch.tensor([[0.0, 1.0, 3.0, 6.0], [5.0, 0.0, 5.0, 0.0]])
+
+    def fn(w):
+        return torch.multinomial(w, 2), torch.multinomial(w, 4000, replacement=True)
+
+    compiled = torch.compile(fn, backend="neuron", fullgraph=True)
+    without, draws = compiled(weights)
+    assert without.dtype == draws.dtype == torch.int64 and without.shape == (2, 2) and draws.shape == (2, 4000)
+    assert (without[:, 0] != without[:, 1]).all() and (without[1] % 2 == 0).all()
+    for row, w in zip(draws, weights):
+        freq = torch.bincount(row, minlength=4).float() / row.numel()
+        p = w / w.sum()
+        assert (freq[p == 0] == 0).all()
+        assert ((freq - p).abs() <= 4 * (p * (1 - p) / row.numel()).sqrt() + 1e-6).all(), (freq, p)
+
+
+def test_batch_norm_with_update_updates_running_stats():
+    """torch.ops.aten._batch_norm_with_update (PyTorch's own decomposition); its zero-size
+    ``reserve`` output is made at run time, never computed by XLA."""
+    x, w, b = torch.randn(4, 3, 5), torch.randn(3), torch.randn(3)
+    stats = [torch.randn(3), torch.rand(3) + 0.5]
+    ref_stats = [t.clone() for t in stats]
+
+    def fn(x, w, b, mean, var):
+        return torch.ops.aten._batch_norm_with_update(x, w, b, mean, var, 0.1, 1e-5)
+
+    got = torch.compile(fn, backend="neuron", fullgraph=True)(x, w, b, *stats)
+    ref = fn(x, w, b, *ref_stats)
+    for g, r in zip(got, ref):
+        assert g.shape == r.shape and g.dtype == r.dtype
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+    for g, r in zip(stats, ref_stats):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
