@@ -15,6 +15,11 @@ Three named stages, each timed into the compile report:
   StableHLO's ``aggressive-simplification`` and ``canonicalize`` (they fold the
   ``arith.constant`` ops the lowering leaves behind).
 
+A graph holding ops Torch-MLIR cannot lower (FFT, complex values, SVD...)
+takes a fourth stage, ``jax``: ``jax_lowering.lower_spliced`` lowers those ops
+with JAX, the rest through the three stages above, and splices the parts into
+one module.
+
 When a stage fails, ``LoweringError`` names the ATen op that did not lower,
 the line of the user's code it came from (the FX node's stack trace), the
 files where the FX graph and the failing IR were saved, and the command that
