@@ -609,7 +609,8 @@ def _imag(out, x):
 
 
 # --------------------------------------------------------------------------- rules: linear algebra
-# LAPACK through jaxlib's custom calls (gesdd, syevd, geev), registered with the XLA CPU client we run on.
+# LAPACK through jaxlib's custom calls (gesdd, syevd, geev), registered with the XLA CPU client we run on;
+# LDL (sytrf/sytrs, which jaxlib lacks) written out in jax_ldl.py.
 
 
 def _empty_like(out):
@@ -679,6 +680,20 @@ def _linalg_pinv(out, a, *args, **kwargs):
     tol = jnp.maximum(atol[..., None], rtol[..., None] * magnitude.max(axis=-1, keepdims=True))
     inverse = jnp.where(magnitude > tol, 1 / s, 0).astype(a.dtype)
     return jnp.matmul(u * inverse[..., None, :], jnp.conj(jnp.swapaxes(u, -1, -2)))
+
+
+@rule(aten.linalg_ldl_factor_ex)
+def _ldl_factor_ex(out, a, *, hermitian=False, check_errors=False):
+    from .jax_ldl import ldl_factor_ex
+
+    return tuple(ldl_factor_ex(a, hermitian=hermitian))
+
+
+@rule(aten.linalg_ldl_solve)
+def _ldl_solve(out, ld, pivots, b, *, hermitian=False):
+    from .jax_ldl import ldl_solve
+
+    return ldl_solve(ld, pivots, b, hermitian=hermitian)
 
 
 @rule(aten.linalg_matrix_exp)

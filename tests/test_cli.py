@@ -47,16 +47,26 @@ def broken():
     raise RuntimeError("weights not found")
 
 
-class BreakAndLdl(nn.Module):
-    # an LDL factorization does not lower (LAPACK's sytrf: no Torch-MLIR lowering, no JAX rule)
+@torch.library.custom_op("neuron_test_cli::mystery", mutates_args=())
+def mystery(x: torch.Tensor) -> torch.Tensor:
+    # a custom op: nothing will ever lower it
+    return x.flip(0)
+
+
+@mystery.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class BreakAndMystery(nn.Module):
     def forward(self, x):
         y = torch.relu(x) + 1
         print("a graph break")
-        return torch.linalg.ldl_factor(y.T @ y + torch.eye(8))[0]
+        return mystery(y) * 2
 
 
 def unlowerable():
-    return BreakAndLdl(), (torch.rand(4, 8) * 8,)
+    return BreakAndMystery(), (torch.rand(4, 8) * 8,)
 '''
 
 
@@ -279,13 +289,13 @@ def test_explain_graph_breaks_recompiles_and_ops_that_do_not_lower(capsys, spec_
     assert "print" in result["breaks"][0]["reason"] and "my_models.py" in result["breaks"][0]["where"]
     assert any("size mismatch" in r["reason"] for r in result["recompiles"])
     failures = result["lowering_failures"]
-    assert failures and all(f["op"] and "ldl_factor" in f["op"] for f in failures)
+    assert failures and all(f["op"] and "neuron_test_cli.mystery" in f["op"] for f in failures)
     assert "bucket" in result["bucketing"]
     repro_dir = failures[0]["repro"]
     assert repro_dir and (Path(repro_dir) / "input.mlir").is_file()
 
     code, out, err = run_main(capsys, "repro", repro_dir)
-    assert code == 1 and "ldl_factor" in out
+    assert code == 1 and "mystery" in out
     assert _one_paragraph(err)
 
 

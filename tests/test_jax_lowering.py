@@ -88,6 +88,26 @@ def test_svd_eigh_pinv_match_eager():
     torch.testing.assert_close(pinv_h, ref[6], rtol=1e-4, atol=1e-4)
 
 
+def test_ldl_factor_and_solve_match_eager():
+    """LAPACK's Bunch-Kaufman sytf2/sytrs written in JAX (jax_ldl.py): the same pivots, 1x1 and
+    2x2 blocks, the same factor; the matrices are indefinite, and one has a zero diagonal."""
+    a = torch.randn(3, 6, 6)
+    a = a + a.mT
+    a[1].diagonal().zero_()  # forces 2x2 pivots
+    b = torch.randn(3, 6, 2)
+
+    def fn(a, b):
+        ld, pivots, info = torch.linalg.ldl_factor_ex(a)
+        return ld, pivots, info, torch.linalg.ldl_solve(ld, pivots, b)
+
+    got, ref = _compiled(fn, a, b), fn(a, b)
+    assert (ref[1] < 0).any(), "the test matrices should need 2x2 pivots"
+    torch.testing.assert_close(got[1], ref[1], rtol=0, atol=0)
+    torch.testing.assert_close(got[2], ref[2], rtol=0, atol=0)
+    torch.testing.assert_close(got[0], ref[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got[3], ref[3], rtol=1e-4, atol=1e-4)
+
+
 def test_polynomials_with_a_tensor_degree_match_eager():
     """Hermite, Laguerre and Legendre with a per-element degree: one while loop to the largest,
     with ATen's special cases (negative degree, |x| = 1 and x = 0, Hermite's limit of 128)."""
