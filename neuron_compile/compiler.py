@@ -87,7 +87,7 @@ def plan_graph(gm: torch.fx.GraphModule) -> GraphPlan:
             val = value.meta.get("val")
             if not isinstance(val, torch.Tensor):
                 raise NotImplementedError(f"graph output {value.name} is not a tensor: {val!r}")
-            if val.numel() == 0:
+            if isinstance(val.numel(), int) and val.numel() == 0:  # never guard on a data-dependent size
                 outputs.append((EMPTY, (tuple(val.shape), val.dtype)))
                 continue
             if value not in index_of:

@@ -242,7 +242,8 @@ def _outputs(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
 _ELEMENT = {
     torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",
     torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "ui8",
-    torch.bool: "i1", torch.complex64: "complex<f32>", torch.complex128: "complex<f64>",
+    torch.uint64: "ui64", torch.uint32: "ui32", torch.bool: "i1",
+    torch.complex64: "complex<f32>", torch.complex128: "complex<f64>",
 }
 
 
@@ -264,7 +265,8 @@ def _np_dtype(dtype: torch.dtype):
 _ELEMENT_NAME = {
     torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16",
     torch.int64: "int64", torch.int32: "int32", torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8",
-    torch.bool: "bool", torch.complex64: "complex64", torch.complex128: "complex128",
+    torch.uint64: "uint64", torch.uint32: "uint32", torch.bool: "bool",
+    torch.complex64: "complex64", torch.complex128: "complex128",
 }
 
 
@@ -733,6 +735,21 @@ def _zeta(out, x, q):
     # Cephes (ATen): a pole at every non-positive integer q, where XLA's zeta gives NaN
     pole = (q <= 0) & (q == jnp.floor(q)) & (x > 1)
     return jnp.where(pole, jnp.inf, lax.zeta(x, q))
+
+
+@rule(aten.hash_tensor)
+def _hash_tensor(out, x, dim=(), *, keepdim=False, mode=0):
+    # ATen's mode 0: the XOR of each element's 64-bit pattern (floats as float64, integers as int64)
+    import jax.lax as lax
+    import jax.numpy as jnp
+
+    if mode != 0:
+        raise NotImplementedError(f"hash_tensor mode {mode}")
+    wide = x.astype(jnp.float64 if jnp.issubdtype(x.dtype, jnp.floating) else jnp.int64)
+    bits = lax.bitcast_convert_type(wide, jnp.uint64)
+    axes = tuple(_dims(dim, x.ndim)) if dim else tuple(range(x.ndim))
+    hashed = lax.reduce(bits, jnp.uint64(0), lax.bitwise_xor, axes)
+    return hashed.reshape(tuple(out.shape))
 
 
 @rule(aten.frexp)
