@@ -441,30 +441,11 @@ def _view_as_complex(out, x):
 # Ops that Torch-MLIR lowers, except on complex tensors: these rules only take nodes that touch one.
 
 
-def _elementwise(fn):
-    def apply(out, *args, **kwargs):
-        return fn(*args, **kwargs)
-    return apply
-
-
-def _with_alpha(fn):
-    def apply(out, a, b, alpha=1):
-        return fn(a, b * alpha if alpha != 1 else b)
-    return apply
-
-
 def _register_complex_rules():
-    import operator as op
-
-    simple = {
-        aten.neg: op.neg, aten.mul: op.mul, aten.div: op.truediv,
-        aten.add: None, aten.sub: None,
-    }
-    for packet, fn in simple.items():
-        if fn is not None:
-            RULES[packet] = _elementwise(fn)
-    RULES[aten.add] = _with_alpha(op.add)
-    RULES[aten.sub] = _with_alpha(op.sub)
+    def binary(fn):
+        def apply(out, a, b, alpha=1):
+            return fn(a, b if alpha == 1 else b * alpha)
+        return apply
 
     def unary(name):
         def apply(out, x):
@@ -473,9 +454,12 @@ def _register_complex_rules():
             return getattr(jnp, name)(x)
         return apply
 
-    for name in ("abs", "exp", "log", "sqrt", "sin", "cos", "tanh", "reciprocal", "sign", "angle", "square"):
-        packet = getattr(aten, "sgn" if name == "sign" else name)
-        RULES[packet] = unary(name)
+    for packet, fn in ((aten.add, operator.add), (aten.sub, operator.sub), (aten.mul, operator.mul),
+                       (aten.div, operator.truediv)):
+        RULES[packet] = binary(fn)
+    for name in ("negative", "abs", "exp", "log", "sqrt", "sin", "cos", "tanh", "reciprocal", "sign", "angle",
+                 "square"):
+        RULES[getattr(aten, {"negative": "neg", "sign": "sgn"}.get(name, name))] = unary(name)
 
 
 @rule(aten.clone, aten.alias, aten.lift_fresh_copy, always=False)

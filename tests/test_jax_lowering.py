@@ -161,3 +161,15 @@ def test_op_without_a_rule_still_names_itself():
 
     errors = [e for e in exception_chain(info.value) if isinstance(e, LoweringError)]
     assert errors and "convert_element_type" in (errors[0].op or "")
+
+
+def test_hash_tensor_matches_eager():
+    """uint64 results: the XOR of each element's 64-bit pattern, over all or some dims."""
+    x = torch.randn(5, 7)
+
+    def fn(x):
+        return torch.hash_tensor(x), torch.hash_tensor(x, dim=1, keepdim=True), torch.hash_tensor(x.long() * 1000)
+
+    for got, ref in zip(_compiled(fn, x), fn(x)):
+        assert got.dtype == torch.uint64
+        assert torch.equal(got, ref)
