@@ -241,6 +241,10 @@ def _masked_scatter_reduce(x, dim, index, src, reduce, include_self):
     dim = dim % max(x.dim(), 1)
     if x.dim() == 0 or index.dim() != x.dim():
         return NotImplemented
+    if x.dtype == torch.bool:  # in int64, back to bool: a sum is an or, a product an and
+        out = _masked_scatter_reduce(aten._to_copy.default(x, dtype=torch.int64), dim, index,
+                                     aten._to_copy.default(src, dtype=torch.int64), reduce, include_self)
+        return out if out is NotImplemented else aten._to_copy.default(out, dtype=torch.bool)
     short = [d for d in range(x.dim()) if d != dim and index.shape[d] < x.shape[d]]
     if short:
         part = x
@@ -363,7 +367,14 @@ def _lgamma(x: torch.Tensor):
     positive = _lgamma_positive(safe)
     sin = aten.abs.default(aten.sin.default(aten.mul.Tensor(work, math.pi)))
     reflected = aten.sub.Tensor(aten.log.default(aten.div.Tensor(aten.full_like.default(sin, math.pi), sin)), positive)
-    return aten._to_copy.default(aten.where.self(small, reflected, positive), dtype=x.dtype)
+    out = aten.where.self(small, reflected, positive)
+    # the poles at 0, -1, -2...: sin(pi x) is not exactly 0 there in floating point
+    out = aten.where.self(_non_positive_integer(work), aten.full_like.default(out, float("inf")), out)
+    return aten._to_copy.default(out, dtype=x.dtype)
+
+
+def _non_positive_integer(x: torch.Tensor) -> torch.Tensor:
+    return aten.logical_and.default(aten.le.Scalar(x, 0), aten.eq.Tensor(x, aten.floor.default(x)))
 
 
 def _digamma_positive(z: torch.Tensor) -> torch.Tensor:
@@ -391,7 +402,11 @@ def _digamma(x: torch.Tensor):
     small = aten.lt.Scalar(work, 0.5)
     positive = _digamma_positive(aten.where.self(small, aten.rsub.Scalar(work, 1), work))
     cot = aten.div.Tensor(aten.full_like.default(work, math.pi), aten.tan.default(aten.mul.Tensor(work, math.pi)))
-    return aten._to_copy.default(aten.where.self(small, aten.sub.Tensor(positive, cot), positive), dtype=x.dtype)
+    out = aten.where.self(small, aten.sub.Tensor(positive, cot), positive)
+    # ATen: -inf at 0 (the reflection gives it), NaN at the negative integers (poles of either sign)
+    pole = aten.logical_and.default(_non_positive_integer(work), aten.lt.Scalar(work, 0))
+    out = aten.where.self(pole, aten.full_like.default(out, float("nan")), out)
+    return aten._to_copy.default(out, dtype=x.dtype)
 
 
 _BERNOULLI = (1 / 6, -1 / 30, 1 / 42, -1 / 30, 5 / 66)  # B2, B4, ..., B10

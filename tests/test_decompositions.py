@@ -175,6 +175,14 @@ def test_scatter_reduce_and_index_reduce(reduce, include_self):
               x, torch.randn(5, 4))
 
 
+@pytest.mark.parametrize("reduce", ["sum", "prod", "amax", "amin"])
+def test_scatter_reduce_on_bool_stays_bool(reduce):
+    """A bool sum is an or, a product an and: the result keeps x's dtype."""
+    x, src = torch.rand(6, 4) > 0.5, torch.rand(5, 4) > 0.5
+    index = torch.randint(0, 6, (5, 4))
+    check(lambda x, s: x.scatter_reduce(0, index, s, reduce), x, src)
+
+
 def test_scatter_with_reduce_and_int32_index():
     x, src = torch.randn(10, 5), torch.randn(5, 5)
     index = torch.randint(0, 10, (5, 5))
@@ -193,6 +201,9 @@ def test_lgamma_digamma_polygamma():
     x = torch.cat([torch.rand(40) * 20 + 0.01, -torch.rand(10) * 5 - 0.05, torch.tensor([1.0, 2.0, 0.5])])
     check(torch.lgamma, x, grad=True, rtol=1e-4, atol=1e-4)
     check(torch.digamma, x, rtol=1e-4, atol=1e-4)
+    # the poles: lgamma is inf at 0, -1, -2...; digamma -inf at 0 and NaN at the negative integers
+    poles = torch.tensor([0.0, -1.0, -2.0, -7.0, -30.0, 3.0])
+    check(lambda x: (torch.lgamma(x), torch.digamma(x), torch.lgamma(x.long())), poles, equal_nan=True)
     positive = x.abs() + 0.01
     check(lambda x: (torch.polygamma(1, x), torch.polygamma(3, x), torch.mvlgamma(x + 3, 3)), positive,
           rtol=1e-4, atol=1e-4)
