@@ -922,6 +922,8 @@ def _cumprod(x: torch.Tensor, dim: int, dtype=None):
 def _addmv(x: torch.Tensor, mat: torch.Tensor, vec: torch.Tensor, *, beta=1, alpha=1):
     # torch-mlir does not lower aten.addmv (nn.Linear on a 1-D input reaches it through
     # addmv in some paths; OpInfo addmv): beta * x + alpha * (mat @ vec), beta=0 ignores x.
+    if not x.dtype.is_floating_point and not x.dtype.is_complex:
+        beta, alpha = int(beta), int(alpha)  # ATen converts the scalars to the integer dtype first
     out = aten.mv.default(mat, vec)
     if alpha != 1:
         out = aten.mul.Tensor(out, alpha)

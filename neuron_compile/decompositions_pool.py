@@ -142,21 +142,25 @@ def _avg_windows(x, dims, divisor_override):
     v, valid, _ = _gather_windows(x, dims)
     total = torch.where(valid, v, torch.zeros((), dtype=x.dtype, device=x.device)).sum(-1)
     if divisor_override:
-        return total / divisor_override
-    count = None
-    d = len(dims)
-    for j, dm in enumerate(dims):
-        shape = [1] * d
-        shape[j] = dm.pos.shape[0]
-        c = dm.count.reshape(shape)
-        count = c if count is None else count * c
-    return total / count.to(x.dtype)
+        count = divisor_override
+    else:
+        count = None
+        d = len(dims)
+        for j, dm in enumerate(dims):
+            shape = [1] * d
+            shape[j] = dm.pos.shape[0]
+            c = dm.count.reshape(shape)
+            count = c if count is None else count * c
+        count = count.to(x.dtype)
+    if not x.dtype.is_floating_point:  # ATen divides integers in C++: toward zero
+        return torch.div(total, count, rounding_mode="trunc")
+    return total / count
 
 
-def _check(x, d):
-    if x.dim() not in (d + 1, d + 2) or not x.dtype.is_floating_point or x.numel() == 0:
+def _check(x, d, integers=False):
+    if x.dim() not in (d + 1, d + 2) or x.numel() == 0:
         return False
-    return True
+    return x.dtype.is_floating_point or (integers and x.dtype != torch.bool and not x.dtype.is_complex)
 
 
 def _max_pool(d, with_indices, always):
@@ -183,7 +187,7 @@ POOL[aten.max_pool3d.default] = _max_pool(3, False, False)
 def _avg_pool(d):
     def decomposition(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
                       divisor_override=None):
-        if not (ceil_mode or divisor_override) or not _check(x, d):
+        if not (ceil_mode or divisor_override) or not _check(x, d, integers=True):
             return NotImplemented
         k = _tuple(kernel_size, d)
         s = _tuple(stride, d) if stride else k

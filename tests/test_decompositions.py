@@ -90,6 +90,9 @@ def test_cumprod_and_its_backward():
 def test_addmv_and_cdist():
     check(lambda b, m, v: torch.addmv(b, m, v, beta=0.5, alpha=2.0), torch.randn(4), torch.randn(4, 3),
           torch.randn(3), grad=True)
+    # integers: ATen converts beta and alpha to the dtype first (0.2 and 0.6 become 0)
+    ints = torch.randint(-9, 9, (4,)), torch.randint(-9, 9, (4, 3)), torch.randint(-9, 9, (3,))
+    check(lambda b, m, v: (torch.addmv(b, m, v, beta=0.2, alpha=0.6), torch.addmv(b, m, v, beta=2, alpha=3)), *ints)
     check(lambda a, b: torch.cdist(a, b), torch.randn(2, 5, 3), torch.randn(2, 4, 3))
     check(lambda a, b: torch.cdist(a, b, p=1.0), torch.randn(5, 3), torch.randn(4, 3))
 

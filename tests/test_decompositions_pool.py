@@ -45,6 +45,21 @@ def test_pooling_cases_torch_mlir_gets_wrong_match_eager():
         torch.testing.assert_close(got[name], ref[name], equal_nan=True, msg=name)
 
 
+def test_integer_average_pooling_divides_toward_zero():
+    """int64 averages: ATen divides the window sum in C++ integer arithmetic (toward zero)."""
+    x3 = torch.randint(-20, 20, (1, 2, 5, 6, 7))
+    x = x3[0, :, 0]
+
+    def fn(x, x3):
+        return (F.avg_pool3d(x3, 2, 1, 1, ceil_mode=True, count_include_pad=False, divisor_override=2),
+                F.avg_pool3d(x3, (2, 3, 4), (1, 2, 2), (0, 1, 2), ceil_mode=True),
+                F.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False))
+
+    for got, ref in zip(_compiled(fn, x, x3), fn(x, x3)):
+        assert got.dtype == torch.int64
+        torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
 def test_zero_size_inputs_give_empty_results():
     x = torch.randn(0, 3, 5, 5)
 
