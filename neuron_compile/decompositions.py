@@ -633,6 +633,9 @@ def _cumulative_extreme(x: torch.Tensor, dim: int, largest: bool):
     """(values, indices) of a running max/min along dim: a triangular mask, the last extreme's index."""
     if x.dim() == 0:
         return aten.clone.default(x), aten.zeros_like.default(x, dtype=torch.int64)
+    if x.dtype in (torch.bool, torch.uint8):  # torch-mlir's amax/amin get these wrong: through int32
+        values, indices = _cumulative_extreme(aten._to_copy.default(x, dtype=torch.int32), dim, largest)
+        return aten._to_copy.default(values, dtype=x.dtype), indices
     dim = dim % x.dim()
     n = x.shape[dim]
     y = aten.movedim.int(x, dim, -1)
@@ -641,8 +644,6 @@ def _cumulative_extreme(x: torch.Tensor, dim: int, largest: bool):
     upto = aten.le.Tensor(aten.unsqueeze.default(idx, 0), aten.unsqueeze.default(idx, 1))  # j <= i
     if x.dtype.is_floating_point:
         fill = float("-inf") if largest else float("inf")
-    elif x.dtype == torch.bool:
-        fill = not largest
     else:
         info = torch.iinfo(x.dtype)
         fill = info.min if largest else info.max
@@ -790,6 +791,9 @@ def _kth_smallest(x: torch.Tensor, k, dim: int, keepdim: bool, nan: str = "ignor
     """
     if x.dim() == 0:
         return aten.clone.default(x), aten.zeros_like.default(x, dtype=torch.int64)
+    if x.dtype in (torch.bool, torch.uint8):  # torch-mlir's amax/amin get these wrong: through int32
+        values, indices = _cumulative_extreme(aten._to_copy.default(x, dtype=torch.int32), dim, largest)
+        return aten._to_copy.default(values, dtype=x.dtype), indices
     dim = dim % x.dim()
     n = x.shape[dim]
     key = x
@@ -959,7 +963,36 @@ def _base_table() -> dict:
     for op, fn in _RANK0.items():
         if op not in table:  # ops some table already decomposes keep that decomposition
             table[op] = _rank0(fn)
+    for op in _WIDENED:
+        table[op] = _first_of(table.get(op), _widened(op))
     return with_zero_size(table)
+
+
+# Reductions that pick an element: torch-mlir's lowering compares bool and uint8 wrongly (max.dim on
+# bool returned wrong indices, argmax on bool does not lower), so those inputs go through int32.
+_WIDENED = (aten.max.dim, aten.min.dim, aten.argmax.default, aten.argmin.default)
+
+
+def _widened(op):
+    def decomposition(x, *args, **kwargs):
+        if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.dtype not in (torch.bool, torch.uint8):
+            return NotImplemented
+        out = op(aten._to_copy.default(x, dtype=torch.int32), *args, **kwargs)
+        if isinstance(out, (tuple, list)):  # (values, indices): values back to the input's dtype
+            return (aten._to_copy.default(out[0], dtype=x.dtype), *out[1:])
+        return out
+    return decomposition
+
+
+def _first_of(first, second):
+    """A decomposition trying ``first`` (if any), then ``second``, NotImplemented when neither applies."""
+    if first is None:
+        return second
+
+    def decomposition(*args, **kwargs):
+        out = first(*args, **kwargs)
+        return second(*args, **kwargs) if out is NotImplemented else out
+    return decomposition
 
 
 def decomposition_table() -> dict:

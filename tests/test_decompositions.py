@@ -220,6 +220,18 @@ def test_long_tail_small_ops():
           a, b, equal_nan=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8])
+def test_picking_reductions_on_bool_and_uint8(dtype):
+    """max/min with indices, argmax/argmin and cummax/cummin on bool and uint8 (many ties): through
+    int32, since torch-mlir's own reductions gave wrong values and indices on them."""
+    x = (torch.rand(5, 7) > 0.5).to(dtype) if dtype == torch.bool else torch.randint(0, 3, (5, 7), dtype=dtype)
+    fns = [lambda x: torch.max(x, 1), lambda x: torch.min(x, 0, keepdim=True), lambda x: torch.cummax(x, 1),
+           lambda x: torch.cummin(x, 0)]
+    if dtype != torch.bool:  # eager has no argmax on bool
+        fns += [lambda x: torch.argmax(x, 1), lambda x: torch.argmin(x), lambda x: torch.argmax(x, 0, keepdim=True)]
+    check(lambda x: [f(x) for f in fns], x)
+
+
 def test_cummax_cummin():
     x = torch.randint(0, 4, (3, 7)).float()  # ties: the last index reaching the extreme, as in ATen
     check(lambda x: (torch.cummax(x, 1), torch.cummin(x, 0)), x)
