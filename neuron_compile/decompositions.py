@@ -693,6 +693,11 @@ def _real_float(fn):
     def decomposition(x, *args, **kwargs):
         if not x.dtype.is_floating_point:
             return NotImplemented
+        if x.dtype in (torch.bfloat16, torch.float16):  # in float32, rounded once: ATen's acc_type
+            out = fn(aten._to_copy.default(x, dtype=torch.float32), *args, **kwargs)
+            if isinstance(out, tuple):
+                return tuple(aten._to_copy.default(o, dtype=x.dtype) for o in out)
+            return aten._to_copy.default(out, dtype=x.dtype)
         return fn(x, *args, **kwargs)
     return decomposition
 
@@ -965,7 +970,17 @@ def _base_table() -> dict:
             table[op] = _rank0(fn)
     for op in _WIDENED:
         table[op] = _first_of(table.get(op), _widened(op))
+    table[aten.cumsum.default] = _first_of(table.get(aten.cumsum.default), _cumsum_half)
     return with_zero_size(table)
+
+
+def _cumsum_half(x, dim, *, dtype=None):
+    # ATen accumulates bfloat16 and float16 running sums in float32 (acc_type); in bfloat16 the
+    # sum drifts by several ulps over a row
+    if x.dim() == 0 or x.dtype not in (torch.bfloat16, torch.float16) or dtype not in (None, x.dtype):
+        return NotImplemented
+    wide = aten.cumsum.default(aten._to_copy.default(x, dtype=torch.float32), dim)
+    return aten._to_copy.default(wide, dtype=x.dtype)
 
 
 # Reductions that pick an element: torch-mlir's lowering compares bool and uint8 wrongly (max.dim on
