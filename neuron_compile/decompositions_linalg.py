@@ -254,11 +254,19 @@ def _linalg_det(a):
     return torch.diagonal(lu, 0, -2, -1).prod(-1) * _swap_sign(pivots0, a)
 
 
+def _det_factor(a):
+    """The matrix whose LU ATen's _linalg_det and _linalg_slogdet return: A^T when A is C-contiguous
+    and real (LAPACK then reads A's memory as column-major with no copy), else A. Their backward
+    solves with that LU accordingly (adjoint or not), so handing back A's LU for a C-contiguous A
+    gave the transposed gradient."""
+    return a.mT if a.is_contiguous() and not a.is_complex() else a
+
+
 @_linalg(aten._linalg_det)
 def _linalg_det_lu(a):
     if not _supported(a):
         return NotImplemented
-    lu, _, pivots0 = _lu(a)
+    lu, _, pivots0 = _lu(_det_factor(a))
     if _empty(a):  # the determinant of a 0 x 0 matrix is 1
         return torch.ones(list(a.shape[:-2]), dtype=a.dtype), lu, (pivots0 + 1).to(torch.int32)
     return torch.diagonal(lu, 0, -2, -1).prod(-1) * _swap_sign(pivots0, a), lu, (pivots0 + 1).to(torch.int32)
@@ -268,7 +276,7 @@ def _linalg_det_lu(a):
 def _linalg_slogdet(a):
     if not _supported(a):
         return NotImplemented
-    lu, _, pivots0 = _lu(a)
+    lu, _, pivots0 = _lu(_det_factor(a))
     if _empty(a):
         return (torch.ones(list(a.shape[:-2]), dtype=a.dtype), _zeros(a.shape[:-2], a), lu,
                 (pivots0 + 1).to(torch.int32))

@@ -40,6 +40,26 @@ def test_lu_family_matches_eager():
     check(fn, a, b)
 
 
+def test_determinant_gradients_match_eager():
+    """det, slogdet and logdet backward, for a row-major input and a transposed (column-major) one.
+    ATen factors A^T for a row-major A and its backward solves with that LU: handing back A's own LU
+    gave the transposed gradient. The factor and pivots _linalg_det returns are eager's too."""
+    base = _well_conditioned(5, 5)
+    for a in (base, base.mT):
+        def fn(a):
+            return torch.linalg.det(a) + torch.linalg.slogdet(a)[1] * 2 + torch.logdet(a @ a.mT) * 3
+
+        got_a, ref_a = a.detach().clone().requires_grad_(True), a.detach().clone().requires_grad_(True)
+        got_a = got_a if a.is_contiguous() else a.detach().mT.clone().mT.requires_grad_(True)
+        ref_a = ref_a if a.is_contiguous() else a.detach().mT.clone().mT.requires_grad_(True)
+        torch._dynamo.reset()
+        compiled(fn)(got_a).backward()
+        fn(ref_a).backward()
+        assert got_a.is_contiguous() == a.is_contiguous()
+        torch.testing.assert_close(got_a.grad, ref_a.grad, rtol=1e-4, atol=1e-4)
+    check(lambda a: torch.ops.aten._linalg_det(a), base)
+
+
 def test_solve_inverse_and_matrix_functions():
     a = _well_conditioned(3, 4, 4)
     b = torch.randn(3, 4, 2)
