@@ -152,6 +152,7 @@ def lower_to_stablehlo(gm: torch.fx.GraphModule, *, report=None, graph_name: str
                        keep_torch_ir: bool = False) -> Lowered:
     """Lower a static, decomposed FX graph to a StableHLO module (parameters as arguments)."""
     drop_error_checks(gm)
+    _refuse_data_dependent_shapes(gm, graph_name)
     from .jax_lowering import jax_nodes, lower_spliced
 
     chosen = jax_nodes(gm)
@@ -163,6 +164,26 @@ def lower_to_stablehlo(gm: torch.fx.GraphModule, *, report=None, graph_name: str
         module = lower_spliced(gm, chosen, lower_part, graph_name=graph_name, stage=lambda: _stage(report, "jax"))
         return Lowered(module, "// spliced graph: see the Torch-MLIR parts' dumps\n" if keep_torch_ir else None)
     return _lower_torch_mlir(gm, report, graph_name, keep_torch_ir=keep_torch_ir)
+
+
+def _refuse_data_dependent_shapes(gm, graph_name: str) -> None:
+    """A node whose shape depends on tensor values (an unbacked size such as nonzero's, or a boolean
+    index's in index_put's backward) cannot become a static XLA shape. Torch-MLIR lowers some of
+    them to dynamic shapes that XLA then ran with wrong results: refuse the graph, naming the op."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        val = node.meta.get("val")
+        values = val if isinstance(val, (tuple, list)) else [val]
+        symbols = set().union(*(free_unbacked_symbols(v) for v in values if isinstance(v, torch.Tensor)))
+        if symbols:
+            shape = next(tuple(v.shape) for v in values if isinstance(v, torch.Tensor) and free_unbacked_symbols(v))
+            message = (f"error: the result of {node.target} has the shape {shape}, which depends on tensor values "
+                       f"({', '.join(sorted(map(str, symbols)))}): XLA compiles static shapes only")
+            raise _error(gm, None, "import", message, [], graph_name, op=str(node.target).replace("::", "."),
+                         who="neuron_compile")
 
 
 def _stage(report, name):
@@ -382,8 +403,8 @@ def repro_root() -> Path:
     return Path(root) if root else Path(tempfile.gettempdir()) / "neuron_compile_repro"
 
 
-def _error(gm, ir_text, stage, message, diagnostics, graph_name) -> LoweringError:
-    op = _failing_op(diagnostics, message)
+def _error(gm, ir_text, stage, message, diagnostics, graph_name, *, op=None, who="Torch-MLIR") -> LoweringError:
+    op = op or _failing_op(diagnostics, message)
     nodes = [n for n in gm.graph.nodes if n.op == "call_function" and op and _matches(n, op)]
     if not nodes:
         nodes = [n for n in _nodes_at(gm, diagnostics + [message]) if isinstance(n.target, torch._ops.OpOverload)]
@@ -411,7 +432,7 @@ def _error(gm, ir_text, stage, message, diagnostics, graph_name) -> LoweringErro
         lines.append(f"It comes from your code at {source}")
     first_diag = next((d for d in diagnostics + message.splitlines() if "error" in d.lower() or "failed to" in d.lower()), None)
     if first_diag:
-        lines.append(f"Torch-MLIR said: {first_diag.strip()[:500]}")
+        lines.append(f"{who} said: {first_diag.strip()[:500]}")
     if repro:
         lines.append(f"The FX graph and the failing IR are saved in {repro}; reproduce with: neuron-compile repro {repro}")
     lines.append(

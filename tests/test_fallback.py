@@ -145,3 +145,30 @@ def test_xla_rejecting_a_graph_runs_it_eagerly(monkeypatch):
         torch.testing.assert_close(torch.compile(model, backend="neuron", options={"fallback": "eager"})(x), model(x))
     top = [r for r in neuron_compile.compile_reports() if r.fallback]
     assert len(top) == 1 and any("pretend XLA refused" in n for n in top[0].notes)
+
+
+def test_data_dependent_shape_is_refused_not_miscompiled():
+    """index_put with a boolean mask: its backward indexes the gradient with the mask, a shape that
+    depends on the mask's values. Torch-MLIR lowered it to a dynamic shape that XLA ran with wrong
+    gradients; now the graph is refused naming the op, and with fallback the gradients are eager's."""
+    x, mask, v = torch.randn(5, 5), torch.tensor([True, True, False, True, False]), torch.randn(5)
+
+    def fn(x, mask, v):  # the mask an input: its values unknown when the graph compiles
+        return torch.index_put(x, (mask,), v)
+
+    def grads(call):
+        xs, vs = x.clone().requires_grad_(True), v.clone().requires_grad_(True)
+        out = call(xs, mask, vs)
+        return torch.autograd.grad((out * torch.arange(25.0).reshape(5, 5)).sum(), [xs, vs])
+
+    ref = grads(fn)
+    with pytest.raises(Exception) as info:
+        grads(torch.compile(fn, backend="neuron", fullgraph=True))  # without fullgraph, Dynamo leaves it eager
+    from neuron_compile.lowering import exception_chain
+
+    err = next(e for e in exception_chain(info.value) if isinstance(e, LoweringError))
+    assert err.op == "aten.index.Tensor" and "depends on tensor values" in str(err)
+    torch._dynamo.reset()
+    got = grads(torch.compile(fn, backend="neuron", fullgraph=True, options={"fallback": "eager"}))
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g, r)
