@@ -633,9 +633,6 @@ def _cumulative_extreme(x: torch.Tensor, dim: int, largest: bool):
     """(values, indices) of a running max/min along dim: a triangular mask, the last extreme's index."""
     if x.dim() == 0:
         return aten.clone.default(x), aten.zeros_like.default(x, dtype=torch.int64)
-    if x.dtype in (torch.bool, torch.uint8):  # torch-mlir's amax/amin get these wrong: through int32
-        values, indices = _cumulative_extreme(aten._to_copy.default(x, dtype=torch.int32), dim, largest)
-        return aten._to_copy.default(values, dtype=x.dtype), indices
     dim = dim % x.dim()
     n = x.shape[dim]
     y = aten.movedim.int(x, dim, -1)
@@ -796,9 +793,6 @@ def _kth_smallest(x: torch.Tensor, k, dim: int, keepdim: bool, nan: str = "ignor
     """
     if x.dim() == 0:
         return aten.clone.default(x), aten.zeros_like.default(x, dtype=torch.int64)
-    if x.dtype in (torch.bool, torch.uint8):  # torch-mlir's amax/amin get these wrong: through int32
-        values, indices = _cumulative_extreme(aten._to_copy.default(x, dtype=torch.int32), dim, largest)
-        return aten._to_copy.default(values, dtype=x.dtype), indices
     dim = dim % x.dim()
     n = x.shape[dim]
     key = x
@@ -969,8 +963,8 @@ def _base_table() -> dict:
         if op not in table:  # ops some table already decomposes keep that decomposition
             table[op] = _rank0(fn)
     for op in _WIDENED:
-        table[op] = _first_of(table.get(op), _widened(op))
-    table[aten.cumsum.default] = _first_of(table.get(aten.cumsum.default), _cumsum_half)
+        table[op] = _first_of(_widened(op), table.get(op))
+    table[aten.cumsum.default] = _first_of(_cumsum_half, table.get(aten.cumsum.default))
     return with_zero_size(table)
 
 
@@ -984,8 +978,10 @@ def _cumsum_half(x, dim, *, dtype=None):
 
 
 # Reductions that pick an element: torch-mlir's lowering compares bool and uint8 wrongly (max.dim on
-# bool returned wrong indices, argmax on bool does not lower), so those inputs go through int32.
-_WIDENED = (aten.max.dim, aten.min.dim, aten.argmax.default, aten.argmin.default)
+# bool returned wrong indices, its amax under cummax wrong values, argmax on bool does not lower), so
+# those inputs go through int32 and then whatever decomposes the op (ours or a 0-d rule).
+_WIDENED = (aten.max.dim, aten.min.dim, aten.argmax.default, aten.argmin.default, aten.cummax.default,
+            aten.cummin.default)
 
 
 def _widened(op):
@@ -1000,9 +996,9 @@ def _widened(op):
 
 
 def _first_of(first, second):
-    """A decomposition trying ``first`` (if any), then ``second``, NotImplemented when neither applies."""
-    if first is None:
-        return second
+    """A decomposition trying ``first``, then ``second`` (if any), NotImplemented when neither applies."""
+    if second is None:
+        return first
 
     def decomposition(*args, **kwargs):
         out = first(*args, **kwargs)

@@ -227,8 +227,9 @@ def test_picking_reductions_on_bool_and_uint8(dtype):
     x = (torch.rand(5, 7) > 0.5).to(dtype) if dtype == torch.bool else torch.randint(0, 3, (5, 7), dtype=dtype)
     fns = [lambda x: torch.max(x, 1), lambda x: torch.min(x, 0, keepdim=True), lambda x: torch.cummax(x, 1),
            lambda x: torch.cummin(x, 0)]
-    if dtype != torch.bool:  # eager has no argmax on bool
-        fns += [lambda x: torch.argmax(x, 1), lambda x: torch.argmin(x), lambda x: torch.argmax(x, 0, keepdim=True)]
+    if dtype != torch.bool:  # eager has no argmax, median or kthvalue on bool
+        fns += [lambda x: torch.argmax(x, 1), lambda x: torch.argmin(x), lambda x: torch.argmax(x, 0, keepdim=True),
+                lambda x: torch.median(x, 1), lambda x: torch.kthvalue(x, 2, 0).values]
     check(lambda x: [f(x) for f in fns], x)
 
 
