@@ -87,7 +87,8 @@ def plan_graph(gm: torch.fx.GraphModule) -> GraphPlan:
             val = value.meta.get("val")
             if not isinstance(val, torch.Tensor):
                 raise NotImplementedError(f"graph output {value.name} is not a tensor: {val!r}")
-            if isinstance(val.numel(), int) and val.numel() == 0:  # never guard on a data-dependent size
+            numel = val.numel()
+            if isinstance(numel, int) and numel == 0:  # never guard on a data-dependent size
                 outputs.append((EMPTY, (tuple(val.shape), val.dtype)))
                 continue
             if value not in index_of:

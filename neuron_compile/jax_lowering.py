@@ -64,27 +64,12 @@ def _packet(node: torch.fx.Node):
     return target.overloadpacket if isinstance(target, torch._ops.OpOverload) else target
 
 
-def _is_complex(value) -> bool:
-    if isinstance(value, torch.Tensor):
-        return value.is_complex()
-    if isinstance(value, (tuple, list)):
-        return any(_is_complex(v) for v in value)
-    return False
-
-
-def _touches_complex(node: torch.fx.Node) -> bool:
-    if _is_complex(node.meta.get("val")):
-        return True
-    found = []
-    map_arg((node.args, node.kwargs), lambda n: found.append(_is_complex(n.meta.get("val"))))
-    return any(found)
-
-
-def _unsupported_dtype(node: torch.fx.Node) -> bool:
+def _tensors(node: torch.fx.Node) -> list[torch.Tensor]:
+    """The fake tensors a node produces and reads."""
     values = [node.meta.get("val")]
     map_arg((node.args, node.kwargs), lambda n: values.append(n.meta.get("val")))
     flat = [v for value in values for v in (value if isinstance(value, (tuple, list)) else [value])]
-    return any(isinstance(v, torch.Tensor) and v.dtype not in _ELEMENT_NAME for v in flat)
+    return [v for v in flat if isinstance(v, torch.Tensor)]
 
 
 def jax_nodes(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
@@ -97,10 +82,10 @@ def jax_nodes(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
             if node.args[0] in chosen:
                 chosen.add(node)
             continue
-        packet = _packet(node)
-        if _unsupported_dtype(node):
+        packet, tensors = _packet(node), _tensors(node)
+        if any(t.dtype not in _ELEMENT_NAME for t in tensors):
             continue  # complex32: JAX has no such type; Torch-MLIR names the op as usual
-        if packet in ALWAYS or (packet in RULES and _touches_complex(node)):
+        if packet in ALWAYS or (packet in RULES and any(t.is_complex() for t in tensors)):
             chosen.add(node)
     return chosen
 
@@ -692,22 +677,25 @@ def _matrix_exp(out, a):
 # --------------------------------------------------------------------------- rules: special functions
 
 
+def _operands(out, *values):
+    """Tensor or Python-number operands in the result's dtype, broadcast to one shape."""
+    import jax.numpy as jnp
+
+    return jnp.broadcast_arrays(*(jnp.asarray(v, _np_dtype(out.dtype)) for v in values))
+
+
 @rule(aten.igamma)
 def _igamma(out, a, x):
     import jax.lax as lax
-    import jax.numpy as jnp
 
-    a, x = jnp.broadcast_arrays(*(jnp.asarray(v, _np_dtype(out.dtype)) for v in (a, x)))
-    return lax.igamma(a, x)
+    return lax.igamma(*_operands(out, a, x))
 
 
 @rule(aten.igammac)
 def _igammac(out, a, x):
     import jax.lax as lax
-    import jax.numpy as jnp
 
-    a, x = jnp.broadcast_arrays(*(jnp.asarray(v, _np_dtype(out.dtype)) for v in (a, x)))
-    return lax.igammac(a, x)
+    return lax.igammac(*_operands(out, a, x))
 
 
 @rule(aten.special_zeta)
@@ -715,7 +703,7 @@ def _zeta(out, x, q):
     import jax.lax as lax
     import jax.numpy as jnp
 
-    x, q = jnp.broadcast_arrays(*(jnp.asarray(v, _np_dtype(out.dtype)) for v in (x, q)))
+    x, q = _operands(out, x, q)
     # Cephes (ATen): a pole at every non-positive integer q, where XLA's zeta gives NaN
     pole = (q <= 0) & (q == jnp.floor(q)) & (x > 1)
     return jnp.where(pole, jnp.inf, lax.zeta(x, q))
@@ -745,13 +733,13 @@ def _frexp(out, x):
 
 
 def _three_term(x, n, first, step, *, limit=None):
-    """ATen's loop ``p, q = q, step(k, p, q)`` for k = 1 .. n-1 from (1, first), per element,
-    as one ``stablehlo.while`` running to the largest degree. Returns q at each element's degree
-    (1 for degree 0), and the degree as an integer tensor for the caller's special cases."""
+    """ATen's loop ``p, q = q, step(k, p, q)`` for k = 1 .. n-1 from (1, first), per element of
+    x and n (already broadcast), as one ``stablehlo.while`` running to the largest degree. Returns
+    q at each element's degree (1 for degree 0), and the degree as an integer tensor for the
+    caller's special cases."""
     import jax.lax as lax
     import jax.numpy as jnp
 
-    x, n = jnp.broadcast_arrays(x, n)
     n = jnp.where(jnp.isfinite(n), n, -1).astype(jnp.int64)  # ATen truncates the degree to int64
     stop = jnp.max(n, initial=0)
     if limit is not None:
@@ -767,13 +755,6 @@ def _three_term(x, n, first, step, *, limit=None):
     return jnp.where(n == 0, 1, q).astype(x.dtype), n
 
 
-def _polynomial_args(out, x, n):
-    import jax.numpy as jnp
-
-    dtype = _np_dtype(out.dtype)
-    return jnp.asarray(x, dtype), jnp.asarray(n, dtype)
-
-
 def _hermite_limit(dtype) -> int:
     import jax.numpy as jnp
 
@@ -784,7 +765,7 @@ def _hermite_limit(dtype) -> int:
 def _hermite_h(out, x, n):
     import jax.numpy as jnp
 
-    x, n = _polynomial_args(out, x, n)
+    x, n = _operands(out, x, n)
     limit = _hermite_limit(x.dtype)
     value, n = _three_term(x, n, lambda x: x + x, lambda k, p, q: (x + x) * q - (k + k) * p, limit=limit)
     return jnp.where(n < 0, 0, jnp.where(n > limit, jnp.nan, value))
@@ -794,7 +775,7 @@ def _hermite_h(out, x, n):
 def _hermite_he(out, x, n):
     import jax.numpy as jnp
 
-    x, n = _polynomial_args(out, x, n)
+    x, n = _operands(out, x, n)
     limit = _hermite_limit(x.dtype)
     value, n = _three_term(x, n, lambda x: x, lambda k, p, q: x * q - k * p, limit=limit)
     return jnp.where(n < 0, 0, jnp.where(n > limit, jnp.nan, value))
@@ -804,7 +785,7 @@ def _hermite_he(out, x, n):
 def _laguerre_l(out, x, n):
     import jax.numpy as jnp
 
-    x, n = _polynomial_args(out, x, n)
+    x, n = _operands(out, x, n)
     value, n = _three_term(x, n, lambda x: 1 - x, lambda k, p, q: ((k + k + (1 - x)) * q - k * p) / (k + 1))
     return jnp.where(n < 0, 0, jnp.where(jnp.abs(x) == 0, 1, value))
 
@@ -813,7 +794,7 @@ def _laguerre_l(out, x, n):
 def _legendre_p(out, x, n):
     import jax.numpy as jnp
 
-    x, n = _polynomial_args(out, x, n)
+    x, n = _operands(out, x, n)
     value, n = _three_term(x, n, lambda x: x, lambda k, p, q: ((k + k + 1) * x * q - k * p) / (k + 1))
     at_one = jnp.where((x > 0) | (n % 2 == 0), 1, -1)
     return jnp.where(n < 0, 0, jnp.where(jnp.abs(x) == 1, at_one, value))

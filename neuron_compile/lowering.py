@@ -176,14 +176,13 @@ def _refuse_data_dependent_shapes(gm, graph_name: str) -> None:
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
         val = node.meta.get("val")
-        values = val if isinstance(val, (tuple, list)) else [val]
-        symbols = set().union(*(free_unbacked_symbols(v) for v in values if isinstance(v, torch.Tensor)))
-        if symbols:
-            shape = next(tuple(v.shape) for v in values if isinstance(v, torch.Tensor) and free_unbacked_symbols(v))
-            message = (f"error: the result of {node.target} has the shape {shape}, which depends on tensor values "
-                       f"({', '.join(sorted(map(str, symbols)))}): XLA compiles static shapes only")
-            raise _error(gm, None, "import", message, [], graph_name, op=str(node.target).replace("::", "."),
-                         who="neuron_compile")
+        for value in val if isinstance(val, (tuple, list)) else [val]:
+            symbols = free_unbacked_symbols(value) if isinstance(value, torch.Tensor) else None
+            if symbols:
+                message = (f"error: the result of {node.target} has the shape {tuple(value.shape)}, which depends on "
+                           f"tensor values ({', '.join(sorted(map(str, symbols)))}): XLA compiles static shapes only")
+                raise _error(gm, None, "import", message, [], graph_name, op=str(node.target).replace("::", "."),
+                             who="neuron_compile")
 
 
 def _stage(report, name):
