@@ -2,14 +2,17 @@
 
 Design notes
 ------------
-* We talk to a PJRT CPU client of our own made by ``jaxlib.xla_client`` (no
-  ``import jax``: that import alone costs about a second of every cold start),
-  not to ``jax.numpy``: jax canonicalizes int64 to int32 unless
+* We talk to a PJRT CPU client of our own made by ``jaxlib.xla_client``, not
+  to ``jax.numpy``: jax canonicalizes int64 to int32 unless
   ``jax_enable_x64`` is on, and flipping that global behind the user's back is
   not ours to do.
   ``_jax.dlpack_managed_tensor_to_buffer`` builds a PJRT buffer from a DLPack
   capsule *without* that canonicalization, so int64 token ids stay int64, and it
   shares memory with the torch tensor (zero copy on the CPU).
+* jaxlib's C++ imports ``jax`` (about 0.3 s) the first time it wraps a DLPack
+  tensor or returns a result. XLA's compile and deserialize release the GIL, so
+  each runs while that import goes on in a thread (``_while_importing_jax``),
+  which hides all or part of it (0.25 s of a GPT-2 cold start here).
 * Outputs come back through DLPack too (``torch.from_dlpack``): the torch tensor
   keeps the XLA buffer alive, no copy.
 * An ``XlaExecutable`` knows nothing about torch.fx or Dynamo; it takes the
@@ -20,6 +23,9 @@ Design notes
 from __future__ import annotations
 
 import functools
+import importlib
+import sys
+import threading
 import time
 import weakref
 from dataclasses import dataclass
@@ -36,16 +42,26 @@ class XlaCompileError(RuntimeError):
     """XLA refused to compile a StableHLO module."""
 
 
-@functools.lru_cache(maxsize=1)
+_client_lock = threading.Lock()
+_CLIENT = None
+
+
 def _client():
-    # PJRT logs two INFO lines when a client starts; keep them off the user's terminal
-    utils.absl_set_min_log_level(1)
-    try:
-        # synchronous: we wait for every result at once anyway, and inline dispatch
-        # halves the latency of small graphs (12 us against 28 us for a 2-layer MLP)
-        return xla_client.make_cpu_client(asynchronous=False)
-    finally:
-        utils.absl_set_min_log_level(0)
+    """The process's one PJRT CPU client. Made under a lock: two threads compiling their first
+    graphs at once must not make two clients, whose buffers and executables do not mix."""
+    global _CLIENT
+    if _CLIENT is None:
+        with _client_lock:
+            if _CLIENT is None:
+                # PJRT logs two INFO lines when a client starts; keep them off the user's terminal
+                utils.absl_set_min_log_level(1)
+                try:
+                    # synchronous: we wait for every result at once anyway, and inline dispatch
+                    # halves the latency of small graphs (12 us against 28 us for a 2-layer MLP)
+                    _CLIENT = xla_client.make_cpu_client(asynchronous=False)
+                finally:
+                    utils.absl_set_min_log_level(0)
+    return _CLIENT
 
 
 @functools.lru_cache(maxsize=1)
@@ -56,6 +72,37 @@ def _device():
 @functools.lru_cache(maxsize=1)
 def _device_list():
     return xla_client.DeviceList((_device(),))
+
+
+_jax_lock = threading.Lock()
+_jax_thread: threading.Thread | None = None
+
+
+def _import_jax() -> None:
+    try:
+        importlib.import_module("jax")
+    except Exception:  # the first hand-off imports it again and raises there, where it is ours to report
+        pass
+
+
+def _while_importing_jax(work):
+    """``work()`` (an XLA call that releases the GIL) while jax imports on a thread, once per process.
+
+    The first DLPack hand-off would import jax anyway. Every caller joins the
+    thread before it returns, so no hand-off, which only follows a compile or a
+    deserialize, ever meets a half-imported jax.
+    """
+    global _jax_thread
+    with _jax_lock:
+        if _jax_thread is None and "jax" not in sys.modules:
+            _jax_thread = threading.Thread(target=_import_jax, name="neuron_compile-import-jax")
+            _jax_thread.start()
+        thread = _jax_thread
+    try:
+        return work()
+    finally:
+        if thread is not None:
+            thread.join()
 
 
 def _compile_options():
@@ -115,7 +162,8 @@ class XlaExecutable:
     def compile(cls, stablehlo_text: str) -> "XlaExecutable":
         start = time.perf_counter()
         try:
-            loaded = _client().compile_and_load(stablehlo_text, _device_list(), _compile_options())
+            loaded = _while_importing_jax(
+                lambda: _client().compile_and_load(stablehlo_text, _device_list(), _compile_options()))
         except Exception as exc:  # jaxlib raises XlaRuntimeError
             raise XlaCompileError(str(exc)) from exc
         return cls(loaded, time.perf_counter() - start)
@@ -126,7 +174,7 @@ class XlaExecutable:
     @classmethod
     def deserialize(cls, data: bytes) -> "XlaExecutable":
         start = time.perf_counter()
-        loaded = _client().deserialize_executable(data, _device_list(), _compile_options())
+        loaded = _while_importing_jax(lambda: _client().deserialize_executable(data, _device_list(), _compile_options()))
         return cls(loaded, time.perf_counter() - start)
 
     def run_buffers(self, buffers: list) -> list:
