@@ -40,14 +40,14 @@ import torch.fx.traceback as fx_traceback
 from torch._inductor.output_code import OutputCode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from .bucketing import (BucketAnalysis, BucketInterpreter, SymOutput, analyze, pad_to_bucket, round_up,
-                        slice_from_bucket, sym_to_value)
 from .compiler import Executable, cached_executable
-from .fallback import compile_with_fallback  # compile_graph, or partly eager with fallback=eager
-from .decompositions import decompose_before_autograd, decomposition_table
 from . import __version__
 from .options import Options
 from .report import COUNTERS, CompileReport, record
+
+# Imported where first used, not here: bucketing (symbolic graphs), fallback (the compile
+# path) and decompositions (tracing). A process that loads a precompiled package needs none
+# of them, and their imports were 27 ms of its 0.9 s warm start.
 
 log = logging.getLogger("neuron_compile")
 
@@ -92,7 +92,7 @@ class CompiledGraph:
         self.static: Executable | None = None
         self._aot_seconds = aot_seconds
         self._aot_stage = stage
-        self.bucketing: BucketAnalysis | None = None
+        self.bucketing = None  # a bucketing.BucketAnalysis
         if not self.dynamic_positions:
             # A backward compiles at its first call: a forward run with grad enabled and no
             # backward (inference without no_grad) must not pay for it.
@@ -100,6 +100,8 @@ class CompiledGraph:
                 self.static = self._compile_once((), "")
         elif options.buckets:
             # one executable per bucket when the analysis proves it exact, else per exact shape
+            from .bucketing import analyze
+
             self.bucketing = analyze(gm, boundary_layouts)
             if self.bucketing.ok:
                 if boundary_layouts is not None and kind == "forward":
@@ -154,6 +156,8 @@ class CompiledGraph:
             else:
                 with report.stage("specialize"):
                     static_gm = trace()
+            from .fallback import compile_with_fallback  # compile_graph, or partly eager with fallback=eager
+
             executable = compile_with_fallback(static_gm, report=report, options=self.options)
             record(report)
             if trace is not None:
@@ -166,6 +170,8 @@ class CompiledGraph:
     # -- bucketed path: pad to the bucket, run the bucket's executable, slice back ------------
 
     def _call_bucketed(self, args: list) -> list:
+        from .bucketing import SymOutput, pad_to_bucket, round_up, slice_from_bucket, sym_to_value
+
         analysis = self.bucketing
         true_env = {}
         for symbol, (pos, dim) in analysis.bindings.items():
@@ -195,6 +201,8 @@ class CompiledGraph:
         return result
 
     def _specialize_bucket(self, key, padded, true_sizes, bucket_env) -> Executable:
+        from .bucketing import BucketInterpreter
+
         def trace():
             interpreter = BucketInterpreter(self.gm, self.bucketing, bucket_env)
 
@@ -395,10 +403,28 @@ def _graph_compiler(kind: str, graph_id: int, options: Options, started: float, 
     return SerializableAOTDispatchCompiler(NeuronOutputCode, compile_fn)
 
 
+def _partition(joint_module: torch.fx.GraphModule, joint_inputs, **kwargs):
+    """Inductor's min-cut rematerialization partitioner, without its FX CSE pre-pass.
+
+    The partitioner recomputes cheap ops in the backward instead of saving them,
+    so the forward hands fewer, smaller activations to the backward. Its CSE
+    pre-pass imports Inductor's pattern matcher, and with it every Inductor
+    lowering: 0.64 s of the first training compile in each process, which only
+    Inductor needs. XLA eliminates common subexpressions in each graph anyway;
+    on GPT-2 and llama training, steps take as long and peak memory is the same
+    with the pre-pass off (benchmarks/results/perf.md).
+    """
+    from functorch.compile import min_cut_rematerialization_partition
+
+    with torch._functorch.config.patch(cse=False):
+        return min_cut_rematerialization_partition(joint_module, joint_inputs, **kwargs)
+
+
 def neuron_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **kwargs):
     """Dynamo backend entry point (``torch.compile(..., backend="neuron", options={...})``)."""
-    from functorch.compile import min_cut_rematerialization_partition
     from torch._dynamo.backends.common import aot_autograd
+
+    from .decompositions import decompose_before_autograd, decomposition_table
 
     if kwargs.get("mode") not in (None, "default"):
         log.info("neuron backend ignores mode=%r", kwargs["mode"])
@@ -413,9 +439,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
         bw_compiler=_graph_compiler("backward", graph_id, opts, started, boundary, precompile),
         inference_compiler=_graph_compiler("inference", graph_id, opts, started, boundary, precompile),
         decompositions=decomposition_table(),
-        # Inductor's partitioner: recomputes cheap ops in the backward instead of saving
-        # them, so the forward hands fewer, smaller activations to the backward
-        partition_fn=min_cut_rematerialization_partition,
+        partition_fn=_partition,
     )
     if not precompile:
         return backend(gm, example_inputs)
