@@ -6,13 +6,25 @@ log_softmax's backward) sums a one-hot tensor over the classes,
 the target is a class and 0 where it is not, so nothing has to be summed; and
 with the sum gone the one-hot tensor has a single consumer, which XLA fuses
 instead of materializing a logits-sized buffer in the training step.
+
+``eliminate_common_subexpressions``: AOTAutograd's joint graph repeats forward
+work in the backward (the same transposes, casts, views...). Merging the
+repeats before the min-cut partitioner decides what to save keeps it from
+saving one tensor twice. PyTorch's own pass (``fx_graph_cse``) imports
+Inductor's pattern matcher, and with it every Inductor lowering (0.64 s of a
+process's first training compile), so the partitioner runs with it off and
+this pass instead.
 """
 
 from __future__ import annotations
 
+import operator
+import re
+
 import torch
 import torch.fx
 from torch._guards import detect_fake_mode
+from torch.multiprocessing.reductions import StorageWeakRef
 
 aten = torch.ops.aten
 
@@ -137,3 +149,86 @@ def _replace(graph, node, index, a, scale, n, dim, keepdim, out) -> None:
             value = emit(aten._to_copy.default, value, dtype=out.dtype)
     node.replace_all_uses_with(value)
     graph.erase_node(node)
+
+
+_MUTATING_NAME = re.compile(r"(?<!_)_$|_(out|inplace)$")
+
+
+def _mutates(node: torch.fx.Node) -> bool:
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.is_mutable
+    name = getattr(target, "__name__", target if isinstance(target, str) else "")
+    return bool(_MUTATING_NAME.search(name)) or node.kwargs.get("out") is not None
+
+
+def _mergeable(node: torch.fx.Node, output_storages: set) -> bool:
+    """A functional, deterministic op whose repeat may be replaced by its first occurrence."""
+    target = node.target
+    if target is operator.getitem:
+        return True
+    if not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable:
+        return False
+    if torch.Tag.nondeterministic_seeded in target.tags or target.__name__.split(".")[0] in (
+            "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"):
+        return False  # random draws, and uninitialized memory, are not the same value twice
+    values = _val(node)
+    values = values if isinstance(values, (tuple, list)) else (values,)
+    if not values or not all(isinstance(v, torch.Tensor) for v in values):
+        return False  # symbolic scalars: an unbacked one must keep its own node
+    # a graph output keeps its own storage: merged, two outputs would alias
+    return all(StorageWeakRef(v.untyped_storage()) not in output_storages for v in values)
+
+
+def _key_of(value):
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_key_of(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple((k, _key_of(v)) for k, v in value.items()))
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return ("sym", str(value.node.expr))
+    if isinstance(value, torch.fx.Node):
+        return value
+    return (type(value), value)  # 1, 1.0 and True are distinct arguments
+
+
+def eliminate_common_subexpressions(graph: torch.fx.Graph) -> int:
+    """Replace each repeated call (same op, same arguments, no mutation in between) by its first
+    occurrence, in place; returns how many nodes went.
+
+    Left alone: placeholders and outputs, ops that mutate (each starts a new
+    region: a call repeated across a mutation may read other data), random
+    and ``empty`` ops, nodes whose value is not a tensor, and nodes whose
+    storage is a graph output's.
+    """
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    output_storages = set()
+    for value in torch.utils._pytree.tree_leaves(output.args):
+        val = _val(value)
+        if isinstance(val, torch.Tensor):
+            try:
+                output_storages.add(StorageWeakRef(val.untyped_storage()))
+            except NotImplementedError:  # no storage (a sparse or subclass tensor): nothing to alias
+                pass
+    first: dict = {}
+    region = 0
+    removed = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        if _mutates(node):
+            region += 1
+            continue
+        try:
+            if not _mergeable(node, output_storages):
+                continue
+            key = (region, node.target, _key_of(node.args), _key_of(node.kwargs))
+            hash(key)
+        except (NotImplementedError, TypeError):  # no storage to compare, or an unhashable argument
+            continue
+        earlier = first.setdefault(key, node)
+        if earlier is not node:
+            node.replace_all_uses_with(earlier)
+            graph.erase_node(node)
+            removed += 1
+    return removed

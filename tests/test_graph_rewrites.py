@@ -1,7 +1,11 @@
-"""fold_one_hot_sums: cross-entropy's backward without summing a one-hot tensor over the classes.
+"""Graph rewrites before planning and partitioning.
 
+fold_one_hot_sums: cross-entropy's backward without summing a one-hot tensor over the classes.
 The compiled end-to-end check (loss, gradient, no class sum in the backward graph) is
 tests/test_scatter_one_per_row.py::test_cross_entropy_backward_with_ignore_index.
+
+eliminate_common_subexpressions: the CSE the partitioner gets instead of PyTorch's (which imports
+all of Inductor); tests/test_cold_start.py checks a training step through it against eager.
 """
 
 import copy
@@ -12,7 +16,7 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from neuron_compile.decompositions import decomposition_table
-from neuron_compile.graph_rewrites import fold_one_hot_sums
+from neuron_compile.graph_rewrites import eliminate_common_subexpressions, fold_one_hot_sums
 
 
 def _loss_and_grad(kwargs):
@@ -52,3 +56,42 @@ def test_nothing_to_fold_leaves_the_graph_alone():
     before = gm.code
     assert fold_one_hot_sums(gm) == 0 and gm.code == before
 
+
+
+def _ops(gm, name):
+    return sum(1 for n in gm.graph.nodes if n.op == "call_function" and name in str(n.target))
+
+
+def test_cse_merges_repeats_and_computes_the_same():
+    def fn(x, w):
+        a = torch.mm(x, w.t())
+        b = torch.mm(x, w.t())  # the same transpose and matmul again
+        return (a.relu() + b.sigmoid()).sum(0)
+
+    x, w = torch.randn(4, 8), torch.randn(3, 8)
+    gm = make_fx(fn, tracing_mode="fake")(x, w)
+    assert _ops(gm, "aten.mm") == 2 and _ops(gm, "aten.t") == 2
+    assert eliminate_common_subexpressions(gm.graph) == 2
+    gm.recompile()
+    assert _ops(gm, "aten.mm") == 1 and _ops(gm, "aten.t") == 1
+    torch.testing.assert_close(gm(x, w), fn(x, w))
+
+
+def test_cse_keeps_random_ops_outputs_and_reads_across_a_mutation():
+    def fn(x, buf):
+        r1, r2 = torch.rand_like(x), torch.rand_like(x)  # two draws, not one
+        before = buf * 2
+        buf[:2].add_(1)  # a mutation through a view: the same `buf * 2` after it reads other data
+        after = buf * 2
+        return r1 + r2, before + 1, after + 1, x.exp(), x.exp()  # two outputs must not alias
+
+    gm = make_fx(fn, tracing_mode="fake")(torch.randn(4), torch.zeros(4))
+    counts = {op: _ops(gm, op) for op in ("rand_like", "aten.mul", "aten.exp")}
+    assert eliminate_common_subexpressions(gm.graph) == 0
+    gm.recompile()
+    assert {op: _ops(gm, op) for op in counts} == counts == {"rand_like": 2, "aten.mul": 2, "aten.exp": 2}
+    x, buf = torch.randn(4), torch.zeros(4)
+    _, before, after, e1, e2 = gm(x, buf)
+    torch.testing.assert_close(before, torch.ones(4))
+    torch.testing.assert_close(after, torch.tensor([3.0, 3.0, 1.0, 1.0]))
+    assert e1.data_ptr() != e2.data_ptr()
