@@ -2,7 +2,9 @@
 
 Every measurement runs in a fresh process with empty compile caches (ours,
 Inductor's), so first calls are cold; "warm" reruns neuron in another fresh
-process on the cache the cold run left. Workloads (shared/NOTES.md):
+process on the cache the cold run left. ``neuron-precompile`` is neuron with
+``NEURON_COMPILE_PRECOMPILE=1``: its warm process loads Dynamo's and
+AOTAutograd's saved output too, and traces nothing. Workloads (shared/NOTES.md):
 
 * overhead: 2-layer 64-wide MLP, batch 8, inference: per-call time, and the
   raw XLA execute time of our very executable (buffers made once, results
@@ -35,7 +37,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BACKENDS = ["neuron", "inductor", "turbine_cpu", "eager"]
+BACKENDS = ["neuron", "neuron-precompile", "inductor", "turbine_cpu", "eager"]
 
 
 def build(workload: str):
@@ -43,15 +45,11 @@ def build(workload: str):
 
     torch.manual_seed(0)
     if workload == "overhead":
-        class MLP(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.fc1, self.fc2 = torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)
+        # the built-in MLP (fc1, ReLU, fc2), 64 wide: a module-level class, which caching
+        # precompile can save (it refuses classes defined inside a function)
+        from neuron_compile.models import MLP
 
-            def forward(self, x):
-                return self.fc2(torch.relu(self.fc1(x)))
-
-        return MLP(), {"x": torch.randn(8, 64)}
+        return MLP(64, 64, 64), {"x": torch.randn(8, 64)}
     from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
     if workload == "gpt2":
@@ -79,17 +77,22 @@ def _median_call(fn, calls: int, rounds: int = 5) -> float:
 
 def worker(backend: str, workload: str, mode: str, steps: int) -> dict:
     import torch
+    import torch._dynamo  # a process import, like torch's (transformers imports it anyway), not a compile cost
 
     model, inputs = build(workload)
     rss0 = _rss_mb("VmRSS")
-    fn = model if backend == "eager" else torch.compile(model, backend=backend)
+    # the first call counts torch.compile() too: looking the backend up imports AOTAutograd
+    # (about 0.2 s, every backend), and a precompiled package loads there
+    started = time.perf_counter()
+    fn = model if backend == "eager" else torch.compile(model, backend=backend.split("-")[0])
+    compile_s = time.perf_counter() - started
     out: dict = {"backend": backend, "workload": workload, "mode": mode}
     if mode == "infer":
         model.eval()
         with torch.no_grad():
             start = time.perf_counter()
             fn(**inputs)
-            out["first_call_s"] = time.perf_counter() - start
+            out["first_call_s"] = compile_s + time.perf_counter() - start
             calls = 2000 if workload == "overhead" else steps
             out["per_call_s"] = _median_call(lambda: fn(**inputs), calls, rounds=5 if workload == "overhead" else 1)
             if backend == "neuron" and workload == "overhead":
@@ -107,7 +110,7 @@ def worker(backend: str, workload: str, mode: str, steps: int) -> dict:
 
         start = time.perf_counter()
         step()
-        out["first_call_s"] = time.perf_counter() - start
+        out["first_call_s"] = compile_s + time.perf_counter() - start
         _reset_peak_rss()  # the steady steps' peak, not the compiler's
         before_steps = _rss_mb("VmRSS")
         times = []
@@ -162,9 +165,14 @@ def _raw_xla(fn, model, inputs) -> float:
 
 
 def run_fresh(backend, workload, mode, steps, cache_dir=None) -> dict:
+    """One fresh process; ``cache_dir`` (kept by the caller) holds our cache and PyTorch's, so a
+    second run on it is warm."""
     with tempfile.TemporaryDirectory() as tmp:
-        env = dict(os.environ, NEURON_COMPILE_CACHE_DIR=cache_dir or os.path.join(tmp, "neuron"),
-                   TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"))
+        env = dict(os.environ, NEURON_COMPILE_CACHE_DIR=os.path.join(cache_dir or tmp, "neuron"),
+                   TORCHINDUCTOR_CACHE_DIR=os.path.join(cache_dir or tmp, "inductor"))
+        env.pop("NEURON_COMPILE_PRECOMPILE", None)
+        if backend == "neuron-precompile":
+            env["NEURON_COMPILE_PRECOMPILE"] = "1"
         cmd = [sys.executable, __file__, "--worker", f"{backend}:{workload}:{mode}", "--steps", str(steps)]
         result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
         if result.returncode != 0:
@@ -193,12 +201,12 @@ def main(argv=None):
         for item in args.workloads.split(","):
             workload, mode = item.split(":")
             for backend in backends:
-                if backend == "neuron":
+                if backend.startswith("neuron"):
                     with tempfile.TemporaryDirectory() as cache:
                         cold = run_fresh(backend, workload, mode, args.steps, cache)
                         warm = run_fresh(backend, workload, mode, args.steps, cache)
-                    runs.setdefault((workload, mode, "neuron"), []).append(cold)
-                    runs.setdefault((workload, mode, "neuron-warm"), []).append(warm)
+                    runs.setdefault((workload, mode, backend), []).append(cold)
+                    runs.setdefault((workload, mode, backend + "-warm"), []).append(warm)
                 else:
                     runs.setdefault((workload, mode, backend), []).append(run_fresh(backend, workload, mode, args.steps))
                 print(f"  {workload}:{mode}:{backend}: {runs[(workload, mode, backend)][-1]}", file=sys.stderr)
@@ -237,7 +245,9 @@ def _report(summary, args) -> str:
     machine = machine_line()
     lines = [f"# neuron vs eager, Inductor and iree-turbine\n",
              f"Machine: {machine}. Medians of {args.repeat} fresh processes per cell, empty caches "
-             f"(neuron-warm: a fresh process on the cache its cold run left). Per-call: the quietest "
+             f"(-warm: a fresh process on the caches its cold run left; neuron-precompile: "
+             f"NEURON_COMPILE_PRECOMPILE=1). First call: torch.compile() and the first call or step. "
+             f"Per-call: the quietest "
              f"round (overhead) or median of {args.steps} steps.\n",
              f"Rerun: `python benchmarks/bench_perf.py --repeat {args.repeat} --steps {args.steps}`\n"]
     rows = []
@@ -264,9 +274,14 @@ def _report(summary, args) -> str:
                      f"executable {n['raw_xla_s'] * 1e6:.1f} us: ratio {n['per_call_s'] / n['raw_xla_s']:.2f}; "
                      f"Inductor {over.get('inductor', {}).get('per_call_s', float('nan')) * 1e6:.1f} us.")
     for workload, cells in summary.items():
-        cold, warm = cells.get("neuron", {}).get("first_call_s"), cells.get("neuron-warm", {}).get("first_call_s")
-        if cold and warm:
-            lines.append(f"{workload}: warm first call / cold first call = {warm / cold:.2f}")
+        first = {name: cells.get(name, {}).get("first_call_s")
+                 for name in ("neuron", "neuron-warm", "neuron-precompile", "neuron-precompile-warm")}
+        if first["neuron"] and first["neuron-warm"]:
+            line = f"{workload}: warm first call / cold first call = {first['neuron-warm'] / first['neuron']:.2f}"
+            if first["neuron-precompile"] and first["neuron-precompile-warm"]:
+                line += (f"; precompile: {first['neuron-precompile-warm'] / first['neuron-precompile']:.2f} "
+                         f"of its own cold, {first['neuron-precompile-warm'] / first['neuron']:.2f} of neuron's cold")
+            lines.append(line)
     return "\n".join(lines) + "\n"
 
 
