@@ -451,9 +451,29 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     # artifact Dynamo's package refers to, under a key that includes our tag. The backward is
     # partitioned now rather than at the first backward call, so the bundle is complete when this
     # returns; our CompiledGraph still defers the backward's XLA compile to its first call.
+    from torch._dynamo.utils import counters
+
+    bypasses = counters["aot_autograd"]["autograd_cache_bypass"]
     with torch._functorch.config.patch(bundled_autograd_cache=True, force_non_lazy_backward_lowering=True), \
             torch.compiler.config.patch(cache_key_tag=_precompile_tag(opts)):
-        return backend(gm, example_inputs)
+        result = backend(gm, example_inputs)
+    if counters["aot_autograd"]["autograd_cache_bypass"] > bypasses:
+        # nothing of this graph goes into the package: say so, with PyTorch's reason
+        COUNTERS["precompile_bypasses"] += 1
+        log.warning("neuron_compile: precompile cannot save graph g%d, so a new process will trace it again: "
+                    "AOTAutogradCache refused it (%s)", graph_id, _bypass_reason(gm))
+    return result
+
+
+def _bypass_reason(gm: torch.fx.GraphModule) -> str:
+    """Why AOTAutogradCache refuses ``gm`` (its own check, asked again), in one line."""
+    from torch._functorch._aot_autograd.autograd_cache import check_cacheable
+
+    try:
+        check_cacheable(gm)
+    except Exception as exc:  # BypassAOTAutogradCache, or whatever else its check raised
+        return " ".join(str(exc).split())
+    return "TORCH_LOGS=+torch._functorch._aot_autograd.autograd_cache says why"
 
 
 if os.environ.get("NEURON_COMPILE_PRECOMPILE", "").strip().lower() in ("1", "true", "yes", "on"):

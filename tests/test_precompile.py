@@ -33,8 +33,12 @@ SCRIPT = textwrap.dedent('''
                                 torch.nn.Linear(32, 4))
     x = torch.randn(8, 16)
     TRAIN = sys.argv[1] == "train"
+    ATTENTION = sys.argv[1] == "attention"
 
     def step(x):
+        if ATTENTION:  # goes through our SDPA rewrite, which AOTAutogradCache will not save
+            h = model[0](x).reshape(8, 4, 8)
+            return torch.nn.functional.scaled_dot_product_attention(h, h, h)
         return model(x).square().mean() if TRAIN else model(x)
 
     compiled = torch.compile(step, backend="neuron")
@@ -70,7 +74,7 @@ def _run(tmp_path: Path, mode: str, **env) -> dict:
                           timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     line = next(ln for ln in done.stdout.splitlines() if ln.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    return dict(json.loads(line[len("RESULT "):]), stderr=done.stderr)
 
 
 @pytest.mark.parametrize("mode", ["infer", "train"])
@@ -99,3 +103,13 @@ def test_evicted_artifacts_recompile_from_the_package_without_tracing(tmp_path):
     second = _run(tmp_path, "infer")
     assert second["graphs"] == 0 and second["precompile_loads"] == first["graphs"], second
     assert second["lowerings"] == first["lowerings"] and second["xla_compiles"] == first["xla_compiles"], second
+
+
+def test_a_graph_precompile_cannot_save_is_named_not_silent(tmp_path):
+    # AOTAutogradCache refuses graphs calling functions it does not know (our SDPA rewrite among
+    # them): nothing is saved, and the next process traces again. That must be said, with the reason.
+    first = _run(tmp_path, "attention")
+    assert first["precompile_bypasses"] == 1, first
+    assert "precompile cannot save graph g0" in first["stderr"] and "_sdpa_math" in first["stderr"], first["stderr"]
+    second = _run(tmp_path, "attention")
+    assert second["graphs"] >= 1 and second["precompile_loads"] == 0, second  # traced again, as warned
