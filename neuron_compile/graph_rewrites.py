@@ -158,16 +158,16 @@ def _mutates(node: torch.fx.Node) -> bool:
     target = node.target
     if isinstance(target, torch._ops.OpOverload):
         return target._schema.is_mutable
-    name = getattr(target, "__name__", target if isinstance(target, str) else "")
-    return bool(_MUTATING_NAME.search(name)) or node.kwargs.get("out") is not None
+    return bool(_MUTATING_NAME.search(getattr(target, "__name__", ""))) or node.kwargs.get("out") is not None
 
 
 def _mergeable(node: torch.fx.Node, output_storages: set) -> bool:
-    """A functional, deterministic op whose repeat may be replaced by its first occurrence."""
+    """A functional (``_mutates`` is false), deterministic op whose repeat may be replaced by its
+    first occurrence."""
     target = node.target
     if target is operator.getitem:
         return True
-    if not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable:
+    if not isinstance(target, torch._ops.OpOverload):
         return False
     if torch.Tag.nondeterministic_seeded in target.tags or target.__name__.split(".")[0] in (
             "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"):
