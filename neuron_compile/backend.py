@@ -433,6 +433,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     if kwargs.get("mode") not in (None, "default"):
         log.info("neuron backend ignores mode=%r", kwargs["mode"])
     opts = Options.resolve(options)
+    _skip_log_once_from_env()  # for the frames Dynamo traces after this one
     graph_id = next(_GRAPH_IDS)
     started = time.perf_counter()
     decompose_before_autograd(gm)
@@ -475,6 +476,41 @@ def _bypass_reason(gm: torch.fx.GraphModule) -> str:
         return " ".join(str(exc).split())
     return "TORCH_LOGS=+torch._functorch._aot_autograd.autograd_cache says why"
 
+
+def skip_log_once_calls(enabled: bool = True) -> list:
+    """Let Dynamo skip Hugging Face's once-only log calls instead of breaking the graph on them.
+
+    transformers adds ``warning_once`` and ``info_once`` to ``logging.Logger``; Dynamo cannot
+    trace a logger method, so each such call inside a model breaks the graph and makes Dynamo
+    trace the frame again. GPT2LMHeadModel's ``loss_function`` property warns that way on every
+    training step with labels: the step then compiles as two graphs after a second trace
+    (measured, GPT-2 4 layers: first step 8.5 s against 6.0 s, steady step 0.149 s against
+    0.132 s). Listing the methods in ``torch._dynamo.config.ignore_logging_functions`` makes
+    them no-ops inside compiled code (the message is not printed there) and keeps one graph.
+
+    Called when torch.compile first looks the backend up and again at every graph, so a
+    transformers imported later is covered too. ``NEURON_COMPILE_SKIP_LOG_ONCE=0`` keeps
+    Dynamo's default. Returns the methods now skipped.
+    """
+    ignored = torch._dynamo.config.ignore_logging_functions
+    methods = [m for m in (getattr(logging.Logger, name, None) for name in _LOG_ONCE_METHODS) if m is not None]
+    for method in methods:
+        if enabled:
+            ignored.add(method)
+        else:
+            ignored.discard(method)
+    return methods if enabled else []
+
+
+_LOG_ONCE_METHODS = ("warning_once", "info_once")
+
+
+def _skip_log_once_from_env() -> None:
+    if os.environ.get("NEURON_COMPILE_SKIP_LOG_ONCE", "").strip().lower() not in ("0", "false", "no", "off"):
+        skip_log_once_calls()
+
+
+_skip_log_once_from_env()
 
 if os.environ.get("NEURON_COMPILE_PRECOMPILE", "").strip().lower() in ("1", "true", "yes", "on"):
     # Read when torch.compile first looks the backend up, which is before Dynamo decides whether
