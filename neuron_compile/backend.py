@@ -448,6 +448,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     )
     if not precompile:
         return backend(gm, example_inputs)
+    _summarize_dropped_guards()
     # Precompile: AOTAutograd bundles our NeuronOutputCode (not an Inductor FX-cache key) into the
     # artifact Dynamo's package refers to, under a key that includes our tag. The backward is
     # partitioned now rather than at the first backward call, so the bundle is complete when this
@@ -464,6 +465,36 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
         log.warning("neuron_compile: precompile cannot save graph g%d, so a new process will trace it again: "
                     "AOTAutogradCache refused it (%s)", graph_id, _bypass_reason(gm))
     return result
+
+
+class _DroppedGuardsFilter(logging.Filter):
+    """Caching precompile warns once per identity guard it drops: about 120 lines for a 4-layer GPT-2.
+    Let the first through with what it means for the user, and count the rest
+    (``precompile_dropped_guards`` in ``cache_stats()``)."""
+
+    MESSAGE = "%s guard on %s is dropped with caching_precompile=True."
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != self.MESSAGE:
+            return True
+        COUNTERS["precompile_dropped_guards"] += 1
+        if COUNTERS["precompile_dropped_guards"] > 1:
+            return False
+        record.msg = (self.MESSAGE + " neuron_compile shows only this first one: caching precompile drops every "
+                      "ID_MATCH, CLOSURE_MATCH, WEAKREF_ALIVE and DICT_VERSION guard, so a process that loads the "
+                      "package does not check that submodules, closures and dicts are the same objects. Swapping "
+                      "one after compiling needs precompile off. cache_stats() counts the dropped guards "
+                      "(precompile_dropped_guards); TORCH_LOGS=guards lists them.")
+        return True
+
+
+_DROPPED_GUARDS_FILTER = _DroppedGuardsFilter()
+
+
+def _summarize_dropped_guards() -> None:
+    guards_log = logging.getLogger("torch._dynamo.guards")
+    if _DROPPED_GUARDS_FILTER not in guards_log.filters:
+        guards_log.addFilter(_DROPPED_GUARDS_FILTER)
 
 
 def _bypass_reason(gm: torch.fx.GraphModule) -> str:
