@@ -99,3 +99,24 @@ def test_neuron_profile_pads_matmuls_and_fuses_attention(name):
     stats = {p.name: p for p in report.passes}
     assert stats["pad-to-multiple"].fired > 0  # 64-wide matmuls padded to the 128 partitions
     assert stats["fuse"].details["regions"].get("attention", 0) == 2  # one per layer
+
+
+def test_gpt2_training_step_is_one_graph():
+    # GPT2LMHeadModel's loss_function property calls logger.warning_once on every step with labels;
+    # the backend has Dynamo skip it, so the step is one graph, not two after a restart
+    from torch._dynamo.utils import counters
+
+    model = build("gpt2").train()
+    ids = torch.randint(0, VOCAB, (2, 16))
+    counters.clear()
+    loss = torch.compile(model, backend="neuron")(input_ids=ids, labels=ids).loss
+    loss.backward()
+    got = grads(model)
+    model.zero_grad()
+    ref = model(input_ids=ids, labels=ids).loss
+    ref.backward()
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
+    for param, g in grads(model).items():
+        torch.testing.assert_close(got[param], g, rtol=1e-3, atol=1e-5, msg=param)
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] == 1
