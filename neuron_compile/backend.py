@@ -519,8 +519,9 @@ def skip_log_once_calls(enabled: bool = True) -> list:
     0.132 s). Listing the methods in ``torch._dynamo.config.ignore_logging_functions`` makes
     them no-ops inside compiled code (the message is not printed there) and keeps one graph.
 
-    Called when torch.compile first looks the backend up and again at every graph, so a
-    transformers imported later is covered too. ``NEURON_COMPILE_SKIP_LOG_ONCE=0`` keeps
+    Called when torch.compile first looks the backend up (a script has imported transformers
+    by then: it built the model) and again at every graph, so a transformers imported later
+    is covered from the next graph Dynamo traces. ``NEURON_COMPILE_SKIP_LOG_ONCE=0`` keeps
     Dynamo's default. Returns the methods now skipped.
     """
     ignored = torch._dynamo.config.ignore_logging_functions
