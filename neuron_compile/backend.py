@@ -42,7 +42,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from .compiler import Executable, cached_executable
 from . import __version__
-from .options import Options
+from .options import Options, _env_flag
 from .report import COUNTERS, CompileReport, record
 
 # Imported where first used, not here: bucketing (symbolic graphs), fallback (the compile
@@ -538,7 +538,7 @@ _LOG_ONCE_METHODS = ("warning_once", "info_once")
 
 
 def _skip_log_once_from_env() -> None:
-    if os.environ.get("NEURON_COMPILE_SKIP_LOG_ONCE", "").strip().lower() not in ("0", "false", "no", "off"):
+    if _env_flag("NEURON_COMPILE_SKIP_LOG_ONCE", True):
         skip_log_once_calls()
 
 
