@@ -464,7 +464,92 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
         COUNTERS["precompile_bypasses"] += 1
         log.warning("neuron_compile: precompile cannot save graph g%d, so a new process will trace it again: "
                     "AOTAutogradCache refused it (%s)", graph_id, _bypass_reason(gm))
+    else:
+        _refuse_unloadable_package(graph_id)
     return result
+
+
+# Guard kinds caching precompile drops before it saves the rest (torch._dynamo.guards, 2.13).
+_DROPPED_KINDS = {"ID_MATCH", "CLOSURE_MATCH", "WEAKREF_ALIVE", "DICT_VERSION"}
+
+
+def _unloadable_guard(output) -> str | None:
+    """The first guard of Dynamo's frame ``output`` that PyTorch 2.13 would save but cannot load.
+
+    Dynamo's guard pickler saves the objects guards start from by value, and a plain function
+    among them by module and qualified name. A ``functools.wraps`` wrapper inside a decorator
+    chain (every Hugging Face ``forward``) carries the qualified name of the function it wraps,
+    which names another object, so the pickler saves a placeholder in its place. A guard that
+    reaches through it (``L['func'].__closure__[3].cell_contents`` when the compiled frame is
+    the outer wrapper) then raises ``AttributeError`` while the next process loads the package,
+    inside its ``torch.compile``. Objects reached through a class or a named function are
+    looked up afresh by the loading process and are fine. Returns that guard, described, or None.
+    """
+    import builtins
+    import inspect
+    import sys
+
+    from torch._dynamo.guards import _get_closure_vars
+    from torch._dynamo.source import AttrSource, ClosureSource
+
+    def unnamable(value) -> bool:  # the pickler's "fqn mismatch"
+        if not inspect.isfunction(value) or "<locals>" in value.__qualname__:
+            return False
+        found = sys.modules.get(value.__module__)
+        if found is None:
+            return False
+        for part in value.__qualname__.split("."):
+            found = getattr(found, part, None)
+        return found is not value
+
+    scope = {"L": output.local_scope, "G": output.global_scope, "__builtins__": builtins.__dict__}
+    closure_vars = dict(_get_closure_vars())
+    cache: dict = {}
+    for guard in output.guards:
+        derived = set(guard.guard_types or ())
+        if guard.create_fn_name() in _DROPPED_KINDS or derived & {"ID_MATCH", "DICT_VERSION"}:
+            continue  # dropped before saving
+        chain = []
+        source = guard.originating_source
+        while source is not None:
+            chain.append(source)
+            source = getattr(source, "base", None)
+        chain.reverse()  # from the local or global the guard starts at
+        parent, by_value = None, True
+        for depth, source in enumerate(chain):
+            try:
+                value = source.get_value(scope, closure_vars, cache)
+            except Exception:  # a source only Dynamo's own code evaluates: stop following it
+                break
+            if depth:
+                if isinstance(source, ClosureSource):  # a closure is saved only with a nested function
+                    by_value = by_value and "<locals>" in getattr(parent, "__qualname__", "<locals>")
+                elif isinstance(source, AttrSource) and value is not parent:  # instance attributes only
+                    by_value = by_value and source.member in getattr(parent, "__dict__", {})
+            if by_value and unnamable(value) and depth + 1 < len(chain):
+                return (f"{guard.create_fn_name()} guard on {guard.name} reaches through "
+                        f"{value.__module__}.{value.__qualname__}, a wrapper whose name belongs to another object")
+            if not by_value:
+                break
+            parent = value
+    return None
+
+
+def _refuse_unloadable_package(graph_id: int) -> None:
+    """Keep a frame out of precompile's package when loading it would crash the next process."""
+    from torch._dynamo.symbolic_convert import InstructionTranslator
+
+    try:
+        output = InstructionTranslator.current_tx().output
+    except Exception:  # called outside a Dynamo trace (a test calling the backend directly)
+        return
+    reason = _unloadable_guard(output)
+    if reason is None:
+        return
+    COUNTERS["precompile_bypasses"] += 1
+    log.warning("neuron_compile: precompile will not save graph g%d, so a new process will trace it again: "
+                "PyTorch 2.13 would save a guard it cannot load and crash that process (%s)", graph_id, reason)
+    output.bypass_package(f"neuron_compile: {reason}")
 
 
 class _DroppedGuardsFilter(logging.Filter):

@@ -23,10 +23,34 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = textwrap.dedent('''
-    import json, sys
+    import functools, json, sys
     import torch
     import neuron_compile
     from neuron_compile.report import COUNTERS
+
+    def scaled(factor):  # a decorator chain like transformers' on every forward
+        def decorate(fn):
+            @functools.wraps(fn)
+            def inner(self, x):
+                return fn(self, x) * factor
+            return inner
+        return decorate
+
+    def passthrough(fn):
+        @functools.wraps(fn)
+        def wrapper(self, *args, **kwargs):
+            return fn(self, *args, **kwargs)
+        return wrapper
+
+    class Decorated(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(16, 4)
+
+        @passthrough
+        @scaled(2.0)
+        def forward(self, x):
+            return self.fc(x)
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
@@ -41,6 +65,13 @@ SCRIPT = textwrap.dedent('''
             return torch.nn.functional.scaled_dot_product_attention(h, h, h)
         return model(x).square().mean() if TRAIN else model(x)
 
+    if sys.argv[1] == "decorated":  # a module compile: Dynamo's frame is the outer wrapper
+        step = Decorated()
+    elif sys.argv[1] == "decorated-inlined":  # the same wrappers, reached through the class: saveable
+        decorated = Decorated()
+
+        def step(x):
+            return decorated(x)
     compiled = torch.compile(step, backend="neuron")
     if TRAIN:
         loss = compiled(x)
@@ -117,3 +148,24 @@ def test_a_graph_precompile_cannot_save_is_named_not_silent(tmp_path):
     assert "precompile cannot save graph g0" in first["stderr"] and "_sdpa_math" in first["stderr"], first["stderr"]
     second = _run(tmp_path, "attention")
     assert second["graphs"] >= 1 and second["precompile_loads"] == 0, second  # traced again, as warned
+
+
+def test_a_package_that_would_crash_the_next_process_is_not_saved(tmp_path):
+    # PyTorch 2.13 saves a guard through the inner functools.wraps wrapper (its closure's constant)
+    # as a placeholder and then raises AttributeError inside the next process's torch.compile. We
+    # keep such a frame out of the package: the next process traces again, and runs.
+    first = _run(tmp_path, "decorated")
+    assert first["precompile_bypasses"] == 1, first
+    assert "PyTorch 2.13 would save a guard it cannot load" in first["stderr"], first["stderr"]
+    second = _run(tmp_path, "decorated")  # _run asserts the process exits 0
+    assert second["graphs"] >= 1 and second["precompile_loads"] == 0, second
+    assert second["xla_compiles"] == 0, second  # the artifact cache still serves the executable
+
+
+def test_decorated_forward_reached_through_its_class_still_saves(tmp_path):
+    # Called from a compiled function, the same wrappers are reached through the model's class,
+    # which the next process looks up afresh: the package is saved and loads
+    first = _run(tmp_path, "decorated-inlined")
+    assert first["precompile_bypasses"] == 0, first
+    second = _run(tmp_path, "decorated-inlined")
+    assert second["graphs"] == 0 and second["precompile_loads"] == first["graphs"], second
