@@ -456,8 +456,13 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     from torch._dynamo.utils import counters
 
     bypasses = counters["aot_autograd"]["autograd_cache_bypass"]
+    tag = _precompile_tag(opts)
+    # AOTAutogradCache saves only graphs whose calls it knows; our SDPA rewrite (decompositions.
+    # _sdpa_math) is vouched for under our tag, which already holds the fingerprint of our sources
+    vouched = {f"{fn.__module__}.{fn.__name__}": tag for fn in _cacheable_rewrites()}
     with torch._functorch.config.patch(bundled_autograd_cache=True, force_non_lazy_backward_lowering=True), \
-            torch.compiler.config.patch(cache_key_tag=_precompile_tag(opts)):
+            torch.compiler.config.patch(cache_key_tag=tag), \
+            torch._inductor.config.patch(unsafe_marked_cacheable_functions=vouched):
         result = backend(gm, example_inputs)
     if counters["aot_autograd"]["autograd_cache_bypass"] > bypasses:
         # nothing of this graph goes into the package: say so, with PyTorch's reason
@@ -467,6 +472,13 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     else:
         _refuse_unloadable_package(graph_id)
     return result
+
+
+def _cacheable_rewrites() -> tuple:
+    """Functions our pre-autograd rewrites put into Dynamo's graph: pure functions of their inputs."""
+    from .decompositions import _sdpa_math
+
+    return (_sdpa_math,)
 
 
 # Guard kinds caching precompile drops before it saves the rest (torch._dynamo.guards, 2.13).

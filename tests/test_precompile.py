@@ -58,11 +58,18 @@ SCRIPT = textwrap.dedent('''
     x = torch.randn(8, 16)
     TRAIN = sys.argv[1] == "train"
     ATTENTION = sys.argv[1] == "attention"
+    OPAQUE = sys.argv[1] == "opaque"
+
+    @torch._dynamo.allow_in_graph
+    def doubled(t):  # a call AOTAutogradCache does not know, so it will not save the graph
+        return t * 2
 
     def step(x):
-        if ATTENTION:  # goes through our SDPA rewrite, which AOTAutogradCache will not save
+        if ATTENTION:  # goes through our SDPA rewrite, which we vouch for to AOTAutogradCache
             h = model[0](x).reshape(8, 4, 8)
             return torch.nn.functional.scaled_dot_product_attention(h, h, h)
+        if OPAQUE:
+            return doubled(model(x))
         return model(x).square().mean() if TRAIN else model(x)
 
     if sys.argv[1] == "decorated":  # a module compile: Dynamo's frame is the outer wrapper
@@ -141,13 +148,22 @@ def test_evicted_artifacts_recompile_from_the_package_without_tracing(tmp_path):
 
 
 def test_a_graph_precompile_cannot_save_is_named_not_silent(tmp_path):
-    # AOTAutogradCache refuses graphs calling functions it does not know (our SDPA rewrite among
-    # them): nothing is saved, and the next process traces again. That must be said, with the reason.
-    first = _run(tmp_path, "attention")
+    # AOTAutogradCache refuses graphs calling functions it does not know: nothing is saved, and
+    # the next process traces again. That must be said, with the reason.
+    first = _run(tmp_path, "opaque")
     assert first["precompile_bypasses"] == 1, first
-    assert "precompile cannot save graph g0" in first["stderr"] and "_sdpa_math" in first["stderr"], first["stderr"]
-    second = _run(tmp_path, "attention")
+    assert "precompile cannot save graph g0" in first["stderr"] and "doubled" in first["stderr"], first["stderr"]
+    second = _run(tmp_path, "opaque")
     assert second["graphs"] >= 1 and second["precompile_loads"] == 0, second  # traced again, as warned
+
+
+def test_graphs_with_our_sdpa_rewrite_are_saved(tmp_path):
+    # scaled_dot_product_attention becomes a call to our _sdpa_math before AOTAutograd; we vouch
+    # for it under our tag, so the graph is saved and the next process does not trace it
+    first = _run(tmp_path, "attention")
+    assert first["precompile_bypasses"] == 0 and first["precompile_saves"] >= 1, first
+    second = _run(tmp_path, "attention")
+    assert second["graphs"] == 0 and second["precompile_loads"] == first["graphs"], second
 
 
 def test_a_package_that_would_crash_the_next_process_is_not_saved(tmp_path):
