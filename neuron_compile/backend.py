@@ -438,7 +438,11 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     started = time.perf_counter()
     decompose_before_autograd(gm)
     boundary: dict = {}  # padded layouts of forward outputs, read back by the backward
-    precompile = precompile_enabled() and opts.cache
+    # A frame whose package could not be loaded is kept out of it before AOTAutograd runs, and then
+    # compiled as without precompile: AOTAutogradCache's key alone costs ~1 s in every process
+    if precompile_enabled():
+        _summarize_dropped_guards()  # Dynamo drops identity guards whether or not this frame is saved
+    precompile = precompile_enabled() and opts.cache and not _refused_unloadable_package(graph_id)
     backend = aot_autograd(
         fw_compiler=_graph_compiler("forward", graph_id, opts, started, boundary, precompile),
         bw_compiler=_graph_compiler("backward", graph_id, opts, started, boundary, precompile),
@@ -448,7 +452,6 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     )
     if not precompile:
         return backend(gm, example_inputs)
-    _summarize_dropped_guards()
     # Precompile: AOTAutograd bundles our NeuronOutputCode (not an Inductor FX-cache key) into the
     # artifact Dynamo's package refers to, under a key that includes our tag. The backward is
     # partitioned now rather than at the first backward call, so the bundle is complete when this
@@ -469,8 +472,6 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
         COUNTERS["precompile_bypasses"] += 1
         log.warning("neuron_compile: precompile cannot save graph g%d, so a new process will trace it again: "
                     "AOTAutogradCache refused it (%s)", graph_id, _bypass_reason(gm))
-    else:
-        _refuse_unloadable_package(graph_id)
     return result
 
 
@@ -547,21 +548,23 @@ def _unloadable_guard(output) -> str | None:
     return None
 
 
-def _refuse_unloadable_package(graph_id: int) -> None:
-    """Keep a frame out of precompile's package when loading it would crash the next process."""
+def _refused_unloadable_package(graph_id: int) -> bool:
+    """Keep the frame being compiled out of precompile's package when loading it would crash the
+    next process; True when it was kept out. Guards come from tracing, so they are known here."""
     from torch._dynamo.symbolic_convert import InstructionTranslator
 
     try:
         output = InstructionTranslator.current_tx().output
     except Exception:  # called outside a Dynamo trace (a test calling the backend directly)
-        return
+        return False
     reason = _unloadable_guard(output)
     if reason is None:
-        return
+        return False
     COUNTERS["precompile_bypasses"] += 1
     log.warning("neuron_compile: precompile will not save graph g%d, so a new process will trace it again: "
                 "PyTorch 2.13 would save a guard it cannot load and crash that process (%s)", graph_id, reason)
     output.bypass_package(f"neuron_compile: {reason}")
+    return True
 
 
 class _DroppedGuardsFilter(logging.Filter):
