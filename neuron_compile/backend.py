@@ -540,7 +540,8 @@ def _unloadable_guard(output) -> str | None:
                 elif isinstance(source, AttrSource) and value is not parent:  # instance attributes only
                     by_value = by_value and source.member in getattr(parent, "__dict__", {})
             if by_value and unnamable(value) and depth + 1 < len(chain):
-                return (f"{guard.create_fn_name()} guard on {guard.name} reaches through "
+                return (f"PyTorch 2.13 would save a guard it cannot load and crash that process: "
+                        f"{guard.create_fn_name()} guard on {guard.name} reaches through "
                         f"{value.__module__}.{value.__qualname__}, a wrapper whose name belongs to another object")
             if not by_value:
                 break
@@ -557,12 +558,16 @@ def _refused_unloadable_package(graph_id: int) -> bool:
         output = InstructionTranslator.current_tx().output
     except Exception:  # called outside a Dynamo trace (a test calling the backend directly)
         return False
-    reason = _unloadable_guard(output)
+    try:
+        reason = _unloadable_guard(output)
+    except Exception as exc:  # Dynamo internals it reads moved: saving unchecked could crash the next process
+        reason = (f"its guards could not be checked ({type(exc).__name__}: {exc}), and a package that "
+                  f"PyTorch 2.13 cannot load would crash that process")
     if reason is None:
         return False
     COUNTERS["precompile_bypasses"] += 1
     log.warning("neuron_compile: precompile will not save graph g%d, so a new process will trace it again: "
-                "PyTorch 2.13 would save a guard it cannot load and crash that process (%s)", graph_id, reason)
+                "%s", graph_id, reason)
     output.bypass_package(f"neuron_compile: {reason}")
     return True
 
