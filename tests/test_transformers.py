@@ -36,6 +36,21 @@ def grads(model):
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+def assert_training_step_matches_eager(compiled, model, ids):
+    """One step with labels through ``compiled``, then eagerly: the same loss and every gradient."""
+    loss = compiled(input_ids=ids, labels=ids).loss
+    loss.backward()
+    got = grads(model)
+    model.zero_grad()
+    ref = model(input_ids=ids, labels=ids).loss
+    ref.backward()
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
+    expected = grads(model)
+    assert got.keys() == expected.keys() and len(got) > 10
+    for param, g in expected.items():
+        torch.testing.assert_close(got[param], g, rtol=1e-3, atol=1e-5, msg=param)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt2", "llama", "qwen3", "bert"])
 def test_inference_logits_loss_and_gradients(name):
@@ -49,17 +64,7 @@ def test_inference_logits_loss_and_gradients(name):
                                    rtol=1e-4, atol=1e-4)
 
     model.train()
-    loss = compiled(input_ids=ids, labels=ids).loss
-    loss.backward()
-    got = grads(model)
-    model.zero_grad()
-    ref = model(input_ids=ids, labels=ids).loss
-    ref.backward()
-    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
-    expected = grads(model)
-    assert got.keys() == expected.keys() and len(got) > 10
-    for param, g in expected.items():
-        torch.testing.assert_close(got[param], g, rtol=1e-3, atol=1e-5, msg=param)
+    assert_training_step_matches_eager(compiled, model, ids)
     kinds = {r.kind for r in neuron_compile.compile_reports()}
     assert {"inference", "forward", "backward"} <= kinds
 
@@ -109,14 +114,6 @@ def test_gpt2_training_step_is_one_graph():
     model = build("gpt2").train()
     ids = torch.randint(0, VOCAB, (2, 16))
     counters.clear()
-    loss = torch.compile(model, backend="neuron")(input_ids=ids, labels=ids).loss
-    loss.backward()
-    got = grads(model)
-    model.zero_grad()
-    ref = model(input_ids=ids, labels=ids).loss
-    ref.backward()
-    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
-    for param, g in grads(model).items():
-        torch.testing.assert_close(got[param], g, rtol=1e-3, atol=1e-5, msg=param)
+    assert_training_step_matches_eager(torch.compile(model, backend="neuron"), model, ids)
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
     assert counters["stats"]["unique_graphs"] == 1
