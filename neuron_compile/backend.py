@@ -549,9 +549,38 @@ def _unloadable_guard(output) -> str | None:
     return None
 
 
+def _misplaced_frame(output) -> str | None:
+    """Why PyTorch 2.13 would install the frame being compiled in the wrong module, or None.
+
+    A saved frame is installed, and its global guards checked, in the module its package entry
+    names: for the compiled function itself, its ``__module__``. ``functools.wraps`` copies
+    ``__module__`` from the function it wraps, so a wrapper made by a decorator from another
+    module names the caller's module while its code reads the decorator's globals. The next
+    process then either never matches the saved frame (a global guard raises KeyError: it traces
+    again and saves one more entry, every time) or matches it and raises NameError on the
+    ``__compiled_fn_...`` PyTorch installed in the wrong module.
+    """
+    import sys
+
+    package = output.package
+    if package is None:
+        return None
+    named = package._current_entry.python_module
+    f_globals = output.root_tx.f_globals
+    module = sys.modules.get(named)
+    if module is not None and vars(module) is f_globals:
+        return None
+    code = output.root_tx.f_code
+    return (f"PyTorch 2.13 would install the saved frame {code.co_name} ({code.co_filename}:{code.co_firstlineno}) "
+            f"in module {named!r} while its code runs in {f_globals.get('__name__')!r} (functools.wraps copies "
+            f"__module__ from the function it wraps), and the next process would crash with NameError or never "
+            f"match it")
+
+
 def _refused_unloadable_package(graph_id: int) -> bool:
-    """Keep the frame being compiled out of precompile's package when loading it would crash the
-    next process; True when it was kept out. Guards come from tracing, so they are known here."""
+    """Keep the frame being compiled out of precompile's package when the next process would crash
+    loading it or never match it; True when it was kept out. Guards come from tracing, so they
+    are known here."""
     from torch._dynamo.symbolic_convert import InstructionTranslator
 
     try:
@@ -559,7 +588,7 @@ def _refused_unloadable_package(graph_id: int) -> bool:
     except Exception:  # called outside a Dynamo trace (a test calling the backend directly)
         return False
     try:
-        reason = _unloadable_guard(output)
+        reason = _misplaced_frame(output) or _unloadable_guard(output)
     except Exception as exc:  # Dynamo internals it reads moved: saving unchecked could crash the next process
         reason = (f"its guards could not be checked ({type(exc).__name__}: {exc}), and a package that "
                   f"PyTorch 2.13 cannot load would crash that process")

@@ -74,6 +74,10 @@ SCRIPT = textwrap.dedent('''
 
     if sys.argv[1] == "decorated":  # a module compile: Dynamo's frame is the outer wrapper
         step = Decorated()
+    elif sys.argv[1] == "wrapped-elsewhere":  # a decorator from another module: see WRAPPING
+        from wrapping import doubled_output
+
+        step = doubled_output(step)
     elif sys.argv[1] == "decorated-inlined":  # the same wrappers, reached through the class: saveable
         decorated = Decorated()
 
@@ -99,10 +103,24 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
+# functools.wraps gives the wrapper the module name of the function it wraps (the script's),
+# while the wrapper's code runs in this module's globals
+WRAPPING = textwrap.dedent('''
+    import functools
+
+    def doubled_output(fn):
+        @functools.wraps(fn)
+        def wrapper(x):
+            return fn(x) * 2
+        return wrapper
+''')
+
+
 def _run(tmp_path: Path, mode: str, **env) -> dict:
     script = tmp_path / "precompiled_model.py"
     if not script.exists():
         script.write_text(SCRIPT)
+        (tmp_path / "wrapping.py").write_text(WRAPPING)
     full_env = dict(os.environ, NEURON_COMPILE_PRECOMPILE="1", NEURON_COMPILE_CACHE_DIR=str(tmp_path / "nc"),
                     TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "torch"), PYTHONPATH=str(ROOT), **env)
     for name in ("NEURON_COMPILE_CACHE", "NEURON_COMPILE_PASSES", "TORCH_COMPILE_DISABLE"):
@@ -185,3 +203,15 @@ def test_decorated_forward_reached_through_its_class_still_saves(tmp_path):
     assert first["precompile_bypasses"] == 0, first
     second = _run(tmp_path, "decorated-inlined")
     assert second["graphs"] == 0 and second["precompile_loads"] == first["graphs"], second
+
+
+def test_a_wrapper_from_another_module_is_not_saved(tmp_path):
+    # PyTorch 2.13 installs a saved frame in the module its function's __module__ names, which
+    # functools.wraps copied from the script: the next process raised NameError on the
+    # __compiled_fn it had put in the wrong module. The frame is kept out: traced again, and runs.
+    first = _run(tmp_path, "wrapped-elsewhere")
+    assert first["precompile_bypasses"] == 1, first
+    assert "in module '__main__' while its code runs in 'wrapping'" in first["stderr"], first["stderr"]
+    second = _run(tmp_path, "wrapped-elsewhere")  # _run asserts the process exits 0
+    assert second["graphs"] >= 1 and second["precompile_loads"] == 0, second
+    assert second["xla_compiles"] == 0, second  # the artifact cache still serves the executable
