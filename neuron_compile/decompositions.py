@@ -1047,9 +1047,19 @@ def _grouped_mm_backward(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tens
     return grad_input, grad_weight
 
 
+def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    # Dynamo itself rewrites addcmul_(t1, t2, value=v), addcdiv_ and add_(other, alpha=tensor)
+    # into Inductor's prims.fma (every compiled Adam/AdamW step), which torch-mlir does not know.
+    # StableHLO has no fused multiply-add: a * b + c, which XLA's CPU code may fuse again.
+    return aten.add.Tensor(aten.mul.Tensor(a, b), c)
+
+
 def _library_decompositions():
     """Decompositions of custom ops that libraries register (only once they are loaded)."""
     found = []
+    fma = getattr(torch.ops.prims, "fma", None)  # registered by torch._inductor.inductor_prims
+    if fma is not None:
+        found.append((fma.default, _fma))
     transformers_ops = getattr(torch.ops, "transformers", None)
     for name, fn in (("grouped_mm_fallback", _grouped_mm), ("grouped_mm_fallback_backward", _grouped_mm_backward)):
         try:

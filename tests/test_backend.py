@@ -54,6 +54,32 @@ def test_mlp_inference_and_training():
     assert kinds == ["backward", "forward", "inference"]
 
 
+@pytest.mark.parametrize("make_optimizer", [
+    lambda params: torch.optim.AdamW(params, lr=1e-2),  # addcmul_/addcdiv_ with value=: Dynamo emits prims.fma
+    lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9),
+], ids=["adamw", "sgd-momentum"])
+def test_whole_training_step_with_the_optimizer_compiled(make_optimizer):
+    torch.manual_seed(0)
+    model, twin = MLP(), MLP()
+    twin.load_state_dict(model.state_dict())
+    opt, opt_twin = make_optimizer(model.parameters()), make_optimizer(twin.parameters())
+    x, y = torch.randn(8, 64), torch.randint(0, 10, (8,))
+
+    def step(net, optimizer):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(net(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    compiled_step = compiled(step)
+    for _ in range(3):
+        torch.testing.assert_close(compiled_step(model, opt), step(twin, opt_twin), rtol=1e-5, atol=1e-6)
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+    assert COUNTERS["graphs"] >= 3  # forward, backward and the optimizer's update were compiled
+
+
 class CNN(nn.Module):
     def __init__(self):
         super().__init__()
