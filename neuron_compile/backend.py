@@ -442,6 +442,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     # compiled as without precompile: AOTAutogradCache's key alone costs ~1 s in every process
     if precompile_enabled():
         _summarize_dropped_guards()  # Dynamo drops identity guards whether or not this frame is saved
+        _skip_unsaveable_frame(graph_id)
     precompile = precompile_enabled() and opts.cache and not _refused_unloadable_package(graph_id)
     backend = aot_autograd(
         fw_compiler=_graph_compiler("forward", graph_id, opts, started, boundary, precompile),
@@ -547,6 +548,57 @@ def _unloadable_guard(output) -> str | None:
                 break
             parent = value
     return None
+
+
+def _unsaveable_guard(output) -> str | None:
+    """The first guard of Dynamo's frame ``output`` that PyTorch 2.13 would neither drop nor save, or None.
+
+    Caching precompile drops the identity guards it cannot serialize. The class, module, function
+    and nn.Module checks (``CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES``) go with
+    them because building them records a derived ``ID_MATCH``, except on ``type(x)``: there
+    ``id_match_unchecked`` checks ``TYPE_MATCH`` on ``x`` and records nothing, so the guard stays
+    and cannot be saved (a compiled optimizer step: ``CLASS_MATCH`` on ``type(param)``). The
+    serializer then bypasses the package and leaves no guard state, and Dynamo stops on
+    ``AssertionError: check_fn.guards_state must not be None``, whatever the backend. Guard
+    types are derived only when guards are built, after the backend: hence this rule.
+    """
+    from torch._dynamo.guards import CheckFunctionManager
+    from torch._dynamo.source import TypeSource
+
+    kept = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES) - _DROPPED_KINDS
+    for guard in output.guards:
+        kind = guard.create_fn_name()
+        if kind in kept and isinstance(guard.originating_source, TypeSource):
+            where = guard.user_stack[-1] if guard.user_stack else None
+            return f"{kind} guard on {guard.name}" + (f" ({where.filename}:{where.lineno})" if where else "")
+    return None
+
+
+def _skip_unsaveable_frame(graph_id: int) -> None:
+    """Raise Dynamo's SkipFrame, so the frame runs eagerly, when PyTorch 2.13 would stop the
+    process saving it (``_unsaveable_guard``); the frame cannot be compiled without saving."""
+    from torch._dynamo.exc import SkipFrame
+    from torch._dynamo.symbolic_convert import InstructionTranslator
+
+    try:
+        guard = _unsaveable_guard(InstructionTranslator.current_tx().output)
+    except Exception:  # outside a Dynamo trace, or Dynamo internals moved: PyTorch decides, as before
+        return
+    if guard is None:
+        return
+    COUNTERS["precompile_skipped_frames"] += 1
+    message = (f"neuron_compile: graph g{graph_id} runs eagerly: with precompile on, PyTorch 2.13 cannot save its "
+               f"{guard} and stops with 'check_fn.guards_state must not be None' (any backend). Set "
+               f"NEURON_COMPILE_PRECOMPILE=0 to compile it.")
+    # A skipped frame's callees are traced next and often carry the same guard (an optimizer's
+    # step, its functional form, its per-tensor loop): one warning per place in the source
+    where = guard.rsplit(" (", 1)[-1]
+    (log.debug if where in _SKIPPED_AT else log.warning)(message)
+    _SKIPPED_AT.add(where)
+    raise SkipFrame(message)
+
+
+_SKIPPED_AT: set[str] = set()
 
 
 def _misplaced_frame(output) -> str | None:

@@ -368,7 +368,7 @@ def cache_stats(options=None) -> dict:
     counters = {name: COUNTERS[name] for name in (
         "memory_hits", "disk_hits", "misses", "xla_compiles", "lowerings", "bytes_written", "bytes_read",
         "compile_seconds_saved", "precompile_loads", "precompile_saves", "precompile_stale", "precompile_bypasses",
-        "precompile_dropped_guards")}
+        "precompile_dropped_guards", "precompile_skipped_frames")}
     counters["compiles"] = counters["xla_compiles"]
     disk = ArtifactCache(options.cache_dir, max_bytes=options.cache_max_bytes).stats() if options.cache else None
     return {"process": counters, "disk": disk, "memory_entries": len(MEMORY)}
