@@ -935,6 +935,58 @@ def _addmv(x: torch.Tensor, mat: torch.Tensor, vec: torch.Tensor, *, beta=1, alp
     return aten.add.Tensor(aten.mul.Tensor(x, beta) if beta != 1 else x, out)
 
 
+# ---- torch._foreach_*: one op over a list of tensors ----------------------------------------------
+# torch-mlir lowers none of them. They come from torch.nn.utils.clip_grad_norm_ (_foreach_norm,
+# _foreach_mul_), optimizers built with foreach=True and user code. Each becomes its per-tensor op,
+# list arguments taken element by element; XLA fuses the result as it would the loop.
+
+def _addc(combine):
+    def per_tensor(x, t1, t2, value=1):
+        return aten.add.Tensor(x, aten.mul.Tensor(combine(t1, t2), value))
+    return per_tensor
+
+
+_FOREACH_PER_TENSOR = {
+    # per-tensor ops whose call differs from the foreach one
+    "addcmul": _addc(aten.mul.Tensor),  # foreach passes value positionally (and as a tensor element)
+    "addcdiv": _addc(aten.div.Tensor),
+    "norm": lambda x, ord=2, dtype=None: aten.linalg_vector_norm.default(x, ord, dtype=dtype),
+    "powsum": lambda x, ord=2, dtype=None: aten.sum.default(aten.pow.Tensor_Scalar(aten.abs.default(x), ord),
+                                                            dtype=dtype),
+}
+
+
+def _foreach(name: str, overload):
+    """The decomposition of ``aten._foreach_<name>.<overload>``: the per-tensor op, element by element."""
+    schema = overload._schema
+    # arguments taken element by element: every list, and the per-element scalars of addcmul/addcdiv.Tensor
+    listed = [str(a.type).startswith("List[") or (a.name == "scalars" and str(a.type) == "Tensor")
+              for a in schema.arguments if not a.kwarg_only]
+    per_tensor = _FOREACH_PER_TENSOR.get(name)
+    if per_tensor is None:
+        packet = getattr(aten, name)
+        if name in ("maximum", "minimum") and overload._overloadname in ("Scalar", "ScalarList"):
+            packet = aten.clamp_min if name == "maximum" else aten.clamp_max  # no Scalar overload
+        per_tensor = packet
+
+    def decomposition(*args, **kwargs):
+        count = len(next(a for a, is_list in zip(args, listed) if is_list))
+        return [per_tensor(*(a[i] if is_list else a for a, is_list in zip(args, listed)), **kwargs)
+                for i in range(count)]
+    return decomposition
+
+
+def _foreach_decompositions() -> dict:
+    table = {}
+    for qualified in torch._C._dispatch_get_all_op_names():  # 4 ms; every schema parsed would be 12
+        name, _, overload_name = qualified.removeprefix("aten::").partition(".")
+        if not qualified.startswith("aten::_foreach_") or name.endswith("_") or overload_name.endswith("out"):
+            continue  # in-place and out= forms are functionalized before they reach us
+        overload = getattr(getattr(aten, name), overload_name or "default")
+        table[overload] = _foreach(name[len("_foreach_"):], overload)
+    return table
+
+
 @_ours(aten._cdist_forward)
 def _cdist_forward(x1: torch.Tensor, x2: torch.Tensor, p: float, compute_mode=None):
     # torch-mlir does not lower aten._cdist_forward (torch.cdist): pairwise differences,
@@ -954,6 +1006,7 @@ def _base_table() -> dict:
 
     table = dict(get_decomposition_table())
     table.update(_OURS)
+    table.update(_foreach_decompositions())
     table.update(LINALG)
     table.update(SPECIAL)
     table.update(POOL)
