@@ -1145,13 +1145,20 @@ def decompose_before_autograd(gm: torch.fx.GraphModule) -> int:
     op torch-mlir cannot lower (every transformers model hits it in training).
     Sending it to the math formulation instead (matmul, scale, mask, softmax,
     matmul: the same algebra) lets autograd differentiate plain ops, and
-    leaves the attention pattern visible to our fusion pass.
+    leaves the attention pattern visible to our fusion pass. Subgraphs of
+    higher-order ops are rewritten too: activation checkpointing (transformers'
+    ``gradient_checkpointing_enable()``) puts each layer in one.
     """
     changed = 0
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target in _SDPA_TARGETS:
-            node.target = _sdpa_math
-            changed += 1
-    if changed:
-        gm.recompile()
+    for module in gm.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        here = 0
+        for node in module.graph.nodes:
+            if node.op == "call_function" and node.target in _SDPA_TARGETS:
+                node.target = _sdpa_math
+                here += 1
+        if here:
+            module.recompile()
+            changed += here
     return changed

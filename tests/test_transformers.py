@@ -117,3 +117,13 @@ def test_gpt2_training_step_is_one_graph():
     assert_training_step_matches_eager(torch.compile(model, backend="neuron"), model, ids)
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
     assert counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_training_step_with_gradient_checkpointing(name):
+    # activation checkpointing (gradient_checkpointing_enable() before transformers 5) puts every
+    # layer in a checkpoint higher-order op: the SDPA inside its subgraph must be rewritten too, or
+    # AOTAutograd meets the fused CPU attention's backward, which torch-mlir cannot lower
+    model = build(name).train()
+    model.activation_checkpointing_enable()
+    assert_training_step_matches_eager(torch.compile(model, backend="neuron"), model, torch.randint(0, VOCAB, (2, 16)))
