@@ -935,6 +935,54 @@ def _addmv(x: torch.Tensor, mat: torch.Tensor, vec: torch.Tensor, *, beta=1, alp
     return aten.add.Tensor(aten.mul.Tensor(x, beta) if beta != 1 else x, out)
 
 
+@_ours(aten._transformer_encoder_layer_fwd)
+def _transformer_encoder_layer(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, use_gelu,
+                               norm_first, eps, norm_weight_1, norm_bias_1, norm_weight_2, norm_bias_2,
+                               ffn_weight_1, ffn_bias_1, ffn_weight_2, ffn_bias_2, mask=None, mask_type=None):
+    # nn.TransformerEncoderLayer's fast path (eval mode, no grad) is this one fused ATen op, which
+    # torch-mlir does not lower: the layer's own algebra (ATen's transformer_encoder_layer_forward)
+    def norm(x, weight, bias):
+        return aten.native_layer_norm.default(x, [embed_dim], weight, bias, eps)[0]
+
+    x = norm(src, norm_weight_1, norm_bias_1) if norm_first else src
+    x = aten.add.Tensor(_self_attention(x, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, mask,
+                                        mask_type), src)
+    if not norm_first:
+        x = norm(x, norm_weight_1, norm_bias_1)
+    residual = x
+    h = norm(x, norm_weight_2, norm_bias_2) if norm_first else x
+    h = aten.linear.default(h, ffn_weight_1, ffn_bias_1)
+    h = aten.gelu.default(h) if use_gelu else aten.relu.default(h)
+    x = aten.add.Tensor(aten.linear.default(h, ffn_weight_2, ffn_bias_2), residual)
+    return x if norm_first else norm(x, norm_weight_2, norm_bias_2)
+
+
+def _self_attention(x, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type):
+    # ATen's native multi-head attention on [B, L, D]. Masks as merge_masks builds them: type 0
+    # [L, L], type 1 key padding [B, L], type 2 [B, H or 1, L, L]; bool masks hide True, float
+    # masks add. A row with every key hidden is zero, as ATen's masked softmax makes it.
+    batch, length, dim = x.shape
+    head = dim // num_heads
+
+    def heads(t):  # [B, L, D] -> [B, H, L, head]
+        return aten.permute.default(aten.view.default(t, [batch, length, num_heads, head]), [0, 2, 1, 3])
+
+    q, k, v = (heads(t) for t in aten.split.Tensor(aten.linear.default(x, qkv_weight, qkv_bias), dim, -1))
+    scores = aten.matmul.default(aten.mul.Tensor(q, 1.0 / math.sqrt(head)), aten.transpose.int(k, -2, -1))
+    if mask is not None:
+        shape = {0: [1, 1, length, length], 1: [batch, 1, 1, length]}.get(mask_type)
+        mask = aten.view.default(mask, shape) if shape is not None else mask
+        if mask.dtype == torch.bool:
+            scores = aten.masked_fill.Scalar(scores, mask, float("-inf"))
+        else:
+            scores = aten.add.Tensor(scores, mask)
+    probs = aten._softmax.default(scores, -1, False)
+    if mask is not None:
+        probs = aten.where.self(aten.isnan.default(probs), aten.zeros_like.default(probs), probs)
+    context = aten.permute.default(aten.matmul.default(probs, v), [0, 2, 1, 3])
+    return aten.linear.default(aten.reshape.default(context, [batch, length, dim]), proj_weight, proj_bias)
+
+
 # ---- torch._foreach_*: one op over a list of tensors ----------------------------------------------
 # torch-mlir lowers none of them. They come from torch.nn.utils.clip_grad_norm_ (_foreach_norm,
 # _foreach_mul_), optimizers built with foreach=True and user code. Each becomes its per-tensor op,

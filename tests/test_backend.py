@@ -161,6 +161,42 @@ def test_hand_written_attention():
     check_training(model, x)
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("masks", ["none", "padding", "causal-bool", "causal-float", "both"])
+def test_transformer_encoder_fast_path(norm_first, activation, masks):
+    # In eval mode without grad, nn.TransformerEncoderLayer runs the fused
+    # aten._transformer_encoder_layer_fwd, which torch-mlir does not lower
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, activation=activation, batch_first=True,
+                                       norm_first=norm_first)
+    encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    x = torch.randn(3, 7, 32)
+    padding = torch.zeros(3, 7, dtype=torch.bool)
+    padding[1, 5:] = True
+    padding[2, 3:] = True
+    causal = nn.Transformer.generate_square_subsequent_mask(7)  # float, -inf above the diagonal
+    kwargs = {"none": {}, "padding": {"src_key_padding_mask": padding},
+              "causal-bool": {"mask": causal.isinf()}, "causal-float": {"mask": causal},
+              "both": {"mask": causal.isinf(), "src_key_padding_mask": padding}}[masks]
+
+    class Ops(TorchDispatchMode):
+        seen: set = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Ops.seen.add(func)
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad():
+        with Ops():
+            want = encoder(x, **kwargs)
+        assert torch.ops.aten._transformer_encoder_layer_fwd.default in Ops.seen  # the fast path ran
+        got = compiled(encoder)(x, **kwargs)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_graph_break_in_the_middle():
     def fn(x):
         y = torch.sin(x) * 2
