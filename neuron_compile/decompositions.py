@@ -935,6 +935,65 @@ def _addmv(x: torch.Tensor, mat: torch.Tensor, vec: torch.Tensor, *, beta=1, alp
     return aten.add.Tensor(aten.mul.Tensor(x, beta) if beta != 1 else x, out)
 
 
+@_ours(aten.convolution_backward)
+def _convolution_backward(grad, x, weight, bias_sizes, stride, padding, dilation, transposed, output_padding,
+                          groups, output_mask):
+    # torch-mlir lowers the convolution backward only for 2-D, ungrouped, undilated, untransposed
+    # convolutions: training Conv1d/Conv3d, depthwise or dilated convolutions and ConvTranspose
+    # failed. Each gradient is a forward convolution instead, which it lowers in general:
+    # the input's is the adjoint convolution (transposed <-> not), the weight's correlates the
+    # input with the output gradient, batch folded into channels, group by group.
+    spatial = x.dim() - 2
+    grad_x = grad_w = grad_b = None
+    if output_mask[0]:
+        if transposed:
+            grad_x = aten.convolution.default(grad, weight, None, stride, padding, dilation, False,
+                                              [0] * spatial, groups)
+        else:  # the output padding that gives back the input's size
+            extra = [x.shape[2 + i] - ((grad.shape[2 + i] - 1) * stride[i] - 2 * padding[i]
+                                       + dilation[i] * (weight.shape[2 + i] - 1) + 1) for i in range(spatial)]
+            grad_x = aten.convolution.default(grad, weight, None, stride, padding, dilation, True, extra, groups)
+    if output_mask[1]:
+        # non-transposed: grad_w[g*Co + o, c, k] = sum_n,j x[n, g*Ci + c, j*s + k*d - p] * grad[n, g*Co + o, j];
+        # transposed: the same with x and grad swapped. A convolution of `signal` by `kernel`, stride
+        # and dilation exchanged, over [channels, groups*batch, ...] and [groups*channels, batch, ...].
+        signal, kernel = (grad, x) if transposed else (x, grad)
+        batch = x.shape[0]
+
+        def by_group(t, as_signal):  # [N, G*C, ...] -> [C, G*N, ...] (signal) or [G*C, N, ...] (kernel)
+            c = t.shape[1] // groups
+            t = aten.view.default(t, [batch, groups, c, *t.shape[2:]])
+            if as_signal:
+                return aten.reshape.default(aten.permute.default(t, [2, 1, 0, *range(3, 3 + spatial)]),
+                                            [c, groups * batch, *t.shape[3:]])
+            return aten.reshape.default(aten.permute.default(t, [1, 2, 0, *range(3, 3 + spatial)]),
+                                        [groups * c, batch, *t.shape[3:]])
+
+        w = aten.convolution.default(by_group(signal, True), by_group(kernel, False), None, dilation, padding,
+                                     stride, False, [0] * spatial, groups)
+        for i in range(spatial):  # the correlation can run past the kernel's size
+            w = aten.slice.Tensor(w, 2 + i, 0, weight.shape[2 + i])
+        # [Ci, G*Co, ...] -> [G*Co, Ci, ...]; transposed: [Co, G*Ci, ...] -> [G*Ci, Co, ...], the weight's layout
+        grad_w = aten.permute.default(w, [1, 0, *range(2, 2 + spatial)])
+    if output_mask[2]:
+        grad_b = aten.sum.dim_IntList(grad, [0, *range(2, 2 + spatial)])
+    return grad_x, grad_w, grad_b
+
+
+@_ours(aten._weight_norm_interface_backward)
+def _weight_norm_backward(grad_w, saved_v, saved_g, saved_norms, dim):
+    # Training through weight_norm (audio models' convolutions, wav2vec2's positional conv) reaches
+    # this opaque backward; torch-mlir lowers the forward's decomposition but not it. ATen's
+    # _weight_norm_differentiable_backward: w = g * v / ||v||, norms taken over every dim but `dim`.
+    dim = dim % saved_v.dim()
+    others = [d for d in range(saved_v.dim()) if d != dim]
+    sums = aten.sum.dim_IntList(aten.mul.Tensor(grad_w, saved_v), others, True)
+    grad_v = aten.mul.Tensor(aten.div.Tensor(saved_g, saved_norms), aten.sub.Tensor(
+        grad_w, aten.mul.Tensor(saved_v, aten.div.Tensor(sums, aten.mul.Tensor(saved_norms, saved_norms)))))
+    grad_g = aten.div.Tensor(sums, saved_norms)
+    return aten._to_copy.default(grad_v, dtype=saved_v.dtype), aten._to_copy.default(grad_g, dtype=saved_g.dtype)
+
+
 @_ours(aten._transformer_encoder_layer_fwd)
 def _transformer_encoder_layer(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, use_gelu,
                                norm_first, eps, norm_weight_1, norm_bias_1, norm_weight_2, norm_bias_2,
