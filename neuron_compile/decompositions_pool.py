@@ -18,6 +18,11 @@ and _adaptive_avg_pool3d have no lowering at all. Those cases, and only those
   first valid element when all are -inf; flat in the input's spatial plane;
 * avg: the sum of valid elements over ATen's divisor (divisor_override, or the
   window clipped to the padded input when count_include_pad, else to the input).
+
+torch-mlir lowers no average-pooling backward either (but the global average
+pool's), nor adaptive max pooling's: the average ones are the adjoint of the
+same engine, one [out, size] spread matrix per spatial dim; adaptive max
+scatters each gradient to the position its index names.
 """
 
 from __future__ import annotations
@@ -200,6 +205,68 @@ def _avg_pool(d):
 
 POOL[aten.avg_pool2d.default] = _avg_pool(2)
 POOL[aten.avg_pool3d.default] = _avg_pool(3)
+
+
+def _avg_backward(grad, x, dims, divisor_override):
+    """The adjoint of ``_avg_windows``: each output's gradient spread over its window's valid
+    positions, over the same divisor. The divisor is a product over dims, so the spread is one
+    [out, size] matrix per spatial dim."""
+    nb = x.dim() - len(dims)
+    g = grad
+    for j, dm in enumerate(dims):
+        hit = (dm.pos.unsqueeze(-1) == _ar(dm.size, x)) & dm.valid.unsqueeze(-1)  # [out, K, size]
+        spread = hit.sum(1).to(grad.dtype)
+        if not divisor_override:
+            spread = spread / dm.count.to(grad.dtype).unsqueeze(1)
+        g = torch.movedim(torch.matmul(torch.movedim(g, nb + j, -1), spread), -1, nb + j)
+    return g / divisor_override if divisor_override else g
+
+
+def _avg_pool_backward(d):
+    # torch-mlir lowers no average-pooling backward (AvgPool1d/2d/3d training failed); the adjoint
+    # of the window engine, for every padding, ceil_mode, count_include_pad and divisor
+    def decomposition(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+        if not grad.dtype.is_floating_point:
+            return NotImplemented
+        k = _tuple(kernel_size, d)
+        s = _tuple(stride, d) if stride else k
+        p = _tuple(padding, d)
+        size = x.shape[-d:]
+        dims = [_strided_dim(size[j], k[j], s[j], p[j], 1, ceil_mode, x, count_include_pad) for j in range(d)]
+        return _avg_backward(grad, x, dims, divisor_override)
+    return decomposition
+
+
+POOL[aten.avg_pool2d_backward.default] = _avg_pool_backward(2)
+POOL[aten.avg_pool3d_backward.default] = _avg_pool_backward(3)
+
+
+def _adaptive_avg_pool_backward(d):
+    # no lowering of the adaptive backward either, but for the global (1x1) case
+    def decomposition(grad, x):
+        if not grad.dtype.is_floating_point:
+            return NotImplemented
+        dims = [_adaptive_dim(x.shape[-d + j], grad.shape[-d + j], x) for j in range(d)]
+        return _avg_backward(grad, x, dims, None)
+    return decomposition
+
+
+POOL[aten._adaptive_avg_pool2d_backward.default] = _adaptive_avg_pool_backward(2)
+POOL[aten._adaptive_avg_pool3d_backward.default] = _adaptive_avg_pool_backward(3)
+
+
+def _adaptive_max_pool_backward(d):
+    # each output's gradient to the input position its index names, flat in the spatial plane
+    def decomposition(grad, x, indices):
+        lead = list(x.shape[:-d])
+        flat = torch.zeros(lead + [math.prod(x.shape[-d:])], dtype=grad.dtype, device=grad.device)
+        flat = torch.scatter_add(flat, -1, indices.reshape(lead + [-1]), grad.reshape(lead + [-1]))
+        return flat.reshape(x.shape)
+    return decomposition
+
+
+POOL[aten.adaptive_max_pool2d_backward.default] = _adaptive_max_pool_backward(2)
+POOL[aten.adaptive_max_pool3d_backward.default] = _adaptive_max_pool_backward(3)
 
 
 @_pool(aten._adaptive_avg_pool3d)

@@ -115,3 +115,36 @@ def test_grid_sample_3d(mode):
 
     for got, ref in zip(_compiled(fn, x, g), fn(x, g)):
         torch.testing.assert_close(got, ref)
+
+
+POOL_GRADIENTS = {  # torch-mlir lowers none of these backwards but the global average pool's
+    "avg2d": (lambda x: F.avg_pool2d(x, 3, 2), 2),
+    "avg2d-pad": (lambda x: F.avg_pool2d(x, 3, 2, 1), 2),
+    "avg2d-pad-no-count": (lambda x: F.avg_pool2d(x, 3, 2, 1, count_include_pad=False), 2),
+    "avg2d-ceil-no-count": (lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False), 2),
+    "avg2d-divisor": (lambda x: F.avg_pool2d(x, 2, divisor_override=3), 2),
+    "avg1d": (lambda x: F.avg_pool1d(x.flatten(2), 3, 2, 1), 2),
+    "avg3d-ceil": (lambda x: F.avg_pool3d(x, 2, 2, ceil_mode=True), 3),
+    "adaptive-avg2d": (lambda x: F.adaptive_avg_pool2d(x, (2, 3)), 2),
+    "adaptive-avg2d-global": (lambda x: F.adaptive_avg_pool2d(x, 1), 2),
+    "adaptive-avg3d": (lambda x: F.adaptive_avg_pool3d(x, (2, 3, 2)), 3),
+    "adaptive-max2d": (lambda x: F.adaptive_max_pool2d(x, (2, 3)), 2),
+    "adaptive-max3d": (lambda x: F.adaptive_max_pool3d(x, (2, 3, 2)), 3),
+}
+
+
+@pytest.mark.parametrize("name", POOL_GRADIENTS)
+def test_pooling_gradients_match_eager(name):
+    pool, d = POOL_GRADIENTS[name]
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 10, 9) if d == 2 else torch.randn(1, 2, 5, 7, 6)
+
+    def loss(x):  # weights make every output's gradient different
+        out = pool(x)
+        return (out * torch.arange(out.numel(), dtype=out.dtype).reshape(out.shape)).sum()
+
+    xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+    torch._dynamo.reset()
+    torch.compile(loss, backend="neuron", fullgraph=True)(xc).backward()
+    loss(xe).backward()
+    torch.testing.assert_close(xc.grad, xe.grad, rtol=1e-5, atol=1e-5)
