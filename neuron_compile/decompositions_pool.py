@@ -189,16 +189,21 @@ POOL[aten.max_pool2d.default] = _max_pool(2, False, False)
 POOL[aten.max_pool3d.default] = _max_pool(3, False, False)
 
 
+def _avg_dims(x, d, kernel_size, stride, padding, ceil_mode, count_include_pad):
+    """The windows of an average pool over x's last d dims, as avg_pool{2,3}d's arguments give them."""
+    k = _tuple(kernel_size, d)
+    s = _tuple(stride, d) if stride else k
+    p = _tuple(padding, d)
+    size = x.shape[-d:]
+    return [_strided_dim(size[j], k[j], s[j], p[j], 1, ceil_mode, x, count_include_pad) for j in range(d)]
+
+
 def _avg_pool(d):
     def decomposition(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
                       divisor_override=None):
         if not (ceil_mode or divisor_override) or not _check(x, d, integers=True):
             return NotImplemented
-        k = _tuple(kernel_size, d)
-        s = _tuple(stride, d) if stride else k
-        p = _tuple(padding, d)
-        size = x.shape[-d:]
-        dims = [_strided_dim(size[j], k[j], s[j], p[j], 1, ceil_mode, x, count_include_pad) for j in range(d)]
+        dims = _avg_dims(x, d, kernel_size, stride, padding, ceil_mode, count_include_pad)
         return _avg_windows(x, dims, divisor_override)
     return decomposition
 
@@ -228,11 +233,7 @@ def _avg_pool_backward(d):
     def decomposition(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
         if not grad.dtype.is_floating_point:
             return NotImplemented
-        k = _tuple(kernel_size, d)
-        s = _tuple(stride, d) if stride else k
-        p = _tuple(padding, d)
-        size = x.shape[-d:]
-        dims = [_strided_dim(size[j], k[j], s[j], p[j], 1, ceil_mode, x, count_include_pad) for j in range(d)]
+        dims = _avg_dims(x, d, kernel_size, stride, padding, ceil_mode, count_include_pad)
         return _avg_backward(grad, x, dims, divisor_override)
     return decomposition
 
