@@ -949,6 +949,8 @@ def _convolution_backward(grad, x, weight, bias_sizes, stride, padding, dilation
         if transposed:
             grad_x = aten.convolution.default(grad, weight, None, stride, padding, dilation, False,
                                               [0] * spatial, groups)
+            for i in range(spatial):  # an output padding of a stride or more (dilation allows it) adds rows
+                grad_x = aten.slice.Tensor(grad_x, 2 + i, 0, x.shape[2 + i])
         else:  # the output padding that gives back the input's size
             extra = [x.shape[2 + i] - ((grad.shape[2 + i] - 1) * stride[i] - 2 * padding[i]
                                        + dilation[i] * (weight.shape[2 + i] - 1) + 1) for i in range(spatial)]

@@ -204,6 +204,9 @@ CONVOLUTIONS = {  # torch-mlir lowered the backward only of the plain 2-D case (
     "conv-transpose1d": (lambda: nn.ConvTranspose1d(4, 6, 3, stride=2, output_padding=1), (2, 4, 9)),
     "conv-transpose2d": (lambda: nn.ConvTranspose2d(4, 6, 3, stride=2, output_padding=1, padding=1), (2, 4, 5, 5)),
     "conv-transpose2d-groups-dilation": (lambda: nn.ConvTranspose2d(4, 6, 3, groups=2, dilation=2), (2, 4, 5, 5)),
+    # output padding at the stride, which the dilation allows: the adjoint runs one row long
+    "conv-transpose2d-output-padding-past-stride": (
+        lambda: nn.ConvTranspose2d(2, 2, 3, stride=(1, 2), dilation=(2, 2), output_padding=(1, 1)), (2, 2, 4, 4)),
     "conv3d": (lambda: nn.Conv3d(2, 3, 3), (1, 2, 5, 5, 5)),
     "conv2d-dilation": (lambda: nn.Conv2d(2, 3, 3, stride=2, dilation=2), (1, 2, 9, 9)),
     "conv2d-depthwise": (lambda: nn.Conv2d(4, 4, 3, groups=4, padding=1), (1, 4, 7, 7)),
