@@ -20,9 +20,9 @@ and _adaptive_avg_pool3d have no lowering at all. Those cases, and only those
   window clipped to the padded input when count_include_pad, else to the input).
 
 torch-mlir lowers no average-pooling backward either (but the global average
-pool's), nor adaptive max pooling's: the average ones are the adjoint of the
-same engine, one [out, size] spread matrix per spatial dim; adaptive max
-scatters each gradient to the position its index names.
+pool's), nor adaptive max pooling's or max_pool3d's: the average ones are the
+adjoint of the same engine, one [out, size] spread matrix per spatial dim; the
+max ones scatter each gradient to the position its index names.
 """
 
 from __future__ import annotations
@@ -268,6 +268,10 @@ def _adaptive_max_pool_backward(d):
 
 POOL[aten.adaptive_max_pool2d_backward.default] = _adaptive_max_pool_backward(2)
 POOL[aten.adaptive_max_pool3d_backward.default] = _adaptive_max_pool_backward(3)
+# max_pool3d's indices are flat in the spatial volume too (max_pool2d's backward torch-mlir lowers)
+POOL[aten.max_pool3d_with_indices_backward.default] = (
+    lambda grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices:
+    _adaptive_max_pool_backward(3)(grad, x, indices))
 
 
 @_pool(aten._adaptive_avg_pool3d)

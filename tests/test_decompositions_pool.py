@@ -130,6 +130,7 @@ POOL_GRADIENTS = {  # torch-mlir lowers none of these backwards but the global a
     "adaptive-avg3d": (lambda x: F.adaptive_avg_pool3d(x, (2, 3, 2)), 3),
     "adaptive-max2d": (lambda x: F.adaptive_max_pool2d(x, (2, 3)), 2),
     "adaptive-max3d": (lambda x: F.adaptive_max_pool3d(x, (2, 3, 2)), 3),
+    "max3d-ceil-dilation": (lambda x: F.max_pool3d(x, 2, 2, 1, (1, 2, 1), ceil_mode=True), 3),
 }
 
 
