@@ -698,7 +698,8 @@ class BucketInterpreter(torch.fx.Interpreter):
         self.true_env: dict = {}
 
     def run_with_true_sizes(self, true_sizes: torch.Tensor, *args):
-        self.true_env = {s: true_sizes[i] for i, s in enumerate(self.analysis.symbols)}
+        # symbols that are not padded (value symbols, specialized exactly) are their bucket value
+        self.true_env = {**self.buckets_env, **{s: true_sizes[i] for i, s in enumerate(self.analysis.symbols)}}
         return self.run(*args)
 
     def call_function(self, target, args, kwargs):

@@ -184,3 +184,22 @@ def test_transformers_causal_lm_inference_and_training_step():
     # automatic dynamic shapes: t=3 compiles static; 127..600 touch buckets 128, 256, 640,
     # each with an inference, a forward and a backward executable
     assert len(bucket_reports()) == 9
+
+
+def test_a_size_only_the_backward_reads_as_a_value():
+    # adaptive_avg_pool2d(x, 1)'s backward divides by H * W, sizes the backward graph gets as values
+    # (not from a tensor it pads); the bucketing interpreter had no true value for them (KeyError)
+    def fn(x):
+        return F.adaptive_avg_pool2d(x, 1) * 3
+
+    compiled = torch.compile(fn, backend="neuron", dynamic=True)
+    for shape in [(2, 3, 10, 9), (3, 3, 7, 7), (4, 2, 11, 3)]:
+        x = torch.randn(*shape, requires_grad=True)
+        twin = x.detach().clone().requires_grad_()
+        weight = torch.randn(shape[0], shape[1], 1, 1)
+        out = compiled(x)
+        (out * weight).sum().backward()
+        want = fn(twin)
+        (want * weight).sum().backward()
+        torch.testing.assert_close(out, want)
+        torch.testing.assert_close(x.grad, twin.grad)
