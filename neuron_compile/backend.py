@@ -478,9 +478,9 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
 
 def _cacheable_rewrites() -> tuple:
     """Functions our pre-autograd rewrites put into Dynamo's graph: pure functions of their inputs."""
-    from .decompositions import _sdpa_math
+    from .decompositions import _embedding_bag_math, _sdpa_math
 
-    return (_sdpa_math,)
+    return (_sdpa_math, _embedding_bag_math)
 
 
 # Guard kinds caching precompile drops before it saves the rest (torch._dynamo.guards, 2.13).

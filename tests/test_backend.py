@@ -238,6 +238,35 @@ def test_weight_norm_training(dim):
     check_training(model, torch.randn(2, 4, 9))
 
 
+@pytest.mark.parametrize("mode, case", [
+    (mode, case) for mode in ("sum", "mean", "max")
+    for case in ("offsets", "offsets-empty-bag-last-offset", "rows", "padding")] + [("sum", "weights")])
+def test_embedding_bag_forward_and_weight_gradient(mode, case):
+    # nn.EmbeddingBag (the text-classification tutorial's model) did not lower; per_sample_weights
+    # exist only for mode="sum"
+    torch.manual_seed(0)
+    bag = nn.EmbeddingBag(20, 8, mode=mode, padding_idx=3 if case == "padding" else None,
+                          include_last_offset=case == "offsets-empty-bag-last-offset")
+    kwargs = {}
+    if case == "rows":
+        args = (torch.randint(0, 20, (4, 5)),)
+    else:
+        ids = torch.randint(0, 20, (12,))
+        ids[[2, 7]] = 3  # the padding index, where it is one
+        offsets = {"offsets-empty-bag-last-offset": [0, 4, 4, 9, 12]}.get(case, [0, 4, 9])
+        args = (ids, torch.tensor(offsets))
+        if case == "weights":
+            kwargs["per_sample_weights"] = torch.rand(12)
+    out = compiled(bag)(*args, **kwargs)
+    (out * torch.arange(out.numel()).reshape(out.shape)).sum().backward()
+    got = bag.weight.grad.clone()
+    bag.weight.grad = None
+    want = bag(*args, **kwargs)
+    (want * torch.arange(want.numel()).reshape(want.shape)).sum().backward()
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(got, bag.weight.grad)
+
+
 def test_graph_break_in_the_middle():
     def fn(x):
         y = torch.sin(x) * 2
