@@ -38,22 +38,16 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_perf import build, run_fresh  # noqa: E402
+from bench_perf import _median_call, build, run_fresh  # noqa: E402
 
 STEADY = ["gpt2:infer", "gpt2:train", "llama:infer", "llama:train"]
 
 
 def _per_call(fn, calls: int = 20000, rounds: int = 7) -> float:
-    """Seconds per call of the quietest round."""
+    """Seconds per call of the quietest round, after 500 warm-up calls."""
     for _ in range(500):
         fn()
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best
+    return _median_call(fn, calls, rounds)
 
 
 def per_call_floor() -> dict:

@@ -550,7 +550,7 @@ def _unloadable_guard(output) -> str | None:
     return None
 
 
-def _unsaveable_guard(output) -> str | None:
+def _unsaveable_guard(output):
     """The first guard of Dynamo's frame ``output`` that PyTorch 2.13 would neither drop nor save, or None.
 
     Caching precompile drops the identity guards it cannot serialize. The class, module, function
@@ -569,30 +569,42 @@ def _unsaveable_guard(output) -> str | None:
     for guard in output.guards:
         kind = guard.create_fn_name()
         if kind in kept and isinstance(guard.originating_source, TypeSource):
-            where = guard.user_stack[-1] if guard.user_stack else None
-            return f"{kind} guard on {guard.name}" + (f" ({where.filename}:{where.lineno})" if where else "")
+            return guard
     return None
+
+
+def _traced_output():
+    """The OutputGraph of the frame Dynamo is tracing, or None outside a trace (a test calling the
+    backend directly)."""
+    from torch._dynamo.symbolic_convert import InstructionTranslator
+
+    try:
+        return InstructionTranslator.current_tx().output
+    except Exception:
+        return None
 
 
 def _skip_unsaveable_frame(graph_id: int) -> None:
     """Raise Dynamo's SkipFrame, so the frame runs eagerly, when PyTorch 2.13 would stop the
     process saving it (``_unsaveable_guard``); the frame cannot be compiled without saving."""
     from torch._dynamo.exc import SkipFrame
-    from torch._dynamo.symbolic_convert import InstructionTranslator
 
+    output = _traced_output()
     try:
-        guard = _unsaveable_guard(InstructionTranslator.current_tx().output)
-    except Exception:  # outside a Dynamo trace, or Dynamo internals moved: PyTorch decides, as before
+        guard = _unsaveable_guard(output) if output is not None else None
+    except Exception:  # Dynamo internals it reads moved: PyTorch decides, as before
         return
     if guard is None:
         return
     COUNTERS["precompile_skipped_frames"] += 1
+    frame = guard.user_stack[-1] if guard.user_stack else None
+    where = f" ({frame.filename}:{frame.lineno})" if frame else ""
     message = (f"neuron_compile: graph g{graph_id} runs eagerly: with precompile on, PyTorch 2.13 cannot save its "
-               f"{guard} and stops with 'check_fn.guards_state must not be None' (any backend). Set "
-               f"NEURON_COMPILE_PRECOMPILE=0 to compile it.")
+               f"{guard.create_fn_name()} guard on {guard.name}{where} and stops with 'check_fn.guards_state must "
+               f"not be None' (any backend). Set NEURON_COMPILE_PRECOMPILE=0 to compile it.")
     # A skipped frame's callees are traced next and often carry the same guard (an optimizer's
     # step, its functional form, its per-tensor loop): one warning per place in the source
-    where = guard.rsplit(" (", 1)[-1]
+    where = where or guard.name
     (log.debug if where in _SKIPPED_AT else log.warning)(message)
     _SKIPPED_AT.add(where)
     raise SkipFrame(message)
@@ -633,11 +645,8 @@ def _refused_unloadable_package(graph_id: int) -> bool:
     """Keep the frame being compiled out of precompile's package when the next process would crash
     loading it or never match it; True when it was kept out. Guards come from tracing, so they
     are known here."""
-    from torch._dynamo.symbolic_convert import InstructionTranslator
-
-    try:
-        output = InstructionTranslator.current_tx().output
-    except Exception:  # called outside a Dynamo trace (a test calling the backend directly)
+    output = _traced_output()
+    if output is None:
         return False
     try:
         reason = _misplaced_frame(output) or _unloadable_guard(output)

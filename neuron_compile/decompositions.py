@@ -1265,13 +1265,11 @@ def _embedding_bag_math(input, weight, offsets=None, max_norm=None, norm_type=2.
         if include_last_offset:
             keep = keep & (position < offsets[-1])
         bag = bag.clamp(min=0)
-    if per_sample_weights is not None:
-        per_sample_weights = per_sample_weights.reshape(-1)
     if padding_idx is not None:
         keep = keep & (flat != (padding_idx % weight.shape[0]))
     rows = torch.index_select(weight, 0, flat)
     if per_sample_weights is not None:
-        rows = rows * per_sample_weights.unsqueeze(1)
+        rows = rows * per_sample_weights.reshape(-1, 1)
     if mode == "max":
         lowest = torch.full((), float("-inf"), dtype=weight.dtype, device=weight.device)
         picked = torch.where(keep.unsqueeze(1), rows, lowest)

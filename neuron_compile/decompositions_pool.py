@@ -256,22 +256,19 @@ POOL[aten._adaptive_avg_pool2d_backward.default] = _adaptive_avg_pool_backward(2
 POOL[aten._adaptive_avg_pool3d_backward.default] = _adaptive_avg_pool_backward(3)
 
 
-def _adaptive_max_pool_backward(d):
-    # each output's gradient to the input position its index names, flat in the spatial plane
-    def decomposition(grad, x, indices):
-        lead = list(x.shape[:-d])
-        flat = torch.zeros(lead + [math.prod(x.shape[-d:])], dtype=grad.dtype, device=grad.device)
-        flat = torch.scatter_add(flat, -1, indices.reshape(lead + [-1]), grad.reshape(lead + [-1]))
-        return flat.reshape(x.shape)
-    return decomposition
+def _to_indices(grad, x, indices, d):
+    """Each output's gradient added at the input position its index names, flat in the spatial plane."""
+    lead = list(x.shape[:-d])
+    flat = torch.zeros(lead + [math.prod(x.shape[-d:])], dtype=grad.dtype, device=grad.device)
+    flat = torch.scatter_add(flat, -1, indices.reshape(lead + [-1]), grad.reshape(lead + [-1]))
+    return flat.reshape(x.shape)
 
 
-POOL[aten.adaptive_max_pool2d_backward.default] = _adaptive_max_pool_backward(2)
-POOL[aten.adaptive_max_pool3d_backward.default] = _adaptive_max_pool_backward(3)
+POOL[aten.adaptive_max_pool2d_backward.default] = lambda grad, x, indices: _to_indices(grad, x, indices, 2)
+POOL[aten.adaptive_max_pool3d_backward.default] = lambda grad, x, indices: _to_indices(grad, x, indices, 3)
 # max_pool3d's indices are flat in the spatial volume too (max_pool2d's backward torch-mlir lowers)
 POOL[aten.max_pool3d_with_indices_backward.default] = (
-    lambda grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices:
-    _adaptive_max_pool_backward(3)(grad, x, indices))
+    lambda grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices: _to_indices(grad, x, indices, 3))
 
 
 @_pool(aten._adaptive_avg_pool3d)
