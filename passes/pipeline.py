@@ -21,7 +21,8 @@ Profiles (chosen by measurement, see benchmarks/results/passes.md):
   this shared machine's noise floor (~6%); XLA's CPU dot gains nothing from
   128-multiples. So the default pads only the partition dims, and only where
   it adds at most 25% work (``max-ratio=1.25``): on GPT-2 it pads nothing
-  and measured within noise of no passes.
+  and measured within noise of no passes. It ends with ``dot-layout``, which
+  hands the large weight-gradient matmuls to XLA's faster CPU library.
 - "neuron": pads every dot_general and convolution to 128 like the hardware
   (128 partitions, 128x128 tensor engine) would, whatever it costs on CPU.
 """
@@ -40,7 +41,7 @@ from .registry import PipelineError, format_pass, make_pass, pass_options
 
 PROFILES: dict[str, str] = {
     "none": "",
-    "default": "canonicalize,pad-to-multiple{multiple=128,max-ratio=1.25},fuse",
+    "default": "canonicalize,pad-to-multiple{multiple=128,max-ratio=1.25},fuse,dot-layout",
     "neuron": "canonicalize,pad-to-multiple{multiple=128,max-ratio=inf},fuse",
 }
 DEFAULT_PIPELINE: str = PROFILES["default"]

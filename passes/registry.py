@@ -16,10 +16,11 @@ import math
 import typing
 
 from .canonicalize import Canonicalize
+from .dot_layout import DotLayout
 from .fuse import Fuse
 from .pad_to_multiple import PadToMultiple
 
-PASSES: dict[str, type] = {cls.name: cls for cls in (Canonicalize, PadToMultiple, Fuse)}
+PASSES: dict[str, type] = {cls.name: cls for cls in (Canonicalize, PadToMultiple, Fuse, DotLayout)}
 
 
 class PipelineError(ValueError):
