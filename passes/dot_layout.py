@@ -49,12 +49,12 @@ def _barrier(value: ir.Value, loc, ip) -> ir.Value:
                                loc=loc, ip=ip).results[0]
 
 
-def _transposed(value: ir.Value, loc, ip) -> ir.Value:
-    """transpose(value) of a rank-2 value, behind a barrier."""
+def _transpose(value: ir.Value, loc, ip) -> ir.Value:
+    """transpose(value) of a rank-2 value."""
     rows, cols = shape(value)
-    t = ir.Operation.create("stablehlo.transpose", results=[tensor_type((cols, rows), element_type(value))],
-                            operands=[value], attributes={"permutation": i64_array((1, 0))}, loc=loc, ip=ip)
-    return _barrier(t.results[0], loc, ip)
+    return ir.Operation.create("stablehlo.transpose", results=[tensor_type((cols, rows), element_type(value))],
+                               operands=[value], attributes={"permutation": i64_array((1, 0))}, loc=loc,
+                               ip=ip).results[0]
 
 
 def _dot(op, lhs: ir.Value, rhs: ir.Value, lhs_contracting: int, rhs_contracting: int, result_type, ip) -> ir.Value:
@@ -67,12 +67,15 @@ def _dot(op, lhs: ir.Value, rhs: ir.Value, lhs_contracting: int, rhs_contracting
                                attributes=attributes, loc=op.location, ip=ip).results[0]
 
 
-def _transposed_lhs(op):
+def _dimension_numbers(op):
+    return _stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
+
+
+def _transposed_lhs(op, dn):
     """The dot's lhs as a ``[K,M]`` value when XLA will see it transposed, else None: either the
     dot contracts its dim 0, or it contracts dim 1 of a ``transpose`` (what ``mm(a.t(), b)``
     lowers to), which XLA folds into the dot."""
     lhs = op.operands[0]
-    dn = _stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
     if list(dn.lhs_batching_dimensions) or len(shape(lhs)) != 2:
         return None
     if list(dn.lhs_contracting_dimensions) == [0]:
@@ -88,10 +91,11 @@ def plan(op, min_work: int):
     rhs, res = op.operands[1], op.results[0]
     if not all(is_static(v) for v in (*op.operands, res)) or not isinstance(element_type(res), ir.FloatType):
         return None
-    src = _transposed_lhs(op)
+    dn = _dimension_numbers(op)
+    src = _transposed_lhs(op, dn)
     if src is None or len(shape(rhs)) != 2:
         return None
-    (k, m), rc = shape(src), _stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"]).rhs_contracting_dimensions[0]
+    (k, m), rc = shape(src), dn.rhs_contracting_dimensions[0]
     n = shape(rhs)[1 - rc]
     if m <= n or k * m * n < min_work:
         return None
@@ -122,22 +126,20 @@ class DotLayout:
         counts = {"transpose-lhs": 0, "swap": 0}
         for op, form, src in found:
             lhs, rhs, res = op.operands[0], op.operands[1], op.results[0]
-            rc = _stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"]).rhs_contracting_dimensions[0]
+            rc = _dimension_numbers(op).rhs_contracting_dimensions[0]
             ip, loc = ir.InsertionPoint(op), op.location
             with loc:
                 if form == "transpose-lhs":
-                    new = _dot(op, _transposed(src, loc, ip), rhs, 1, rc, res.type, ip)
+                    new = _dot(op, _barrier(_transpose(src, loc, ip), loc, ip), rhs, 1, rc, res.type, ip)
                 else:  # dW^T = dY^T . X, then transposed back
                     m, n = shape(res)
-                    dy_t = _transposed(rhs, loc, ip) if rc == 0 else rhs  # [N,K]
+                    dy_t = _barrier(_transpose(rhs, loc, ip), loc, ip) if rc == 0 else rhs  # [N,K]
                     product = _dot(op, dy_t, src, 1, 0, tensor_type((n, m), element_type(res)), ip)
-                    new = ir.Operation.create("stablehlo.transpose", results=[res.type],
-                                              operands=[_barrier(product, loc, ip)],
-                                              attributes={"permutation": i64_array((1, 0))}, loc=loc, ip=ip).results[0]
+                    new = _transpose(_barrier(product, loc, ip), loc, ip)
             res.replace_all_uses_with(new)
             op.erase()
-            old_transpose = defining_op(lhs)
-            if lhs is not src and not list(lhs.uses):  # the transpose the dot read, now unused
-                old_transpose.erase()
+            # the transpose the dot read, now unused (ir.Value compares by value with ==, not `is`)
+            if lhs != src and not list(lhs.uses):
+                defining_op(lhs).erase()
             counts[form] += 1
         return PassResult(fired=sum(counts.values()), details=counts)

@@ -11,6 +11,7 @@ func.func @main(%x: tensor<512x2048xf32>, %dy: tensor<512x256xf32>, %h: tensor<5
 }
 // CHECK-LABEL: func.func @main
 // CHECK-SAME: (%[[X:[^:]*]]: tensor<512x2048xf32>, %[[DY:[^:]*]]: tensor<512x256xf32>, %[[H:[^:]*]]: tensor<512x512xf32>)
+// CHECK-NOT: tensor<2048x512xf32>
 // CHECK: %[[DYT:.*]] = stablehlo.transpose %[[DY]], dims = [1, 0] : (tensor<512x256xf32>) -> tensor<256x512xf32>
 // CHECK: %[[DYTB:.*]] = stablehlo.optimization_barrier %[[DYT]]
 // CHECK: %[[P:.*]] = stablehlo.dot_general %[[DYTB]], %[[X]], contracting_dims = [1] x [0] {{.*}} -> tensor<256x2048xf32>
