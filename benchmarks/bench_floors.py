@@ -38,7 +38,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_perf import _median_call, build, run_fresh  # noqa: E402
+from bench_perf import _median_call, build, recorded_calls, run_fresh, xla_buffers  # noqa: E402
 
 STEADY = ["gpt2:infer", "gpt2:train", "llama:infer", "llama:train"]
 
@@ -67,23 +67,12 @@ def per_call_floor() -> dict:
         out["inductor"] = _per_call(lambda: inductor(x))
         torch._dynamo.reset()
 
-        seen = {}
-        original = compiler.Executable.__call__
-
-        def spy(self, args):
-            seen.setdefault("exe", self)
-            seen.setdefault("args", list(args))
-            return original(self, args)
-
-        compiler.Executable.__call__ = spy
-        try:
+        with recorded_calls() as calls:
             neuron = torch.compile(model, backend="neuron")
             expected = neuron(x)
-        finally:
-            compiler.Executable.__call__ = original
         out["neuron"] = _per_call(lambda: neuron(x))
 
-        exe, args = seen["exe"], seen["args"]
+        exe, args = calls[0]
         positions = exe.plan.tensor_args
         made_once = [to_buffer(args[i]) if isinstance(args[i], torch.nn.Parameter) else None for i in positions]
         fresh = [k for k, b in enumerate(made_once) if b is None]
@@ -105,6 +94,7 @@ def per_call_floor() -> dict:
             call_args.clear()
             return [expected]
 
+        original = compiler.Executable.__call__
         try:
             compiler.Executable.__call__ = minimal
             torch.testing.assert_close(neuron(x), expected)  # the floor computes what neuron computes
@@ -114,7 +104,7 @@ def per_call_floor() -> dict:
         finally:
             compiler.Executable.__call__ = original
 
-        buffers = [to_buffer(args[i]) for i in positions]
+        buffers = xla_buffers(exe, args)
         from runtime.executor import to_tensor
 
         out["raw execute (bench_perf's floor)"] = _per_call(

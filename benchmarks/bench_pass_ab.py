@@ -29,24 +29,16 @@ WITHOUT_DOT_LAYOUT = "canonicalize,pad-to-multiple{multiple=128,max-ratio=1.25},
 
 
 def executables(workload: str, mode: str, passes: str) -> list:
-    """(executable, input buffers) of every XLA call one step makes, compiled with ``passes``."""
+    """(XLA executable, input buffers) of every graph call one step makes, compiled with ``passes``."""
     import torch
     import torch._dynamo
 
-    import runtime.executor as executor
-    from bench_perf import build
+    from bench_perf import build, recorded_calls, xla_buffers
 
     torch._dynamo.reset()
     model, inputs = build(workload)
     fn = torch.compile(model, backend="neuron", options={"passes": passes, "cache": False})
-    calls, run = [], executor.XlaExecutable.run_buffers
-
-    def spy(self, buffers):
-        calls.append((self, list(buffers)))
-        return run(self, buffers)
-
-    executor.XlaExecutable.run_buffers = spy
-    try:
+    with recorded_calls() as calls:
         if mode == "train":
             model.train()
             fn(**inputs, labels=inputs["input_ids"]).loss.backward()
@@ -54,9 +46,7 @@ def executables(workload: str, mode: str, passes: str) -> list:
             model.eval()
             with torch.no_grad():
                 fn(**inputs)
-    finally:
-        executor.XlaExecutable.run_buffers = run
-    return calls
+    return [(exe.xla, xla_buffers(exe, args)) for exe, args in calls]
 
 
 def _wall(exe, buffers) -> float:

@@ -26,6 +26,7 @@ benchmarks/results/perf.{md,json} and perf.png.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -139,28 +140,41 @@ def _reset_peak_rss() -> None:
         pass
 
 
-def _raw_xla(fn, model, inputs) -> float:
-    """Execute time of the compiled XLA executable alone: parameters and input already buffers."""
-    import torch
-
+@contextlib.contextmanager
+def recorded_calls():
+    """Every compiled-graph call made inside the block, as ``(compiler.Executable, its args)``."""
     import neuron_compile.compiler as compiler
-    from runtime.executor import to_buffer, to_tensor
 
-    seen = {}
-    original = compiler.Executable.__call__
+    calls, original = [], compiler.Executable.__call__
 
     def spy(self, args):
-        seen["exe"], seen["args"] = self, list(args)
+        calls.append((self, list(args)))
         return original(self, args)
 
     compiler.Executable.__call__ = spy
     try:
-        with torch.no_grad():
-            fn(**inputs)
+        yield calls
     finally:
         compiler.Executable.__call__ = original
-    exe = seen["exe"]
-    buffers = [to_buffer(seen["args"][i]) for i in exe.plan.tensor_args]
+
+
+def xla_buffers(exe, args) -> list:
+    """The PJRT buffers a recorded call hands its XLA executable."""
+    from runtime.executor import to_buffer
+
+    return [to_buffer(args[i]) for i in exe.plan.tensor_args]
+
+
+def _raw_xla(fn, model, inputs) -> float:
+    """Execute time of the compiled XLA executable alone: parameters and input already buffers."""
+    import torch
+
+    from runtime.executor import to_tensor
+
+    with recorded_calls() as calls, torch.no_grad():
+        fn(**inputs)
+    exe, args = calls[-1]
+    buffers = xla_buffers(exe, args)
     return _median_call(lambda: [to_tensor(a) for a in exe.xla.run_buffers(buffers)], 2000)
 
 
