@@ -520,9 +520,8 @@ def _unloadable_guard(output) -> str | None:
     closure_vars = dict(_get_closure_vars())
     cache: dict = {}
     for guard in output.guards:
-        derived = set(guard.guard_types or ())
-        if guard.create_fn_name() in _DROPPED_KINDS or derived & {"ID_MATCH", "DICT_VERSION"}:
-            continue  # dropped before saving
+        if _dropped_when_saved(guard):
+            continue
         chain = []
         source = guard.originating_source
         while source is not None:
@@ -550,25 +549,39 @@ def _unloadable_guard(output) -> str | None:
     return None
 
 
-def _unsaveable_guard(output):
-    """The first guard of Dynamo's frame ``output`` that PyTorch 2.13 would neither drop nor save, or None.
+def _dropped_when_saved(guard) -> bool:
+    """Whether caching precompile drops ``guard`` before saving the frame (PyTorch 2.13).
 
-    Caching precompile drops the identity guards it cannot serialize. The class, module, function
-    and nn.Module checks (``CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES``) go with
-    them because building them records a derived ``ID_MATCH``, except on ``type(x)``: there
-    ``id_match_unchecked`` checks ``TYPE_MATCH`` on ``x`` and records nothing, so the guard stays
-    and cannot be saved (a compiled optimizer step: ``CLASS_MATCH`` on ``type(param)``). The
-    serializer then bypasses the package and leaves no guard state, and Dynamo stops on
-    ``AssertionError: check_fn.guards_state must not be None``, whatever the backend. Guard
-    types are derived only when guards are built, after the backend: hence this rule.
+    It drops the kinds in ``_DROPPED_KINDS`` and every guard whose builder records a derived
+    ``ID_MATCH``: the class, module, function and nn.Module checks
+    (``CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES``) all build through
+    ``id_match_unchecked``, except on ``type(x)``, where it checks ``TYPE_MATCH`` on ``x`` and
+    records nothing. Guard types are derived only when guards are built, after the backend, so
+    the rule is decided from the guard's kind and source.
     """
     from torch._dynamo.guards import CheckFunctionManager
     from torch._dynamo.source import TypeSource
 
-    kept = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES) - _DROPPED_KINDS
+    kind = guard.create_fn_name()
+    if kind in _DROPPED_KINDS:
+        return True
+    return (kind in CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
+            and not isinstance(guard.originating_source, TypeSource))
+
+
+def _unsaveable_guard(output):
+    """The first guard of Dynamo's frame ``output`` that PyTorch 2.13 would neither drop nor save, or None.
+
+    An identity check on ``type(x)`` is not dropped (``_dropped_when_saved``) and cannot be saved
+    (a compiled optimizer step: ``CLASS_MATCH`` on ``type(param)``). The serializer then bypasses
+    the package and leaves no guard state, and Dynamo stops on ``AssertionError:
+    check_fn.guards_state must not be None``, whatever the backend.
+    """
+    from torch._dynamo.guards import CheckFunctionManager
+
     for guard in output.guards:
-        kind = guard.create_fn_name()
-        if kind in kept and isinstance(guard.originating_source, TypeSource):
+        if guard.create_fn_name() in CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES \
+                and not _dropped_when_saved(guard):
             return guard
     return None
 
