@@ -10,9 +10,10 @@ Per call (bench_perf's overhead MLP, batch 8, inference), in one process:
   ``execute_sharded``, the output back by DLPack, and none of our checks (the
   persistent-buffer version test, layouts, output plans): the floor of an XLA
   executor behind torch.compile;
-* that jaxlib round trip alone in a tight loop, and with one small torch op
-  (an in-place ``add`` on 512 floats) between calls. The gap between those two
-  is what alternating between torch's and XLA's runtimes costs on this machine.
+* that jaxlib round trip alone in a tight loop, and with other work between
+  calls: one small torch op (an ``add`` on 512 floats), a Python loop that
+  touches no data, and a numpy read of 256 KB. Set against the tight loop, they
+  tell what makes the round trip slower behind torch.compile's call path.
 
 Steady state (bench_perf's GPT-2 and tiny-llama workloads, inference and a
 training step): every matrix multiply is recorded while eager PyTorch runs the
@@ -110,10 +111,29 @@ def per_call_floor() -> dict:
         out["raw execute (bench_perf's floor)"] = _per_call(
             lambda: [to_tensor(a) for a in exe.xla.run_buffers(buffers)])
         out["jaxlib round trip alone"] = _per_call(lambda: round_trip(args))
-        a, b = torch.randn(8, 64), torch.empty(8, 64)
-        out["torch add_ alone"] = _per_call(lambda: torch.add(a, 1, out=b))
-        out["torch add_ then jaxlib round trip"] = _per_call(lambda: (torch.add(a, 1, out=b), round_trip(args)))
+        for name, work in _between_calls(torch).items():
+            out[f"{name} alone"] = _per_call(work)
+            out[f"{name} then jaxlib round trip"] = _per_call(lambda: (work(), round_trip(args)))
     return out
+
+
+def _between_calls(torch) -> dict:
+    """Work put between two jaxlib round trips, to tell what makes one slower behind torch.compile:
+    a small torch op, Python alone (no data touched), and a read of 256 KB (an L2's worth of data
+    evicted)."""
+    import numpy as np
+
+    a, b = torch.randn(8, 64), torch.empty(8, 64)
+    data = np.ones(256 * 1024 // 8)
+
+    def python_loop():
+        total = 0
+        for i in range(400):
+            total += i
+        return total
+
+    return {"torch add_": lambda: torch.add(a, 1, out=b), "pure-Python loop": python_loop,
+            "numpy sum of 256 KB": data.sum}
 
 
 # ---- steady state: the matrix multiplies of one call --------------------------------------------------
@@ -246,12 +266,20 @@ def main(argv=None) -> int:
              "Targets: at most Inductor's, and at most 3x the raw XLA execute.", ""]
     rows = [[name, f"{s * 1e6:.1f}", f"{s / ind:.2f}", f"{s / raw:.2f}"] for name, s in calls.items()]
     lines.append(tabulate(rows, headers=["path", "us per call", "/ inductor", "/ raw execute"], tablefmt="github"))
-    gap = calls["torch add_ then jaxlib round trip"] - calls["torch add_ alone"] - calls["jaxlib round trip alone"]
+    alone = calls["jaxlib round trip alone"]
+
+    def slower(name):  # how much longer the round trip takes after `name` than in a tight loop, in us
+        return (calls[f"{name} then jaxlib round trip"] - calls[f"{name} alone"] - alone) * 1e6
+
+    behind = (calls["dynamo+aot+jaxlib round trip"] - calls["dynamo+aot (stub executable)"] - alone) * 1e6
     ours = calls["neuron"] - calls["dynamo+aot+jaxlib round trip"]
     lines += ["", f"- Our own code on the call path: {ours * 1e6:.1f} us (neuron minus the floor).",
-              f"- One small torch op between two jaxlib round trips makes the round trip {gap * 1e6:.1f} us slower "
-              "than in a tight loop: alternating between two large runtimes costs on this machine, and every "
-              "real call has torch work around it.", "",
+              f"- Behind torch.compile's call path the same jaxlib round trip takes {behind:.1f} us longer than in "
+              f"a tight loop. After one small torch op it takes {slower('torch add_'):.1f} us longer, after "
+              f"reading 256 KB with numpy {slower('numpy sum of 256 KB'):.1f} us longer, after a Python loop that "
+              f"touches no data {slower('pure-Python loop'):.1f} us: the round trip slows when other work has "
+              "evicted its code and data from the caches, not because of the time in between, and every real "
+              "call has Dynamo's guards, AOTAutograd's wrappers and torch work around it.", "",
               "## Steady state: matrix multiplies alone against the whole call", "",
               "GEMM columns: every matrix multiply of one call, each shape timed alone at its best (a lower bound). "
               "neuron and Inductor: steady per-call medians in fresh processes (bench_perf's worker), this run.", ""]
