@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -191,8 +192,25 @@ def run_fresh(backend, workload, mode, steps, cache_dir=None) -> dict:
         result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
         if result.returncode != 0:
             return {"backend": backend, "workload": workload, "mode": mode,
-                    "error": result.stderr.strip().splitlines()[-1][:300] if result.stderr.strip() else "failed"}
+                    "error": _failure(result.stderr)}
         return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+_EXCEPTION = re.compile(r"^(?:[\w.]+\.)?\w+(?:Error|Exception|Failed)\b")
+_DIAGNOSTIC = re.compile(r":\d+:\d+: error: (.*)$")
+
+
+def _failure(stderr: str) -> str:
+    """Why a worker failed, in one line: its last exception (Dynamo's own hint lines come after it)
+    and, when a compiler printed MLIR diagnostics, the first one, with an unlowered op named."""
+    lines = stderr.strip().splitlines()
+    exceptions = [line for line in lines if _EXCEPTION.match(line)]
+    reason = exceptions[-1] if exceptions else (lines[-1] if lines else "failed")
+    diagnostic = next((m.group(1) for line in lines if (m := _DIAGNOSTIC.search(line))), None)
+    if diagnostic:
+        diagnostic = re.sub(r'%\S+ = "torch\.operator".*?name = "([^"]+)".*', r"\1", diagnostic)
+        reason = f"{diagnostic} ({reason})"
+    return reason[:300]
 
 
 def main(argv=None):
@@ -277,7 +295,7 @@ def _report(summary, args) -> str:
                          f"{c['peak_rss_mb']:.0f}" if "peak_rss_mb" in c else "-",
                          _ratio(c.get("peak_rss_mb"), eager.get("peak_rss_mb")),
                          f"{c['step_peak_mb']:.0f}" if "step_peak_mb" in c else "-",
-                         "; ".join(c["errors"])[:80] or ""])
+                         "; ".join(dict.fromkeys(c["errors"]))[:160] or ""])
     lines.append(tabulate(rows, headers=["workload", "backend", "first call s", "per call ms", "first / inductor",
                                           "per call / inductor", "peak RSS MB", "RSS / eager", "step peak MB", "error"],
                           tablefmt="github"))
