@@ -25,7 +25,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-WITHOUT_DOT_LAYOUT = "canonicalize,pad-to-multiple{multiple=128,max-ratio=1.25},fuse"
+
+def without(name: str, profile: str = "default") -> str:
+    """``profile``'s pipeline with the pass ``name`` taken out: the baseline for that pass's effect."""
+    from passes.pipeline import Pipeline, parse_pipeline
+
+    return Pipeline(tuple(p for p in parse_pipeline(profile).passes if p.name != name)).spec
 
 
 def executables(workload: str, mode: str, passes: str) -> list:
@@ -81,7 +86,7 @@ def compare(workload: str, mode: str, a: str, b: str, rounds: int) -> list[dict]
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--a", default=WITHOUT_DOT_LAYOUT, help="pipeline A (the baseline)")
+    parser.add_argument("--a", default=without("dot-layout"), help="pipeline A (the baseline)")
     parser.add_argument("--b", default="default", help="pipeline B")
     parser.add_argument("--workloads", default="gpt2:train,llama:train")
     parser.add_argument("--rounds", type=int, default=25)
