@@ -174,7 +174,22 @@ class XlaExecutable:
     @classmethod
     def deserialize(cls, data: bytes) -> "XlaExecutable":
         start = time.perf_counter()
-        loaded = _while_importing_jax(lambda: _client().deserialize_executable(data, _device_list(), _compile_options()))
+
+        def load():
+            return _client().deserialize_executable(data, _device_list(), _compile_options())
+
+        try:
+            loaded = _while_importing_jax(load)
+        except Exception as exc:
+            # An executable calling LAPACK (LU, QR, eigh... from the JAX-lowered parts) needs
+            # jaxlib's FFI handlers, which only jax.lax.linalg's import registers: a process that
+            # only loads from the cache has not imported it, so the entry looked broken
+            # (the jax import this call started may have registered them by now: retry once),
+            # and whose kernels find LAPACK only after initialize_lapack (else they segfault)
+            if "No FFI handler registered" not in str(exc):
+                raise
+            importlib.import_module("jax._src.lax.linalg").initialize_lapack()
+            loaded = load()
         return cls(loaded, time.perf_counter() - start)
 
     def run_buffers(self, buffers: list) -> list:

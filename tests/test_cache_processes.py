@@ -97,3 +97,33 @@ def test_four_racing_processes_compile_once(tmp_path):
     assert sorted(r["cache"] for r in results) == ["disk", "disk", "disk", "miss"]
     assert len(list(cache.glob("artifacts/*/*.ncart"))) == 1
     assert not list(cache.glob("artifacts/*/.tmp-*"))  # no torn or leftover temp files
+
+
+LINALG_WORKER = r'''
+import json, warnings
+import torch
+import neuron_compile
+
+warnings.simplefilter("always")
+a = torch.randn(6, 6, generator=torch.Generator().manual_seed(0)) / 4
+with warnings.catch_warnings(record=True) as caught:
+    out = torch.compile(torch.linalg.matrix_exp, backend="neuron")(a)
+torch.testing.assert_close(out, torch.linalg.matrix_exp(a), rtol=1e-4, atol=1e-4)
+c = neuron_compile.COUNTERS
+print("RESULT " + json.dumps({"xla_compiles": c["xla_compiles"], "disk_hits": c["disk_hits"],
+                              "warnings": [str(w.message)[:200] for w in caught if "neuron_compile" in str(w.message)]}))
+'''
+
+
+def test_lapack_executable_loads_in_a_new_process(tmp_path):
+    """An executable that calls LAPACK through jaxlib's FFI (matrix_exp's LU solve) needs handlers that only
+    jax's linalg module registers: a process that only reads the cache took the entry for broken,
+    warned and recompiled, every time."""
+    script = tmp_path / "linalg_worker.py"
+    script.write_text(LINALG_WORKER)
+    env = _env(tmp_path / "cache")
+    first = _run(script, env)
+    assert first["xla_compiles"] >= 1
+    second = _run(script, env)
+    assert second["warnings"] == []
+    assert second["xla_compiles"] == 0 and second["disk_hits"] >= 1, second
