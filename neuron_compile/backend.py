@@ -41,6 +41,7 @@ from torch._inductor.output_code import OutputCode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from .compiler import Executable, cached_executable
+from .output_views import make_view
 from . import __version__
 from .options import Options, _env_flag
 from .report import COUNTERS, CompileReport, record
@@ -55,11 +56,54 @@ _GRAPH_IDS = itertools.count()
 
 
 def _is_symbolic(value) -> bool:
+    """Whether an example input can differ between calls of one graph: a SymInt/SymFloat/SymBool,
+    or a tensor with a symbolic size, stride or storage offset."""
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return True
+    if isinstance(value, torch.Tensor) and value.layout == torch.strided:
+        return (any(isinstance(s, torch.SymInt) for s in (*value.shape, *value.stride()))
+                or isinstance(value.storage_offset(), torch.SymInt))
     if isinstance(value, torch.Tensor):
         return any(isinstance(s, torch.SymInt) for s in value.shape)
     return False
+
+
+_STORAGE_READERS = (torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_copy.default,
+                    torch.ops.aten.as_strided_scatter.default)
+
+
+def _storage_offset_readers(gm: torch.fx.GraphModule) -> set[int]:
+    """Positions of the inputs an ``as_strided`` reads through (itself or a view of it): its
+    storage offset is absolute, so what it reads depends on where the input starts in its storage,
+    which Dynamo's guards do not check. Such an input's offset selects the executable."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    def storage(node):
+        val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        if not isinstance(val, torch.Tensor) or val.layout != torch.strided:
+            return None
+        try:
+            return StorageWeakRef(val.untyped_storage())
+        except Exception:
+            return None
+
+    read = {storage(n.args[0]) for n in gm.graph.nodes if n.op == "call_function" and n.target in _STORAGE_READERS}
+    read.discard(None)
+    if not read:
+        return set()
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return {i for i, n in enumerate(placeholders) if storage(n) in read}
+
+
+def _signature_part(value):
+    """What a specialization bakes in from one dynamic input: a tensor's size, stride and storage
+    offset, or a scalar's type and exact value (repr: ``-0.0`` and ``0.0`` compare equal as floats
+    but are different constants; ``True`` and ``1`` as well)."""
+    if isinstance(value, torch.Tensor):
+        if value.layout != torch.strided:
+            return (tuple(value.shape),)
+        return (tuple(value.shape), value.stride(), value.storage_offset())
+    return (type(value).__name__, repr(value))
 
 
 def _describe(args, positions) -> str:
@@ -84,15 +128,18 @@ class CompiledGraph:
         self.options = options
         self.gm = gm
         self._lock = threading.Lock()
-        # Positions whose value or shape can change between calls.
+        # Positions whose value or shape can change between calls, and inputs whose storage offset
+        # the graph reads (Dynamo does not guard offsets; as_strided is relative to the storage).
         if dynamic_positions is None:
-            dynamic_positions = tuple(i for i, a in enumerate(example_inputs) if _is_symbolic(a))
+            reads_offset = _storage_offset_readers(gm)
+            dynamic_positions = tuple(i for i, a in enumerate(example_inputs) if _is_symbolic(a) or i in reads_offset)
         self.dynamic_positions = dynamic_positions
         self.specializations: dict[tuple, Executable] = {}
         self.static: Executable | None = None
         self._aot_seconds = aot_seconds
         self._aot_stage = stage
         self.bucketing = None  # a bucketing.BucketAnalysis
+        self._bucket_views: list = []  # per output: an OutputView at the true sizes, or None
         if not self.dynamic_positions:
             # A backward compiles at its first call: a forward run with grad enabled and no
             # backward (inference without no_grad) must not pay for it.
@@ -104,6 +151,8 @@ class CompiledGraph:
 
             self.bucketing = analyze(gm, boundary_layouts)
             if self.bucketing.ok:
+                self._bucket_views = self._views_at_true_sizes(gm)
+            if self.bucketing.ok:
                 if boundary_layouts is not None and kind == "forward":
                     boundary_layouts.update({name: lay for name, lay in zip(self.bucketing.output_names,
                                                                            self.bucketing.output_layouts)
@@ -111,7 +160,33 @@ class CompiledGraph:
                 COUNTERS["bucketed_graphs"] += 1
             else:
                 COUNTERS["bucketing_fallbacks"] += 1
-                log.info("neuron_compile: %s compiles per exact shape: %s", name, self.bucketing.reason)
+                log.debug("neuron_compile: %s compiles per exact shape: %s", name, self.bucketing.reason)
+
+    def _views_at_true_sizes(self, gm) -> list:
+        """Outputs that are views of an input or of another output (``output_views``), made at the
+        true sizes after a bucketed call; a view whose sizes need a symbol no input gives keeps the
+        graph at exact shapes."""
+        from .output_views import find_output_views
+
+        views = find_output_views(gm)
+        for view in views:
+            missing = view.symbols() - set(self.bucketing.bindings) if view is not None else ()
+            if missing:
+                self.bucketing.ok = False
+                self.bucketing.reason = (f"an output is a view whose size, stride or offset needs {sorted(map(str, missing))}, "
+                                         "which no input gives")
+        return views
+
+    def _stop_bucketing(self, exc: BaseException) -> None:
+        """A bucketed trace, compile or call failed: this graph compiles per exact shape from now on."""
+        with self._lock:
+            if self.bucketing is None or not self.bucketing.ok:
+                return
+            self.bucketing.ok = False
+            self.bucketing.reason = f"the bucketed compile failed ({type(exc).__name__}: {' '.join(str(exc).split())[:300]})"
+            self.specializations.clear()
+        COUNTERS["bucketing_fallbacks"] += 1
+        log.debug("neuron_compile: %s compiles per exact shape: %s", self.name, self.bucketing.reason)
 
     def _new_report(self, signature: str) -> CompileReport:
         report = CompileReport(graph=self.name, kind=self.kind, signature=signature)
@@ -121,11 +196,10 @@ class CompiledGraph:
         return report
 
     def _key(self, args) -> tuple:
-        key = []
-        for i in self.dynamic_positions:
-            a = args[i]
-            key.append(tuple(a.shape) if isinstance(a, torch.Tensor) else a)
-        return tuple(key)
+        """What selects a specialization: every value of the call that re-tracing bakes into the
+        static graph (``_signature_part`` of each dynamic input; the other inputs are static, and
+        Dynamo's guards hold them fixed)."""
+        return tuple(_signature_part(args[i]) for i in self.dynamic_positions)
 
     def __call__(self, args: list) -> list:
         if self.static is not None:
@@ -134,7 +208,12 @@ class CompiledGraph:
             self.static = self._compile_once((), "")
             return self.static(args)
         if self.bucketing is not None and self.bucketing.ok:
-            return self._call_bucketed(args)
+            # anything that fails on the bucketed path (the padding analysis missed a case, a rule
+            # lowers only at exact shapes) must not reach the user: exact shapes are always right
+            try:
+                return self._call_bucketed(list(args))
+            except Exception as exc:  # noqa: BLE001 - kept as the reason, then compiled exactly
+                self._stop_bucketing(exc)
         key = self._key(args)
         executable = self.specializations.get(key)
         if executable is None:
@@ -198,6 +277,17 @@ class CompiledGraph:
                 result.append(slice_from_bucket(out, layout, bucket_env, true_env))
             else:
                 result.append(out)
+        # views of inputs and outputs, rebuilt at the true sizes from the true tensors: the padded
+        # executable's were views of padded buffers (output_views says why they must be views)
+        for index, view in enumerate(self._bucket_views):
+            if view is None:
+                continue
+            if view.base_is_input:
+                base = args[view.base]
+            else:
+                base = result[view.base] = result[view.base].contiguous()
+            result[index] = make_view(base, view.concrete(lambda e: e if isinstance(e, int) else
+                                                          sym_to_value(e, true_env)))
         return result
 
     def _specialize_bucket(self, key, padded, true_sizes, bucket_env) -> Executable:

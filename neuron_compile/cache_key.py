@@ -57,7 +57,10 @@ def source_fingerprint() -> str:
 
 def _value_type(value) -> str:
     if isinstance(value, torch.Tensor):
-        return f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}s{list(value.stride())}"
+        # a storage offset is in only when nonzero (as_strided reads it): offset-0 keys stay as they were
+        offset = value.storage_offset() if value.layout == torch.strided else 0
+        return (f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}s{list(value.stride())}"
+                + (f"o{offset}" if offset else ""))
     if isinstance(value, (list, tuple)):
         return "(" + ",".join(_value_type(v) for v in value) + ")"
     return type(value).__name__ if value is not None else "-"

@@ -36,13 +36,14 @@ from runtime.executor import PersistentBuffers, XlaExecutable, platform_descript
 from .cache_key import fx_cache_key, input_signature, output_signature, stablehlo_cache_key
 from .dump import GraphDump, pass_file_name
 from .graph_rewrites import fold_one_hot_sums
+from .output_views import find_output_views, make_view
 from .lowering import drop_error_checks, lower_to_stablehlo
 from .report import COUNTERS, CompileReport
 
 log = logging.getLogger("neuron_compile")
 
 # Where each graph output comes from at run time.
-FROM_XLA, FROM_ARG, CONSTANT, EMPTY = 0, 1, 2, 3
+FROM_XLA, FROM_ARG, CONSTANT, EMPTY, VIEW = 0, 1, 2, 3, 4
 
 
 @dataclass
@@ -58,12 +59,16 @@ class GraphPlan:
       (None gradients, sizes baked by specialization), or ``(EMPTY, (shape,
       dtype))``: a zero-size tensor holds nothing to compute, and is made
       fresh per call (batch norm's ``reserve``, an empty uint8 literal that
-      Torch-MLIR does not lower).
+      Torch-MLIR does not lower), or ``(VIEW, OutputView)``: a view of an
+      input or of another output, made from that base per call
+      (``output_views``: AOTAutograd regenerates aliased outputs from the
+      metadata of the tensor we return).
     """
 
     tensor_args: tuple[int, ...]
     outputs: tuple[tuple[int, object], ...]
     num_xla_outputs: int
+    has_views: bool = False  # any (VIEW, ...) output: decided once, read per call
 
 
 def plan_graph(gm: torch.fx.GraphModule) -> GraphPlan:
@@ -76,10 +81,11 @@ def plan_graph(gm: torch.fx.GraphModule) -> GraphPlan:
     if not isinstance(flat_outputs, (tuple, list)):
         flat_outputs = (flat_outputs,)
 
+    views = find_output_views(gm)
     xla_nodes: list[torch.fx.Node] = []
     index_of: dict[torch.fx.Node, int] = {}
     outputs = []
-    for value in flat_outputs:
+    for value, view in zip(flat_outputs, views):
         if isinstance(value, torch.fx.Node):
             if value.op == "placeholder":
                 outputs.append((FROM_ARG, position[value]))
@@ -87,6 +93,9 @@ def plan_graph(gm: torch.fx.GraphModule) -> GraphPlan:
             val = value.meta.get("val")
             if not isinstance(val, torch.Tensor):
                 raise NotImplementedError(f"graph output {value.name} is not a tensor: {val!r}")
+            if view is not None and not view.symbols():
+                outputs.append((VIEW, view))
+                continue
             numel = val.numel()
             if isinstance(numel, int) and numel == 0:  # never guard on a data-dependent size
                 outputs.append((EMPTY, (tuple(val.shape), val.dtype)))
@@ -112,7 +121,7 @@ def plan_graph(gm: torch.fx.GraphModule) -> GraphPlan:
             )
     graph.eliminate_dead_code()
     gm.recompile()
-    return GraphPlan(tuple(tensor_args), tuple(outputs), len(xla_nodes))
+    return GraphPlan(tuple(tensor_args), tuple(outputs), len(xla_nodes), any(k == VIEW for k, _ in outputs))
 
 
 @dataclass
@@ -131,6 +140,9 @@ class Executable:
     def __call__(self, args: list) -> list:
         plan = self.plan
         passed = [args[value] for kind, value in plan.outputs if kind == FROM_ARG]
+        if plan.has_views:
+            bases = {value.base: args[value.base] for kind, value in plan.outputs
+                     if kind == VIEW and value.base_is_input}
         if self.xla is not None:
             get = self.buffers.get
             buffers = [get(i, args[i]) for i in plan.tensor_args]
@@ -142,9 +154,14 @@ class Executable:
         else:
             results = []
         passed.reverse()
-        return [results[value] if kind == FROM_XLA else passed.pop() if kind == FROM_ARG
+        outs = [results[value] if kind == FROM_XLA else passed.pop() if kind == FROM_ARG
                 else torch.empty(value[0], dtype=value[1]) if kind == EMPTY else value
                 for kind, value in plan.outputs]
+        if plan.has_views:
+            for index, (kind, value) in enumerate(plan.outputs):
+                if kind == VIEW:
+                    outs[index] = make_view(bases[value.base] if value.base_is_input else outs[value.base], value)
+        return outs
 
 
 def prepare_graph(gm: torch.fx.GraphModule) -> GraphPlan:
@@ -309,6 +326,9 @@ def _aliases(plan: GraphPlan | None) -> list[dict]:
             out.append({"output": position, "empty": [list(value[0]), str(value[1]).removeprefix("torch.")]})
         elif kind == CONSTANT:
             out.append({"output": position, "constant": repr(value)})
+        elif kind == VIEW:
+            out.append({"output": position, "view_of": {"input" if value.base_is_input else "output": value.base},
+                        "size": list(value.size), "stride": list(value.stride), "offset": value.offset})
     return out
 
 

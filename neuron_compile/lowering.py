@@ -198,7 +198,11 @@ def _lower_torch_mlir(gm, report, graph_name, *, keep_torch_ir) -> Lowered:
         try:
             module = _import(gm, ctx)
         except Exception as exc:
-            raise _error(gm, None, "import", str(exc), [], graph_name) from None
+            # the importer names the op it refused in its message ("aten.as_strided.default indexes
+            # outside the base tensor")
+            named = re.search(r"\b(aten\.[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)?)\b", str(exc))
+            raise _error(gm, None, "import", str(exc), [], graph_name, op=named.group(1) if named else None,
+                         who="Torch-MLIR's importer") from None
     torch_ir = None
     for index, name in enumerate(_STAGES):
         if name == "stablehlo" and keep_torch_ir:
@@ -429,7 +433,8 @@ def _error(gm, ir_text, stage, message, diagnostics, graph_name, *, op=None, who
     lines = [f"neuron_compile could not lower {what}{where} to StableHLO in graph {graph_name}, stage '{stage}'."]
     if source:
         lines.append(f"It comes from your code at {source}")
-    first_diag = next((d for d in diagnostics + message.splitlines() if "error" in d.lower() or "failed to" in d.lower()), None)
+    first_diag = next((d for d in diagnostics + message.splitlines() if "error" in d.lower() or "failed to" in d.lower()),
+                      None) or next((line for line in message.splitlines() if line.strip()), None)
     if first_diag:
         lines.append(f"{who} said: {first_diag.strip()[:500]}")
     if repro:
