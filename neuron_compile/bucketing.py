@@ -237,11 +237,14 @@ def _is_sym_node(value) -> bool:
 
 
 def analyze(gm: torch.fx.GraphModule, boundary_layouts: dict | None = None) -> BucketAnalysis:
-    """Decide whether ``gm`` can run padded to buckets, and how; never raises."""
+    """Decide whether ``gm`` can run padded to buckets, and how; never raises: a case the analysis
+    does not know (NotBucketable) or trips over (any other exception) keeps exact shapes."""
     try:
         return _analyze(gm, boundary_layouts or {})
     except NotBucketable as exc:
         return BucketAnalysis(ok=False, reason=str(exc))
+    except Exception as exc:  # noqa: BLE001 - an analysis bug must cost bucketing, never the call
+        return BucketAnalysis(ok=False, reason=f"the padding analysis failed ({type(exc).__name__}: {exc})")
 
 
 def _analyze(gm, boundary_layouts) -> BucketAnalysis:
@@ -349,12 +352,17 @@ def _analyze_node(node, layouts, result):
     if target is aten.scalar_tensor.default and _is_sym_node(args[0]):  # torch.tensor(n): a value
         rewrite.true_values[0] = args[0].meta["val"].node.expr
 
-    if isinstance(val, torch.Tensor) and not any_padded and target not in _CREATION and target not in _LIKE:
+    if isinstance(val, (tuple, list)) and not any_padded and target not in _CREATION and target not in _LIKE \
+            and all(isinstance(v, torch.Tensor) for v in val):
+        layouts[node] = [_fresh_or_inherit(v, tensor_args) for v in val]
+    elif isinstance(val, torch.Tensor) and not any_padded and target not in _CREATION and target not in _LIKE:
         layouts[node] = _fresh_or_inherit(val, tensor_args)
     elif target in _CREATION:
         layouts[node] = layout_of_shape(val.shape)
     elif target in _LIKE:
         layouts[node] = tensor_args[0][2]
+    elif _is_pointwise(target) and isinstance(val, (tuple, list)):  # frexp: (mantissa, exponent)
+        layouts[node] = [_broadcast([lay for _, _, lay in tensor_args], v.shape) for v in val]
     elif _is_pointwise(target):
         layouts[node] = _broadcast([lay for _, _, lay in tensor_args], val.shape)
     elif target in _VIEWS:
@@ -483,6 +491,12 @@ def _analyze_node(node, layouts, result):
         d = args[1] % len(src)
         if _padded(src[d]):
             raise NotBucketable(f"{node.name}: {target} along padded dim {d}")
+        index = _tensor_layout(layouts, args[2])
+        if index is not None and len(index) == len(src):
+            # gather/scatter need index.size(k) <= self.size(k) for k != d: pad both alike or neither
+            for k in range(len(src)):
+                if k != d and (_padded(index[k]) or _padded(src[k])) and _norm(index[k]) != _norm(src[k]):
+                    raise NotBucketable(f"{node.name}: {target} index and source padded differently in dim {k}")
         if target in (aten.scatter_add.default,) or (target is aten.scatter_reduce.two and args[4] == "sum"):
             src_lay = _tensor_layout(layouts, args[3])
             rewrite.masks.append((3, [(k, a) for k, a in enumerate(src_lay) if _padded(a)], 0))
@@ -510,6 +524,8 @@ def _analyze_node(node, layouts, result):
     elif target is aten.constant_pad_nd.default:
         src = list(tensor_args[0][2])
         pads = list(args[1])
+        if not all(isinstance(p, int) for p in pads):
+            raise NotBucketable(f"{node.name}: constant_pad_nd by symbolic amounts {pads}")
         lay = list(src)
         fixes = []
         for k in range(len(pads) // 2):
@@ -639,8 +655,18 @@ def sym_to_value(expr, env):
         return torch.maximum(*args) if isinstance(args[0], torch.Tensor) else max(args)
     if name in ("Min",):
         return torch.minimum(*args) if isinstance(args[0], torch.Tensor) else min(args)
-    if name == "CeilDiv":
+    if name in ("CeilDiv", "CeilDivision"):
         return -((-args[0]) // args[1])
+    if name in ("IntTrueDiv", "FloatTrueDiv"):  # sizes divided as values (batch norm's 1 / count)
+        return args[0] / args[1]
+    if name in ("ToFloat", "Identity"):
+        return args[0] * 1.0 if name == "ToFloat" else args[0]
+    if name in ("PowByNatural", "FloatPow"):
+        return args[0] ** args[1]
+    if name in ("CleanDiv", "IntFloorDiv"):
+        return args[0] // args[1]
+    if name == "TruncToInt":
+        return args[0].trunc().long() if isinstance(args[0], torch.Tensor) else int(args[0])
     raise NotBucketable(f"cannot evaluate size expression {expr}")
 
 

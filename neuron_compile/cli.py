@@ -614,7 +614,7 @@ def cmd_explain(args) -> int:
     logger = logging.getLogger("neuron_compile")
     level = logger.level
     logger.addHandler(exact_reasons)
-    logger.setLevel(min(logger.getEffectiveLevel(), logging.INFO))
+    logger.setLevel(min(logger.getEffectiveLevel(), logging.DEBUG))
     calls = [loaded] + [resize(loaded, args.dim, s) for s in _parse_sizes(args.sizes) if s is not None]
     for one in calls:
         try:
@@ -658,10 +658,11 @@ def cmd_explain(args) -> int:
 
 
 class _ExactShapeReasons(logging.Handler):
-    """Collects the backend's "compiles per exact shape: <reason>" messages (why a graph was not bucketed)."""
+    """Collects the backend's "compiles per exact shape: <reason>" messages (why a graph was not
+    bucketed, or stopped being: a debug line each)."""
 
     def __init__(self):
-        super().__init__(logging.INFO)
+        super().__init__(logging.DEBUG)
         self.messages: list[str] = []
 
     def emit(self, record):
