@@ -142,7 +142,9 @@ def _as_strided_copy(x, size, stride, storage_offset=None):
 @_misc(aten.as_strided_scatter)
 def _as_strided_scatter(x, src, size, stride, storage_offset=None):
     # Positions written twice (overlapping strides) have no defined winner: left to fail lowering.
-    offset = storage_offset or 0
+    # the overlap check needs the numbers: symbolic ones are specialized (guarded, so a new
+    # size, stride or offset recompiles; as_strided_scatter is never on a hot path)
+    size, stride, offset = [int(n) for n in size], [int(n) for n in stride], int(storage_offset or 0)
     if not _plain_storage(x):
         return NotImplemented
     positions = _static_positions(size, stride, offset)
