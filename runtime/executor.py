@@ -105,6 +105,25 @@ def _while_importing_jax(work):
             thread.join()
 
 
+def _ready_lapack() -> None:
+    """Make jaxlib's LAPACK kernels callable, once per process, before an executable that calls
+    them (LU, QR, eigh... in the JAX-lowered parts of a graph) is compiled or loaded.
+
+    Their FFI handlers are registered by importing ``jax._src.lax.linalg`` (a process that only
+    reads the cache never did: "No FFI handler registered for lapack_sgetrf_ffi", and the entry
+    looked broken), and the kernels find LAPACK's functions only after ``initialize_lapack``
+    (which JAX calls while lowering): without it, a process that imported jax for another graph
+    loaded the executable and segfaulted running it.
+    """
+    global _lapack_ready
+    if not _lapack_ready:
+        importlib.import_module("jax._src.lax.linalg").initialize_lapack()
+        _lapack_ready = True
+
+
+_lapack_ready = False
+
+
 def _compile_options():
     return xla_client.CompileOptions()
 
@@ -161,6 +180,8 @@ class XlaExecutable:
     @classmethod
     def compile(cls, stablehlo_text: str) -> "XlaExecutable":
         start = time.perf_counter()
+        if "lapack_" in stablehlo_text:
+            _ready_lapack()
         try:
             loaded = _while_importing_jax(
                 lambda: _client().compile_and_load(stablehlo_text, _device_list(), _compile_options()))
@@ -174,22 +195,9 @@ class XlaExecutable:
     @classmethod
     def deserialize(cls, data: bytes) -> "XlaExecutable":
         start = time.perf_counter()
-
-        def load():
-            return _client().deserialize_executable(data, _device_list(), _compile_options())
-
-        try:
-            loaded = _while_importing_jax(load)
-        except Exception as exc:
-            # An executable calling LAPACK (LU, QR, eigh... from the JAX-lowered parts) needs
-            # jaxlib's FFI handlers, which only jax.lax.linalg's import registers: a process that
-            # only loads from the cache has not imported it, so the entry looked broken
-            # (the jax import this call started may have registered them by now: retry once),
-            # and whose kernels find LAPACK only after initialize_lapack (else they segfault)
-            if "No FFI handler registered" not in str(exc):
-                raise
-            importlib.import_module("jax._src.lax.linalg").initialize_lapack()
-            loaded = load()
+        if b"lapack_" in data:
+            _ready_lapack()
+        loaded = _while_importing_jax(lambda: _client().deserialize_executable(data, _device_list(), _compile_options()))
         return cls(loaded, time.perf_counter() - start)
 
     def run_buffers(self, buffers: list) -> list:

@@ -100,11 +100,13 @@ def test_four_racing_processes_compile_once(tmp_path):
 
 
 LINALG_WORKER = r'''
-import json, warnings
+import json, os, warnings
 import torch
 import neuron_compile
 
 warnings.simplefilter("always")
+if os.environ.get("OTHER_GRAPH_FIRST"):  # jax is imported (and its linalg module) before the load
+    torch.compile(lambda x: x + 1, backend="neuron")(torch.randn(3))
 a = torch.randn(6, 6, generator=torch.Generator().manual_seed(0)) / 4
 with warnings.catch_warnings(record=True) as caught:
     out = torch.compile(torch.linalg.matrix_exp, backend="neuron")(a)
@@ -115,15 +117,19 @@ print("RESULT " + json.dumps({"xla_compiles": c["xla_compiles"], "disk_hits": c[
 '''
 
 
-def test_lapack_executable_loads_in_a_new_process(tmp_path):
+@pytest.mark.parametrize("other_graph_first", [False, True], ids=["lapack-first", "other-graph-first"])
+def test_lapack_executable_loads_in_a_new_process(tmp_path, other_graph_first):
     """An executable that calls LAPACK through jaxlib's FFI (matrix_exp's LU solve) needs handlers that only
-    jax's linalg module registers: a process that only reads the cache took the entry for broken,
-    warned and recompiled, every time."""
+    jax's linalg module registers, and kernels that find LAPACK only after initialize_lapack: a
+    process that only read the cache took the entry for broken, warned and recompiled, every time;
+    one that had compiled another graph first loaded it and segfaulted running it."""
     script = tmp_path / "linalg_worker.py"
     script.write_text(LINALG_WORKER)
     env = _env(tmp_path / "cache")
     first = _run(script, env)
     assert first["xla_compiles"] >= 1
+    if other_graph_first:
+        env["OTHER_GRAPH_FIRST"] = "1"
     second = _run(script, env)
     assert second["warnings"] == []
-    assert second["xla_compiles"] == 0 and second["disk_hits"] >= 1, second
+    assert second["disk_hits"] >= 1 and second["xla_compiles"] == (1 if other_graph_first else 0), second
