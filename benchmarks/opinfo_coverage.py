@@ -29,6 +29,23 @@ and ``--write-passing tests/opinfo_passing.json`` the list the CI subset pins.
 
     nice -n 10 python benchmarks/opinfo_coverage.py --resume            # everything
     python benchmarks/opinfo_coverage.py --ops add,sin,histc --table-to /tmp/x
+
+Sequence mode (``--sequence``): the way a user calls one compiled function many
+times with changing shapes and arguments. Per (op, dtype) one
+``torch.compile(lambda inp, args, kwargs: op(inp, *args, **kwargs))`` takes
+every sample's input, args and kwargs as real arguments, with no
+``torch._dynamo.reset()`` between samples: from the second sample on, Dynamo's
+automatic dynamic shapes makes changed sizes and changed Python ints (also ints
+inside lists, e.g. split sizes) symbolic. Each sample is still compared with
+eager and gets one of the statuses above (graph-break: a second compiled
+function without fullgraph, as persistent as the first, gave the right
+result). ``--buckets 0`` runs the worker with NEURON_COMPILE_BUCKETS=0
+(bucketing off); the job is named after it, e.g. ``float32 seq buckets=off``.
+Raw records go to their own JSONL file (``opinfo_sequence.jsonl``), the
+table to ``opinfo_sequence.{md,json}``; forward only.
+
+    nice -n 10 python benchmarks/opinfo_coverage.py --sequence --dtypes float32,int64 --resume
+    nice -n 10 python benchmarks/opinfo_coverage.py --sequence --dtypes float32,int64 --buckets 0 --resume
 """
 
 from __future__ import annotations
@@ -50,6 +67,7 @@ RESULTS = HERE / "results"
 # Raw per-sample records (about 2 MB for a full run): outside the repository, so a run resumes
 # across invocations on one machine; --raw puts them elsewhere.
 RAW = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "neuron_compile" / "opinfo.jsonl"
+RAW_SEQUENCE = RAW.with_name("opinfo_sequence.jsonl")  # --sequence's records: never mixed with RAW's
 
 STATUSES = ("pass", "mismatch", "does-not-lower", "xla-rejects", "graph-break", "crash")
 DTYPES = ("float32", "bfloat16", "int64", "bool")
@@ -260,6 +278,100 @@ def _run_backward(op, sample, shape_only):
         return "mismatch", " ".join(str(exc).split())[:300]
 
 
+def _fresh_call_args(sample):
+    """(input, args, kwargs) of a sample with every tensor leaf cloned (ops may write to their inputs)."""
+    tensors, rebuild = _split(sample)
+    return rebuild([t.clone() for t in tensors])
+
+
+def _sequence_fn(op):
+    """The op with the whole sample as arguments: ints and lists of ints travel as inputs Dynamo can make symbolic."""
+    def call(inp, args, kwargs):
+        return op.op(inp, *args, **kwargs)
+
+    return call
+
+
+def _copy_function(fn):
+    """The same function on its own code object: Dynamo keeps cache entries and automatic-dynamic state per
+    code object, so a fullgraph=True and a fullgraph=False compile of one function must not share them."""
+    import types
+
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+class Sequence:
+    """One (op, dtype) of sequence mode: one compiled function called with every sample, never reset.
+
+    ``fullgraph`` is ``torch.compile(..., fullgraph=True)``; the first sample whose fullgraph capture
+    fails in Dynamo creates ``broken`` (no fullgraph, its own code object), which then serves that
+    sample and every later one that breaks: each sees the same history a user's function would.
+    """
+
+    def __init__(self, op):
+        import torch
+
+        self.fn = _sequence_fn(op)
+        self.fullgraph = torch.compile(_copy_function(self.fn), backend="neuron", fullgraph=True)
+        self.broken = None
+
+    def replay(self, sample) -> None:
+        """Call the compiled function on a sample already recorded (a restarted worker rebuilds its history)."""
+        try:
+            self.fullgraph(*_fresh_call_args(sample))
+        except Exception:
+            pass
+
+    def run(self, sample, dtype_name, shape_only) -> tuple[str, str]:
+        import torch
+
+        try:
+            ref = self.fn(*_fresh_call_args(sample))
+        except Exception as exc:
+            return "eager-error", _first_line(exc)
+        try:
+            got = self.fullgraph(*_fresh_call_args(sample))
+        except Exception as exc:
+            status, msg = _classify(exc)
+            if status != "crash" or not _is_graph_break(exc):
+                return status, msg
+            status, msg = "graph-break", _first_line(exc)
+        else:
+            try:
+                _compare(got, ref, dtype_name, shape_only)
+                return "pass", ""
+            except AssertionError as exc:
+                return "mismatch", " ".join(str(exc).split())[:300]
+        if self.broken is None:
+            self.broken = torch.compile(_copy_function(self.fn), backend="neuron")
+        try:
+            got = self.broken(*_fresh_call_args(sample))
+            _compare(got, ref, dtype_name, shape_only)
+            return "graph-break", msg
+        except AssertionError as exc:
+            return "mismatch", "after graph break: " + " ".join(str(exc).split())[:280]
+        except Exception as exc:
+            return _classify(exc)
+
+
+def buckets_label(value=None) -> str:
+    """``on`` (the default, multiples of 128), ``off`` (NEURON_COMPILE_BUCKETS=0) or the setting itself."""
+    from neuron_compile.options import parse_buckets
+
+    value = os.environ.get("NEURON_COMPILE_BUCKETS", "128") if value is None else value
+    parsed = parse_buckets(value)
+    if parsed == 0:
+        return "off"
+    if parsed == 128:
+        return "on"
+    return str(value).replace(" ", "").replace(":", "")
+
+
+def sequence_direction(value=None) -> str:
+    """The direction field of sequence records (the job is '<dtype> <direction>')."""
+    return f"seq buckets={buckets_label(value)}"
+
+
 def _jobs(op, dtypes, max_samples, backward):
     """(dtype, direction) pairs this op is run with."""
     import torch
@@ -300,8 +412,14 @@ def is_shape_only(op, sample) -> bool:
     return op.name in UNDEFINED_VALUES or any(s in op.name for s in ("dropout", "rand")) or _random_sample(op, sample)
 
 
-def worker(names: list[str], dtypes, max_samples: int, backward: bool, skip: set) -> None:
-    """Run ops; one JSON line per event on stdout (begin of a sample, its result, end of an op)."""
+def worker(names: list[str], dtypes, max_samples: int, backward: bool, skip: set, sequence: bool = False,
+           no_replay: set = frozenset()) -> None:
+    """Run ops; one JSON line per event on stdout (begin of a sample, its result, end of an op).
+
+    ``sequence``: forward only, one ``Sequence`` per (op, dtype); samples in ``skip`` (recorded by an
+    earlier worker) are replayed unrecorded to rebuild the compiled function's history, except those
+    in ``no_replay`` (the ones that killed or hung a worker).
+    """
     import warnings
 
     import torch
@@ -321,10 +439,16 @@ def worker(names: list[str], dtypes, max_samples: int, backward: bool, skip: set
         sys.stdout.write(json.dumps(record) + "\n")
         sys.stdout.flush()
 
+    seq_direction = sequence_direction() if sequence else None
     for name in names:
         op = by_name[name]
         shape_only = op.name in UNDEFINED_VALUES or any(s in op.name for s in ("dropout", "rand"))
-        for dtype_name, direction in _jobs(op, dtypes, max_samples, backward):
+        for dtype_name, direction in _jobs(op, dtypes, max_samples, backward and not sequence):
+            if sequence:
+                direction = seq_direction
+                torch._dynamo.reset()
+                neuron_compile.reset()
+                seq = Sequence(op)
             dtype = getattr(torch, dtype_name)
             torch.manual_seed(0)
             try:
@@ -338,12 +462,17 @@ def worker(names: list[str], dtypes, max_samples: int, backward: bool, skip: set
                 key = f"{dtype_name}:{direction}:{index}"
                 random = _random_sample(op, sample)
                 if f"{name}|{key}" in skip:
+                    if sequence and f"{name}|{key}" not in no_replay:
+                        seq.replay(sample)
                     continue
                 emit(kind="begin", op=name, key=key)
                 start = time.perf_counter()
-                neuron_compile.reset()
+                if not sequence:
+                    neuron_compile.reset()
                 try:
-                    if direction == "forward":
+                    if sequence:
+                        status, msg = seq.run(sample, dtype_name, shape_only or random)
+                    elif direction == "forward":
                         status, msg = _run_forward(op, sample, dtype_name, shape_only or random)
                     else:
                         status, msg = _run_backward(op, sample, shape_only or random)
@@ -353,7 +482,7 @@ def worker(names: list[str], dtypes, max_samples: int, backward: bool, skip: set
                 emit(kind="sample", op=name, dtype=dtype_name, direction=direction, index=index, status=status,
                      error=msg, seconds=round(time.perf_counter() - start, 3),
                      shape_only=(shape_only or random) or None)
-        emit(kind="done", op=name)
+        emit(kind="done", op=name, **({"mode": seq_direction} if sequence else {}))
     torch._dynamo.reset()
 
 
@@ -366,8 +495,12 @@ def all_op_names() -> list[str]:
     return [full_name(op) for op in op_db]
 
 
-def load_raw(path: Path, *more: Path) -> tuple[dict, set]:
-    """Sample records by op and the set of ops finished, from JSONL files (later records win)."""
+def load_raw(path: Path, *more: Path, mode: str | None = None) -> tuple[dict, set]:
+    """Sample records by op and the set of ops finished, from JSONL files (later records win).
+
+    ``mode``: only "done" records of that mode count (sequence runs: e.g. "seq buckets=off"; single-sample
+    runs write none); None: any.
+    """
     samples, done = defaultdict(dict), set()
     for one in (path, *more):
         if not one.exists():
@@ -379,7 +512,7 @@ def load_raw(path: Path, *more: Path) -> tuple[dict, set]:
                 continue
             if rec["kind"] == "sample":
                 samples[rec["op"]][f"{rec['dtype']}:{rec['direction']}:{rec['index']}"] = rec
-            elif rec["kind"] == "done":
+            elif rec["kind"] == "done" and (mode is None or rec.get("mode", "") == mode):
                 done.add(rec["op"])
             elif rec["kind"] == "note":
                 samples[rec["op"]].setdefault("notes", []).append(rec)
@@ -389,10 +522,16 @@ def load_raw(path: Path, *more: Path) -> tuple[dict, set]:
 def supervise(names, args, raw: Path) -> None:
     """Feed ops to worker processes; a dead or stuck worker costs one sample (a crash), then restarts."""
     raw.parent.mkdir(parents=True, exist_ok=True)
-    samples, done = load_raw(raw)
+    env = dict(os.environ)
+    if args.buckets is not None:
+        env["NEURON_COMPILE_BUCKETS"] = args.buckets
+    mode = sequence_direction(env.get("NEURON_COMPILE_BUCKETS", "128")) if args.sequence else ""
+    samples, done = load_raw(raw, mode=mode)
     todo = [n for n in names if n not in done] if args.resume else list(names)
     skip = {f"{op}|{key}" for op, recs in samples.items() for key in recs if key != "notes"} if args.resume else set()
-    env = dict(os.environ)
+    # samples that killed or hung a worker: a restarted sequence worker must not replay them
+    no_replay = {f"{op}|{key}" for op, recs in samples.items() for key, rec in recs.items()
+                 if key != "notes" and rec["status"] == "crash" and rec.get("seconds") is None}
     env.setdefault("NEURON_COMPILE_CACHE", "0")
     env["PYTHONPATH"] = str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")
     started = time.time()
@@ -403,9 +542,14 @@ def supervise(names, args, raw: Path) -> None:
                    "--max-samples", str(args.max_samples), "--ops", ",".join(todo)]
             if not args.backward:
                 cmd.append("--no-backward")
-            skip_file = raw.with_suffix(".skip")
+            # per supervisor: runs of both bucketing settings (or chunks) may share one raw file
+            skip_file = raw.with_name(f"{raw.stem}.{os.getpid()}.skip")
             skip_file.write_text("\n".join(sorted(skip)))
             cmd += ["--skip-file", str(skip_file)]
+            if args.sequence:
+                no_replay_file = raw.with_name(f"{raw.stem}.{os.getpid()}.noreplay")
+                no_replay_file.write_text("\n".join(sorted(no_replay)))
+                cmd += ["--sequence", "--no-replay-file", str(no_replay_file)]
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL if not args.verbose else None,
                                     text=True, env=env, cwd=str(HERE.parent))
             sel = selectors.DefaultSelector()
@@ -452,14 +596,17 @@ def supervise(names, args, raw: Path) -> None:
                 out.write(json.dumps(rec) + "\n")
                 out.flush()
                 skip.add(f"{current['op']}|{current['key']}")
+                no_replay.add(f"{current['op']}|{current['key']}")
                 print(f"  {current['op']} {current['key']}: crash ({why})", flush=True)
             elif proc.returncode not in (0, None) and todo:
                 # died between samples (e.g. while generating them): give up on that op
                 op = todo.pop(0)
                 out.write(json.dumps(dict(kind="note", op=op, dtype="", direction="",
                                           note=f"worker died outside a sample (exit {proc.returncode})")) + "\n")
-                out.write(json.dumps(dict(kind="done", op=op)) + "\n")
+                out.write(json.dumps(dict(kind="done", op=op, **({"mode": mode} if mode else {}))) + "\n")
                 out.flush()
+    for suffix in ("skip", "noreplay"):
+        raw.with_name(f"{raw.stem}.{os.getpid()}.{suffix}").unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------- table
@@ -550,6 +697,104 @@ def write_table(summary: dict, out_dir: Path, meta: dict) -> None:
     (out_dir / "opinfo.md").write_text("\n".join(lines) + "\n")
 
 
+def _job_order(job: str):
+    dtype, _, direction = job.partition(" ")
+    return (DTYPES.index(dtype) if dtype in DTYPES else len(DTYPES), direction)
+
+
+def summarize_sequence(raw: Path, *more: Path) -> dict:
+    """Sequence-mode records: totals per job (dtype x buckets) and, per op and job, the samples' statuses in order."""
+    samples, _ = load_raw(raw, *more)
+    done = defaultdict(set)  # mode -> ops finished
+    for one in (raw, *more):
+        if one.exists():
+            for line in one.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if rec.get("kind") == "done" and rec.get("mode"):
+                    done[rec["mode"]].add(rec["op"])
+    per_op = {}
+    totals = defaultdict(Counter)
+    ops_totals = defaultdict(Counter)
+    for op in sorted(samples):
+        jobs = defaultdict(dict)
+        for key, rec in samples[op].items():
+            if key != "notes":
+                jobs[f"{rec['dtype']} {rec['direction']}"][rec["index"]] = rec
+        info = {"jobs": {}, "notes": [n["note"] for n in samples[op].get("notes", [])]}
+        for job in sorted(jobs, key=_job_order):
+            recs = [jobs[job][i] for i in sorted(jobs[job])]
+            counts = Counter(r["status"] for r in recs)
+            totals[job].update(counts)
+            counted = sum(counts[s] for s in STATUSES)
+            if counted:
+                ops_totals[job]["ops"] += 1
+                ops_totals[job]["all pass"] += counts["pass"] == counted
+            first = next((r for r in recs if r["status"] not in ("pass", "eager-error", "no-grad")), None)
+            info["jobs"][job] = {"counts": dict(counts), "statuses": [r["status"] for r in recs],
+                                 "first_error": first and {"index": first["index"], "status": first["status"],
+                                                           "error": first["error"]}}
+        per_op[op] = info
+    return {"ops": per_op, "totals": {job: dict(c) for job, c in totals.items()},
+            "ops_totals": {job: dict(c) for job, c in ops_totals.items()},
+            "ops_done": {mode: len(ops) for mode, ops in sorted(done.items())}}
+
+
+def _single_sample_counts(path: Path) -> dict:
+    """op -> job -> counts from a single-sample table (results/opinfo.json), to set sequence failures beside."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return {op: info.get("jobs", {}) for op, info in data.get("ops", {}).items()}
+
+
+def write_sequence_table(summary: dict, out_dir: Path, meta: dict, single: dict) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "opinfo_sequence.json").write_text(
+        json.dumps({"meta": meta, **summary}, indent=1, sort_keys=True) + "\n")
+    done = ", ".join(f"{n} ({mode})" for mode, n in summary["ops_done"].items()) or "none"
+    lines = ["# OpInfo coverage of the `neuron` backend: changing shapes and arguments", "",
+             f"Generated by `benchmarks/opinfo_coverage.py --sequence` ({meta.get('note', '')}). "
+             f"Ops finished: {done} of {meta.get('op_db', '?')} OpInfo entries. Per op and dtype, at most "
+             f"{meta.get('max_samples')} samples (the first ones OpInfo generates) go in order through ONE "
+             "compiled function `lambda inp, args, kwargs: op(inp, *args, **kwargs)`, with no "
+             "`torch._dynamo.reset()` between them: changed sizes and Python ints become symbolic from the "
+             "second sample on. Statuses as in `opinfo.md`; `buckets=off` is NEURON_COMPILE_BUCKETS=0. "
+             "Samples whose eager run raises are left out.", "",
+             "## Totals (samples)", "",
+             "| job | pass rate | " + " | ".join(STATUSES[1:]) + " | ops all-pass |",
+             "| --- | --- | " + " | ".join("---" for _ in STATUSES[1:]) + " | --- |"]
+    for job in sorted(summary["totals"], key=_job_order):
+        c = summary["totals"][job]
+        o = summary["ops_totals"].get(job, {})
+        lines.append(f"| {job} | {_rate(c)} | " + " | ".join(str(c.get(s, 0)) for s in STATUSES[1:])
+                     + f" | {o.get('all pass', 0)}/{o.get('ops', 0)} |")
+    lines += ["", "## Failing ops", "",
+              "Every (op, job) with a sample that does not pass: the samples' statuses in order (p = pass, "
+              "- = eager error), the same dtype's single-sample result from `opinfo.json` (each sample compiled "
+              "alone; a failure only here is one of changing shapes), and the first failing sample's error.", "",
+              "| op | job | pass/counted | samples | single-sample | first error |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    abbrev = {"pass": "p", "eager-error": "-", "no-grad": "-", "mismatch": "M", "does-not-lower": "L",
+              "xla-rejects": "X", "graph-break": "G", "crash": "C"}
+    for op, info in summary["ops"].items():
+        for job, j in info["jobs"].items():
+            if not j["first_error"]:
+                continue
+            c = j["counts"]
+            counted = sum(c.get(s, 0) for s in STATUSES)
+            one = single.get(op, {}).get(f"{job.split()[0]} forward")
+            one_cell = f"{one.get('pass', 0)}/{sum(one.get(s, 0) for s in STATUSES)}" if one else ""
+            err = f"#{j['first_error']['index']} {j['first_error']['status']}: {j['first_error']['error']}"
+            lines.append(f"| {op} | {job} | {c.get('pass', 0)}/{counted} | "
+                         + "".join(abbrev.get(s, "?") for s in j["statuses"])
+                         + f" | {one_cell} | {err[:160].replace('|', '/')} |")
+    (out_dir / "opinfo_sequence.md").write_text("\n".join(lines) + "\n")
+
+
 def write_passing(summary: dict, path: Path) -> None:
     """The ops whose every float32 forward sample passes, with whether backward does too (tests pin these)."""
     passing = {}
@@ -571,24 +816,33 @@ def main(argv=None) -> int:
     p.add_argument("--no-backward", dest="backward", action="store_false")
     p.add_argument("--chunk", default="", help="i/n: run the i-th of n equal slices of the op list")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds per sample before the worker is killed")
-    p.add_argument("--raw", default=str(RAW), help="JSONL file of raw results (appended to)")
+    p.add_argument("--raw", default="", help=f"JSONL file of raw results (appended to; default {RAW}, "
+                                             f"with --sequence {RAW_SEQUENCE})")
     p.add_argument("--also", default="", help="more JSONL files to read into the tables (comma-separated)")
     p.add_argument("--resume", action="store_true", help="skip ops and samples already in --raw")
     p.add_argument("--table", action="store_true", help="only rebuild the tables from --raw")
-    p.add_argument("--table-to", default=str(RESULTS), help="folder for opinfo.md and opinfo.json")
+    p.add_argument("--table-to", default=str(RESULTS),
+                   help="folder for opinfo.md and opinfo.json (--sequence: opinfo_sequence.md and .json)")
+    p.add_argument("--sequence", action="store_true",
+                   help="each op's samples through one compiled function, no reset between them (forward only)")
+    p.add_argument("--buckets", default=None,
+                   help="NEURON_COMPILE_BUCKETS for the workers (0: bucketing off), recorded in --sequence's job "
+                        "(single-sample graphs are static: bucketing has no effect on them)")
     p.add_argument("--write-passing", default="", help="write the ops whose float32 samples all pass (the CI pin)")
     p.add_argument("--note", default="", help="a sentence for the table's header (how the run was made)")
     p.add_argument("--verbose", action="store_true")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--skip-file", default="", help=argparse.SUPPRESS)
+    p.add_argument("--no-replay-file", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.dtypes = [d for d in args.dtypes.split(",") if d]
 
     if args.worker:
         skip = set(Path(args.skip_file).read_text().split("\n")) if args.skip_file else set()
-        worker(args.ops.split(","), args.dtypes, args.max_samples, args.backward, skip)
+        no_replay = set(Path(args.no_replay_file).read_text().split("\n")) if args.no_replay_file else set()
+        worker(args.ops.split(","), args.dtypes, args.max_samples, args.backward, skip, args.sequence, no_replay)
         return 0
-    raw = Path(args.raw)
+    raw = Path(args.raw or (RAW_SEQUENCE if args.sequence else RAW))
     if not args.table:
         names = all_op_names()
         if args.ops:
@@ -605,7 +859,16 @@ def main(argv=None) -> int:
     meta = {"torch": torch.__version__, "max_samples": args.max_samples, "op_db": len(all_op_names()),
             "note": "fullgraph=True, torch._dynamo.reset() per sample, float32 tolerance rtol=atol=1e-4"
                     + (f"; {args.note}" if args.note else "")}
-    summary = summarize(raw, *[Path(p) for p in args.also.split(",") if p])
+    more = [Path(p) for p in args.also.split(",") if p]
+    if args.sequence:
+        meta["note"] = ("fullgraph=True, one compiled function per op and dtype, no reset between samples, "
+                        "float32 tolerance rtol=atol=1e-4" + (f"; {args.note}" if args.note else ""))
+        summary = summarize_sequence(raw, *more)
+        write_sequence_table(summary, Path(args.table_to), meta, _single_sample_counts(RESULTS / "opinfo.json"))
+        for job, counts in sorted(summary["totals"].items(), key=lambda kv: _job_order(kv[0])):
+            print(f"{job}: {_rate(counts)}  " + " ".join(f"{s}={counts.get(s, 0)}" for s in STATUSES[1:]))
+        return 0
+    summary = summarize(raw, *more)
     write_table(summary, Path(args.table_to), meta)
     if args.write_passing:
         write_passing(summary, Path(args.write_passing))
