@@ -35,7 +35,7 @@ from runtime.executor import PersistentBuffers, XlaExecutable, platform_descript
 
 from .cache_key import fx_cache_key, input_signature, output_signature, stablehlo_cache_key
 from .dump import GraphDump, pass_file_name
-from .graph_rewrites import fold_one_hot_sums
+from .graph_rewrites import fold_one_hot_sums, zero_size_values_to_constants
 from .output_views import find_output_views, make_view
 from .lowering import drop_error_checks, lower_to_stablehlo
 from .report import COUNTERS, CompileReport
@@ -166,9 +166,11 @@ class Executable:
 
 def prepare_graph(gm: torch.fx.GraphModule) -> GraphPlan:
     """Rewrite AOTAutograd's graph in place for XLA and plan it: drop what XLA never sees (linalg
-    error checks, scalars, unused inputs, passthrough outputs) and fold one-hot sums."""
+    error checks, scalars, unused inputs, passthrough outputs), fold one-hot sums and make zero-size
+    values constants."""
     drop_error_checks(gm)
     fold_one_hot_sums(gm)
+    zero_size_values_to_constants(gm)
     return plan_graph(gm)
 
 

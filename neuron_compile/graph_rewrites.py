@@ -7,6 +7,11 @@ the target is a class and 0 where it is not, so nothing has to be summed; and
 with the sum gone the one-hot tensor has a single consumer, which XLA fuses
 instead of materializing a logits-sized buffer in the training step.
 
+``zero_size_values_to_constants``: a tensor with no elements holds no data, so
+whatever computes it can be a zero-size constant. Torch-MLIR lowers a slice that
+ends at 0 (``x[..., :0]``) as one ending at the dim's size, and the module then
+fails to verify; ops that read nothing lower trivially.
+
 ``eliminate_common_subexpressions``: AOTAutograd's joint graph repeats forward
 work in the backward (the same transposes, casts, views...). Merging the
 repeats before the min-cut partitioner decides what to save keeps it from
@@ -232,3 +237,29 @@ def eliminate_common_subexpressions(graph: torch.fx.Graph) -> int:
             graph.erase_node(node)
             removed += 1
     return removed
+
+
+def zero_size_values_to_constants(gm: torch.fx.GraphModule) -> int:
+    """Replace each computed tensor with no elements (a static zero-size shape) by ``aten.zeros`` of
+    its shape and dtype; graph outputs keep their node (the plan returns them without XLA).
+    Returns how many nodes were replaced."""
+    graph = gm.graph
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    outputs = set(n for n in output.all_input_nodes)
+    replaced = 0
+    for node in list(graph.nodes):
+        val = _val(node)
+        if node.op != "call_function" or node in outputs or not isinstance(val, torch.Tensor) or _mutates(node):
+            continue
+        if not all(isinstance(s, int) for s in val.shape) or val.numel() != 0 or node.target is aten.zeros.default:
+            continue
+        with graph.inserting_before(node):
+            zeros = graph.call_function(aten.zeros.default, (list(val.shape),),
+                                        {"dtype": val.dtype, "device": torch.device("cpu")})
+        zeros.meta.update(node.meta)
+        node.replace_all_uses_with(zeros)
+        replaced += 1
+    if replaced:
+        graph.eliminate_dead_code()
+        gm.recompile()
+    return replaced

@@ -95,3 +95,32 @@ def test_cse_keeps_random_ops_outputs_and_reads_across_a_mutation():
     torch.testing.assert_close(before, torch.ones(4))
     torch.testing.assert_close(after, torch.tensor([3.0, 3.0, 1.0, 1.0]))
     assert e1.data_ptr() != e2.data_ptr()
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x[:, :, :0].sum(),  # Torch-MLIR lowers a slice ending at 0 as one ending at the dim's size
+    lambda x: (x[..., :0] * 2).mean(-1) + x[:, :1, :1].sum(),
+    lambda x: torch.cat([x[:, :0], x[:, 1:]], 1).exp(),
+], ids=["sum", "mean", "cat"])
+def test_zero_size_values_compile(fn):
+    import neuron_compile
+
+    torch._dynamo.reset()
+    neuron_compile.reset()
+    x = torch.randn(2, 3, 4)
+    torch.testing.assert_close(torch.compile(fn, backend="neuron")(x), fn(x), equal_nan=True)  # a mean of nothing
+
+
+def test_zero_size_values_become_constants():
+    from neuron_compile.graph_rewrites import zero_size_values_to_constants
+
+    def fn(x):
+        return x[:, :0].sum(1) + 1, x[:, :0]
+
+    gm = make_fx(fn)(torch.randn(3, 4))
+    assert zero_size_values_to_constants(gm) == 1  # the sliced operand of sum; the output keeps its node
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert torch.ops.aten.zeros.default in targets
+    x = torch.randn(3, 4)
+    for got, ref in zip(gm(x), fn(x)):
+        torch.testing.assert_close(got, ref)
