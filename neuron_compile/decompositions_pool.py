@@ -127,13 +127,14 @@ def _gather_windows(x, dims):
 
 def _max_windows(x, dims, with_indices):
     v, valid, flat = _gather_windows(x, dims)
-    neg = torch.full((), float("-inf"), dtype=x.dtype, device=x.device)
+    lowest = float("-inf") if x.dtype.is_floating_point else torch.iinfo(x.dtype).min
+    neg = torch.full((), lowest, dtype=x.dtype, device=x.device)
     masked = torch.where(valid, v, neg)
     values = torch.amax(masked, -1)
     if not with_indices:
         return values
     w = v.shape[-1]
-    nan = torch.isnan(v) & valid
+    nan = (torch.isnan(v) if x.dtype.is_floating_point else torch.zeros_like(valid)) & valid
     last_nan = (w - 1) - torch.argmax(torch.flip(nan, [-1]).to(torch.int32), -1)
     hit = valid & (v == values.unsqueeze(-1))
     first_valid = torch.argmax(valid.to(torch.int32), -1)  # all -inf: ATen keeps the window's first element
@@ -170,7 +171,8 @@ def _check(x, d, integers=False):
 
 def _max_pool(d, with_indices, always):
     def decomposition(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-        if not (always or ceil_mode) or not _check(x, d):
+        # integers too: torch-mlir's ceil-mode reduce_window is as wrong for them (int64 samples)
+        if not (always or ceil_mode) or not _check(x, d, integers=True):
             return NotImplemented
         k = _tuple(kernel_size, d)
         s = _tuple(stride, d) if stride else k
