@@ -12,7 +12,7 @@ disk hits, misses, compiles, bytes, compile time saved, the disk cache's
 state), ``reset()``, ``LoweringError``.
 """
 
-__version__ = "0.1.0"  # first: cache_key puts it in every key
+from ._version import __version__  # cache_key puts it in every key
 
 from . import report as _report
 from .lowering import LoweringError

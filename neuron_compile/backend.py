@@ -41,7 +41,7 @@ from torch._inductor.output_code import OutputCode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from .compiler import Executable, cached_executable
-from . import __version__
+from ._version import __version__
 from .options import Options, _env_flag
 from .report import COUNTERS, CompileReport, record
 

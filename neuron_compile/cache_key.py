@@ -26,7 +26,7 @@ import torch.fx
 
 from runtime.cache_key import CacheKey, toolchain_parts
 
-from . import __version__
+from ._version import __version__
 
 
 # Modules that cannot change what an FX graph compiles to (the CLI, reports, dumps, the cache's

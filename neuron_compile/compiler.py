@@ -275,7 +275,7 @@ class LoweredGraph:
 
         from runtime.cache_key import tool_versions, xla_compile_options
 
-        from . import __version__
+        from ._version import __version__
 
         report = self.report
         return {
