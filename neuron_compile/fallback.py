@@ -41,7 +41,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
 from .compiler import Executable, compile_graph
-from .lowering import LoweringError, _matches, user_source_line
+from .lowering.diagnostics import LoweringError, _matches, user_source_line
 from .report import COUNTERS, CompileReport, record
 
 log = logging.getLogger("neuron_compile")
