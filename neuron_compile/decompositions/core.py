@@ -1108,10 +1108,10 @@ def _cdist_forward(x1: torch.Tensor, x2: torch.Tensor, p: float, compute_mode=No
 def _base_table() -> dict:
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
-    from .decompositions_linalg import LINALG
-    from .decompositions_misc import MISC, library_decompositions
-    from .decompositions_pool import POOL, with_zero_size
-    from .decompositions_special import SPECIAL
+    from .linalg import LINALG
+    from .misc import MISC, library_decompositions
+    from .pool import POOL, with_zero_size
+    from .special import SPECIAL
 
     table = dict(get_decomposition_table())
     table.update(_OURS)
