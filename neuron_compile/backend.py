@@ -428,7 +428,8 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     """Dynamo backend entry point (``torch.compile(..., backend="neuron", options={...})``)."""
     from torch._dynamo.backends.common import aot_autograd
 
-    from .decompositions import decompose_before_autograd, decomposition_table
+    from .decompositions import decomposition_table
+    from .decompositions.pre_autograd import decompose_before_autograd
 
     if kwargs.get("mode") not in (None, "default"):
         log.info("neuron backend ignores mode=%r", kwargs["mode"])
@@ -462,7 +463,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     bypasses = counters["aot_autograd"]["autograd_cache_bypass"]
     tag = _precompile_tag(opts)
     # AOTAutogradCache saves only graphs whose calls it knows; our SDPA rewrite (decompositions.
-    # _sdpa_math) is vouched for under our tag, which already holds the fingerprint of our sources
+    # pre_autograd._sdpa_math) is vouched for under our tag, which already holds the fingerprint of our sources
     vouched = {f"{fn.__module__}.{fn.__name__}": tag for fn in _cacheable_rewrites()}
     with torch._functorch.config.patch(bundled_autograd_cache=True, force_non_lazy_backward_lowering=True), \
             torch.compiler.config.patch(cache_key_tag=tag), \
@@ -478,7 +479,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
 
 def _cacheable_rewrites() -> tuple:
     """Functions our pre-autograd rewrites put into Dynamo's graph: pure functions of their inputs."""
-    from .decompositions import _embedding_bag_math, _sdpa_math
+    from .decompositions.pre_autograd import _embedding_bag_math, _sdpa_math
 
     return (_sdpa_math, _embedding_bag_math)
 
