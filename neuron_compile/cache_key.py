@@ -33,7 +33,7 @@ from ._version import __version__
 # bookkeeping): editing them must not invalidate every cached executable. Everything else is in.
 _NOT_IN_FINGERPRINT = {
     "neuron_compile/__main__.py", "neuron_compile/cli.py", "neuron_compile/models.py", "neuron_compile/specs.py",
-    "neuron_compile/report.py", "neuron_compile/dump.py", "neuron_compile/options.py", "runtime/cache.py",
+    "neuron_compile/report.py", "neuron_compile/dump.py", "neuron_compile/capture/options.py", "runtime/cache.py",
 }
 
 

@@ -87,7 +87,7 @@ def _backend_options(args) -> dict:
 
 def _check_pipeline(spec: str) -> None:
     from .compiler import resolve_pipeline
-    from .options import Options
+    from .capture.options import Options
 
     try:
         resolve_pipeline(Options.resolve({"passes": spec}))
@@ -344,7 +344,7 @@ def cmd_compile(args) -> int:
 
     import neuron_compile
 
-    from .options import Options
+    from .capture.options import Options
     from .specs import resize
 
     options = _backend_options(args)
@@ -451,7 +451,7 @@ def _artifact_cache(args):
         from runtime.cache import ArtifactCache
     except ImportError as exc:
         raise CompileFailure(f"the artifact cache is not available in this build (runtime.cache: {exc}).") from None
-    from .options import Options
+    from .capture.options import Options
 
     options = Options.resolve()
     path = args.cache_dir or options.cache_dir
@@ -580,8 +580,8 @@ def cmd_explain(args) -> int:
 
     import neuron_compile
 
-    from .backend import neuron_backend
-    from .options import Options
+    from .capture.backend import neuron_backend
+    from .capture.options import Options
     from .specs import resize
 
     options = _backend_options(args)

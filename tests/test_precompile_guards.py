@@ -17,7 +17,7 @@ from torch._dynamo.guards import GuardBuilder
 from torch._dynamo.source import AttrSource, LocalSource, TypeSource
 from torch._guards import Guard
 
-from neuron_compile.backend import _dropped_when_saved, _unloadable_guard, _unsaveable_guard
+from neuron_compile.capture.backend import _dropped_when_saved, _unloadable_guard, _unsaveable_guard
 
 
 def _target(x):

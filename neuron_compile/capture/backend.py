@@ -40,10 +40,10 @@ import torch.fx.traceback as fx_traceback
 from torch._inductor.output_code import OutputCode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from .compiler import Executable, cached_executable
-from ._version import __version__
+from .._version import __version__
+from ..compiler import Executable, cached_executable
+from ..report import COUNTERS, CompileReport, record
 from .options import Options, _env_flag
-from .report import COUNTERS, CompileReport, record
 
 # Imported where first used, not here: bucketing (symbolic graphs), fallback (the compile
 # path) and decompositions (tracing). A process that loads a precompiled package needs none
@@ -356,7 +356,7 @@ def _precompile_tag(options: Options) -> str:
     """What AOTAutograd's output depends on besides Dynamo's graph: our decomposition table and
     partitioner (our sources) and the options that change what is compiled. Part of
     AOTAutogradCache's key (``cache_key_tag``) and checked again when a package is loaded."""
-    from .cache_key import source_fingerprint
+    from ..cache_key import source_fingerprint
 
     what = {f.name: getattr(options, f.name) for f in dataclasses.fields(Options) if f.name not in _ENV_ONLY}
     return f"neuron_compile {__version__} {source_fingerprint()[:16]} {what}"
@@ -428,8 +428,8 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     """Dynamo backend entry point (``torch.compile(..., backend="neuron", options={...})``)."""
     from torch._dynamo.backends.common import aot_autograd
 
-    from .decompositions import decomposition_table
-    from .decompositions.pre_autograd import decompose_before_autograd
+    from ..decompositions import decomposition_table
+    from ..decompositions.pre_autograd import decompose_before_autograd
 
     if kwargs.get("mode") not in (None, "default"):
         log.info("neuron backend ignores mode=%r", kwargs["mode"])
@@ -479,7 +479,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
 
 def _cacheable_rewrites() -> tuple:
     """Functions our pre-autograd rewrites put into Dynamo's graph: pure functions of their inputs."""
-    from .decompositions.pre_autograd import _embedding_bag_math, _sdpa_math
+    from ..decompositions.pre_autograd import _embedding_bag_math, _sdpa_math
 
     return (_sdpa_math, _embedding_bag_math)
 
