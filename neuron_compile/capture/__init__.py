@@ -4,7 +4,11 @@
   ``torch_dynamo_backends`` entry point), AOTAutograd with our decomposition
   table and partitioner, and ``CompiledGraph``, the callable AOTAutograd gets
   for each graph (static, bucketed or specialized per exact shape);
-* ``bucketing``: the analysis that proves a symbolic graph exact at bucket sizes;
+* ``precompile``: what makes Dynamo's precompile package safe to save and to
+  load (the tag, the guards PyTorch cannot save or load, the vouched rewrites);
+* ``bucketing``: the analysis that proves a symbolic graph exact at bucket
+  sizes; ``bucket_padding``: rounding sizes up, the re-trace at the bucket,
+  padding inputs and slicing outputs, per call;
 * ``fallback``: ``fallback=eager``, ops that don't lower run eagerly between
   compiled parts;
 * ``graph_rewrites``: FX rewrites of AOTAutograd's graphs (CSE before the
