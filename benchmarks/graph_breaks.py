@@ -56,7 +56,7 @@ def scan(archs: list[str]) -> list[dict]:
 
 
 def report(rows: list[dict], defaults: bool) -> str:
-    from neuron_compile.benchmark import machine_line
+    from neuron_compile.cli.bench import machine_line
 
     setting = "Dynamo's defaults" if defaults else "the Dynamo settings of the `neuron` backend"
     lines = [

@@ -86,8 +86,8 @@ def _backend_options(args) -> dict:
 
 
 def _check_pipeline(spec: str) -> None:
-    from .compiler import resolve_pipeline
-    from .capture.options import Options
+    from ..compiler import resolve_pipeline
+    from ..capture.options import Options
 
     try:
         resolve_pipeline(Options.resolve({"passes": spec}))
@@ -269,7 +269,7 @@ def cmd_dump(args) -> int:
 
     import neuron_compile
 
-    from .dump import process_folder
+    from ..dump import process_folder
 
     options = _backend_options(args)
     loaded = _load(args.spec)
@@ -307,7 +307,7 @@ def cmd_dump(args) -> int:
 
 def _forget_memory_cache() -> None:
     try:
-        from .compiler import MEMORY
+        from ..compiler import MEMORY
 
         MEMORY.clear()
     except ImportError:
@@ -344,7 +344,7 @@ def cmd_compile(args) -> int:
 
     import neuron_compile
 
-    from .capture.options import Options
+    from ..capture.options import Options
     from .specs import resize
 
     options = _backend_options(args)
@@ -451,7 +451,7 @@ def _artifact_cache(args):
         from runtime.cache import ArtifactCache
     except ImportError as exc:
         raise CompileFailure(f"the artifact cache is not available in this build (runtime.cache: {exc}).") from None
-    from .capture.options import Options
+    from ..capture.options import Options
 
     options = Options.resolve()
     path = args.cache_dir or options.cache_dir
@@ -580,8 +580,8 @@ def cmd_explain(args) -> int:
 
     import neuron_compile
 
-    from .capture.backend import neuron_backend
-    from .capture.options import Options
+    from ..capture.backend import neuron_backend
+    from ..capture.options import Options
     from .specs import resize
 
     options = _backend_options(args)
@@ -671,7 +671,7 @@ class _ExactShapeReasons(logging.Handler):
 
 
 def _lowering_failure(exc: BaseException, index: int) -> dict:
-    from .lowering import LoweringError
+    from ..lowering import LoweringError
 
     inner = _unwrap(exc)
     if isinstance(inner, LoweringError):
@@ -710,7 +710,7 @@ def _print_explain(r: dict) -> None:
 def cmd_repro(args) -> int:
     from pathlib import Path
 
-    from .lowering import repro
+    from ..lowering import repro
 
     folder = Path(args.dir)
     missing = [n for n in ("input.mlir", "pipeline.txt") if not (folder / n).is_file()]
@@ -804,7 +804,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(run=cmd_compile)
 
-    from .benchmark import add_bench_parsers
+    from .bench import add_bench_parsers
 
     add_bench_parsers(sub, _command, spec_help, passes_help)
 
@@ -866,7 +866,7 @@ def cmd_specs(args) -> int:
 
 def _version() -> str:
     try:
-        from . import __version__
+        from .._version import __version__
 
         return __version__
     except Exception:
@@ -905,7 +905,7 @@ def run(args) -> int:
         if os.environ.get("NEURON_COMPILE_TRACEBACK"):
             raise
         inner = _unwrap(exc)
-        from .lowering import LoweringError
+        from ..lowering import LoweringError
 
         if isinstance(inner, LoweringError):
             _print_err(str(inner))
