@@ -75,7 +75,7 @@ def worker_main(argv: list[str] | None = None) -> int:
 
     import neuron_compile
 
-    from .commands import _run_spec
+    from .common import _run_spec
     from .specs import load_spec
 
     import_s = time.perf_counter() - started
@@ -145,7 +145,7 @@ def add_bench_parsers(sub, command, spec_help: str, passes_help: str) -> None:
 
 
 def _peers(text: str) -> list[str]:
-    from .commands import UsageError
+    from .common import UsageError
 
     peers = [p.strip() for p in text.split(",") if p.strip()]
     import torch._dynamo
@@ -275,7 +275,7 @@ def format_bench(result: dict) -> str:
 
 
 def plot_bench(result: dict, path: str) -> None:
-    from .commands import UsageError
+    from .common import UsageError
 
     try:
         import matplotlib
@@ -312,7 +312,7 @@ def plot_bench(result: dict, path: str) -> None:
 
 
 def cmd_bench(args) -> int:
-    from .commands import CompileFailure, UsageError, _check_pipeline, _load, emit_json
+    from .common import CompileFailure, UsageError, _check_pipeline, _load, emit_json
 
     if args.repeat < 1 or args.calls < 1:
         raise UsageError("--repeat and --calls must be at least 1.")
