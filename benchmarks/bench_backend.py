@@ -99,7 +99,7 @@ def main(argv=None):
                      f"{m['max_abs_diff']:.1e}"])
     headers = ["backend", "first call s", "per call ms", "first / inductor", "per call / inductor", "max |diff| vs eager"]
     table = tabulate(rows, headers=headers, tablefmt="github")
-    from neuron_compile.benchmark import machine_line
+    from neuron_compile.cli.bench import machine_line
 
     machine = machine_line()
     import torch

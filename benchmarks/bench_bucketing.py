@@ -107,7 +107,7 @@ def main(argv=None):
              f"{r['total_s'] / ref['total_s']:.2f}" if ref else "-", f"{r['max_abs_diff']:.1e}"] for r in results]
     table = tabulate(rows, headers=["mode", "compiles", "total s", "us / token", "total / inductor", "max |diff| vs eager"],
                      tablefmt="github")
-    from neuron_compile.benchmark import machine_line
+    from neuron_compile.cli.bench import machine_line
 
     machine = machine_line()
     text = (f"# Shape bucketing: tiny llama, {args.batches} batches of random lengths in [1, 1024], batch 2, inference\n\n"

@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from neuron_compile.benchmark import machine_line
+from neuron_compile.cli.bench import machine_line
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -239,7 +239,7 @@ def gemm_floor(workload: str, mode: str, timings: dict) -> dict:
 def main(argv=None) -> int:
     from tabulate import tabulate
 
-    from neuron_compile.benchmark import machine_line
+    from neuron_compile.cli.bench import machine_line
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8, help="steady calls/steps per process")

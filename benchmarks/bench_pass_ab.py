@@ -95,7 +95,7 @@ def main(argv=None) -> int:
 
     from tabulate import tabulate
 
-    from neuron_compile.benchmark import machine_line
+    from neuron_compile.cli.bench import machine_line
     from passes import parse_pipeline
 
     rows = []

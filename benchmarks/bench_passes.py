@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from neuron_compile.benchmark import machine_line
+from neuron_compile.cli.bench import machine_line
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

@@ -49,7 +49,7 @@ def build(workload: str):
     if workload == "overhead":
         # the built-in MLP (fc1, ReLU, fc2), 64 wide: a module-level class, which caching
         # precompile can save (it refuses classes defined inside a function)
-        from neuron_compile.models import MLP
+        from neuron_compile.cli.models import MLP
 
         return MLP(64, 64, 64), {"x": torch.randn(8, 64)}
     from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
@@ -272,7 +272,7 @@ def _ratio(a, b):
 def _report(summary, args) -> str:
     from tabulate import tabulate
 
-    from neuron_compile.benchmark import machine_line
+    from neuron_compile.cli.bench import machine_line
 
     machine = machine_line()
     lines = [f"# neuron vs eager, Inductor and iree-turbine\n",

@@ -97,7 +97,7 @@ def main(argv=None) -> int:
 
     from tabulate import tabulate
 
-    from neuron_compile.benchmark import machine_line
+    from neuron_compile.cli.bench import machine_line
 
     variants = args.variants.split(",")
     runs: dict = {}

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from neuron_compile.benchmark import bench, machine
+from neuron_compile.cli.bench import bench, machine
 
 HERE = Path(__file__).resolve().parent
 

@@ -56,7 +56,7 @@ def scan(archs: list[str]) -> list[dict]:
 
 
 def report(rows: list[dict], defaults: bool) -> str:
-    from neuron_compile.benchmark import machine_line
+    from neuron_compile.cli.bench import machine_line
 
     setting = "Dynamo's defaults" if defaults else "the Dynamo settings of the `neuron` backend"
     lines = [
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     logging.disable(logging.WARNING)  # transformers' config warnings, one per model
     import transformers  # noqa: F401  (first, as in a user's script, so the backend finds its logger methods)
 
-    import neuron_compile.backend  # noqa: F401  (its Dynamo settings, as when torch.compile looks it up)
+    import neuron_compile.capture.backend  # noqa: F401  (its Dynamo settings, as when torch.compile looks it up)
 
     text = report(scan(args.arch.split(",") if args.arch else ARCHS), args.keep_dynamo_defaults)
     print(text)

@@ -1,10 +1,19 @@
 """neuron_compile: a torch.compile backend, Dynamo -> AOTAutograd -> Torch-MLIR -> StableHLO -> XLA.
 
 ``torch.compile(model, backend="neuron")`` works with no import (the backend is
-registered through the ``torch_dynamo_backends`` entry point). This package
-holds the backend, the lowering from FX to StableHLO and the CLI; ``passes``
-holds the StableHLO passes and ``runtime`` the artifact format, the cache and
-the XLA executor.
+registered through the ``torch_dynamo_backends`` entry point). This package is
+laid out by the pipeline's stages, imports going one way:
+
+* ``cli``: the ``neuron-compile`` command line, bench, model specs;
+* ``capture``: the Dynamo backend (``capture.backend.neuron_backend``),
+  AOTAutograd, precompile, shape bucketing, the eager fallback, options;
+* ``decompositions``: the decomposition table AOTAutograd applies;
+* the spine: ``compiler`` (one static FX graph through every stage),
+  ``cache_key``, ``report``, ``dump``;
+* ``lowering``: FX -> Torch-MLIR -> StableHLO, and the ops JAX lowers.
+
+``passes`` holds the StableHLO passes and ``runtime`` the artifact format, the
+cache and the XLA executor; neither imports this package.
 
 Public API: ``compile_reports()`` (one ``CompileReport`` per compiled graph),
 ``COUNTERS`` (graphs, compiles, cache hits...), ``cache_stats()`` (memory and
@@ -12,7 +21,7 @@ disk hits, misses, compiles, bytes, compile time saved, the disk cache's
 state), ``reset()``, ``LoweringError``.
 """
 
-__version__ = "0.1.0"  # first: cache_key puts it in every key
+from ._version import __version__  # cache_key puts it in every key
 
 from . import report as _report
 from .lowering import LoweringError

@@ -26,14 +26,16 @@ import torch.fx
 
 from runtime.cache_key import CacheKey, toolchain_parts
 
-from . import __version__
+from ._version import __version__
 
 
 # Modules that cannot change what an FX graph compiles to (the CLI, reports, dumps, the cache's
 # bookkeeping): editing them must not invalidate every cached executable. Everything else is in.
 _NOT_IN_FINGERPRINT = {
-    "neuron_compile/__main__.py", "neuron_compile/cli.py", "neuron_compile/models.py", "neuron_compile/specs.py",
-    "neuron_compile/report.py", "neuron_compile/dump.py", "neuron_compile/options.py", "runtime/cache.py",
+    "neuron_compile/__main__.py", "neuron_compile/cli/__init__.py", "neuron_compile/cli/__main__.py",
+    "neuron_compile/cli/entry.py", "neuron_compile/cli/common.py", "neuron_compile/cli/commands.py",
+    "neuron_compile/cli/cache_commands.py", "neuron_compile/cli/models.py", "neuron_compile/cli/specs.py",
+    "neuron_compile/report.py", "neuron_compile/dump.py", "neuron_compile/capture/options.py", "runtime/cache.py",
 }
 
 

@@ -35,7 +35,7 @@ from runtime.executor import PersistentBuffers, XlaExecutable, platform_descript
 
 from .cache_key import fx_cache_key, input_signature, output_signature, stablehlo_cache_key
 from .dump import GraphDump, pass_file_name
-from .graph_rewrites import fold_one_hot_sums, zero_size_values_to_constants
+from .capture.graph_rewrites import fold_one_hot_sums, zero_size_values_to_constants
 from .output_views import find_output_views, make_view
 from .lowering import drop_error_checks, lower_to_stablehlo
 from .report import COUNTERS, CompileReport
@@ -294,7 +294,7 @@ class LoweredGraph:
 
         from runtime.cache_key import tool_versions, xla_compile_options
 
-        from . import __version__
+        from ._version import __version__
 
         report = self.report
         return {
@@ -384,7 +384,7 @@ def _count(result: CacheResult, report: CompileReport, dump) -> None:
 
 def cache_stats(options=None) -> dict:
     """This process's cache counters and the disk cache's state (``neuron_compile.cache_stats()``)."""
-    from .options import Options
+    from .capture.options import Options
 
     options = options or Options.resolve()
     counters = {name: COUNTERS[name] for name in (

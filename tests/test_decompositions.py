@@ -1,4 +1,4 @@
-"""Our decompositions (neuron_compile/decompositions.py), compiled, against eager.
+"""Our decompositions (neuron_compile/decompositions/), compiled, against eager.
 
 Each case names the op the decomposition stands in for; the model or OpInfo
 entry that hits it is in the decomposition's comment.

@@ -1,4 +1,4 @@
-"""Unrolled linear algebra (neuron_compile/decompositions_linalg.py), compiled, against eager.
+"""Unrolled linear algebra (neuron_compile/decompositions/linalg.py), compiled, against eager.
 
 Each test compiles one graph with several ops in it (compiles dominate the time).
 A test fails if an op stops lowering (LoweringError) or its values drift from eager's.

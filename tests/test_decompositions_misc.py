@@ -1,4 +1,4 @@
-"""Search, pairwise, strided and bit-level ops (neuron_compile/decompositions_misc.py), compiled, against eager."""
+"""Search, pairwise, strided and bit-level ops (neuron_compile/decompositions/misc.py), compiled, against eager."""
 
 import torch
 

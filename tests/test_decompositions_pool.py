@@ -1,10 +1,10 @@
-"""Pooling and window ops (neuron_compile/decompositions_pool.py), compiled, against eager."""
+"""Pooling and window ops (neuron_compile/decompositions/pool.py), compiled, against eager."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from neuron_compile.decompositions_pool import _out_size
+from neuron_compile.decompositions.pool import _out_size
 
 
 def _compiled(fn, *args):

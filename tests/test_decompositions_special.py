@@ -1,4 +1,4 @@
-"""Special functions (neuron_compile/decompositions_special.py), compiled, against eager.
+"""Special functions (neuron_compile/decompositions/special.py), compiled, against eager.
 
 One graph evaluates every function on a grid that crosses each branch point of
 ATen's approximations (|x| = 0.5, 2, 2.09, 5, 8, the continued fraction's switch

@@ -11,7 +11,7 @@ import torch.nn as nn
 
 import neuron_compile
 from neuron_compile import COUNTERS, LoweringError
-from neuron_compile import fallback
+from neuron_compile.capture import fallback
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Ops Torch-MLIR cannot lower, lowered by JAX and spliced into one module (neuron_compile/jax_lowering.py).
+"""Ops Torch-MLIR cannot lower, lowered by JAX and spliced into one module (neuron_compile/lowering/splice.py, jax_rules.py).
 
 Every test compiles with fallback off, compares with eager, and checks that the
 graph went through the splice (the ``jax`` stage ran) into one XLA executable.

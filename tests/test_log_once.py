@@ -11,7 +11,7 @@ import torch
 import transformers.utils.logging as hf_logging
 from torch._dynamo.utils import counters
 
-from neuron_compile.backend import skip_log_once_calls
+from neuron_compile.capture.backend import skip_log_once_calls
 
 logger = hf_logging.get_logger("neuron_compile.tests.log_once")
 

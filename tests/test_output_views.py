@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import neuron_compile
-from neuron_compile.backend import _signature_part
+from neuron_compile.capture.backend import _signature_part
 from neuron_compile.report import COUNTERS
 
 BUCKETS = [pytest.param(128, id="buckets=on"), pytest.param(0, id="buckets=off")]
@@ -132,12 +132,12 @@ def test_specialization_key_tells_apart_what_equality_does_not():
 
 
 def test_a_failing_bucketed_compile_falls_back_to_exact_shapes(monkeypatch, caplog):
-    from neuron_compile import bucketing
+    from neuron_compile.capture import bucket_padding
 
     def broken(self, true_sizes, *args):
         raise RuntimeError("injected failure in the bucketed trace")
 
-    monkeypatch.setattr(bucketing.BucketInterpreter, "run_with_true_sizes", broken)
+    monkeypatch.setattr(bucket_padding.BucketInterpreter, "run_with_true_sizes", broken)
 
     def fn(x):
         return torch.softmax(x, -1) * x.shape[0]
@@ -155,7 +155,7 @@ def test_a_failing_bucketed_compile_falls_back_to_exact_shapes(monkeypatch, capl
 
 
 def test_padding_analysis_errors_never_reach_the_user(monkeypatch):
-    from neuron_compile import bucketing
+    from neuron_compile.capture import bucketing
 
     def broken(*args, **kwargs):
         raise TypeError("injected analysis bug")

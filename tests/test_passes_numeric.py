@@ -108,7 +108,7 @@ def test_unprofitable_padding_is_skipped():
 def test_backend_tiny_gpt_gets_attention_and_padded_matmuls():
     import torch
 
-    from neuron_compile import models
+    from neuron_compile.cli import models
     from torch.func import functional_call
 
     torch.manual_seed(0)

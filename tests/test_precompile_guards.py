@@ -1,5 +1,5 @@
-"""Which of a traced frame's guards keep it out of precompile's package (backend._unloadable_guard,
-backend._unsaveable_guard), decided at backend time, before Dynamo builds the guards.
+"""Which of a traced frame's guards keep it out of precompile's package (precompile._unloadable_guard,
+precompile._unsaveable_guard), decided at backend time, before Dynamo builds the guards.
 
 Guards here are made by hand on a tiny object graph, so each rule is checked on its own: a guard
 PyTorch 2.13 would save through a ``functools.wraps`` wrapper (whose name belongs to another
@@ -17,7 +17,7 @@ from torch._dynamo.guards import GuardBuilder
 from torch._dynamo.source import AttrSource, LocalSource, TypeSource
 from torch._guards import Guard
 
-from neuron_compile.backend import _dropped_when_saved, _unloadable_guard, _unsaveable_guard
+from neuron_compile.capture.precompile import _dropped_when_saved, _unloadable_guard, _unsaveable_guard
 
 
 def _target(x):

@@ -1,6 +1,6 @@
 """``neuron-compile bench``: compile time per stage, cold and warm, beside peer backends.
 
-Every measurement runs in a fresh process (``python -m neuron_compile.benchmark``,
+Every measurement runs in a fresh process (``python -m neuron_compile.cli.bench``,
 the worker below), so nothing is warm that a user's first run would not have:
 
     for each repeat, for each backend (neuron, then the --vs peers):
@@ -61,7 +61,7 @@ def machine_line() -> str:
 # ---- the worker: one backend, one fresh process ----------------------------------------------------
 
 def worker_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m neuron_compile.benchmark")
+    parser = argparse.ArgumentParser(prog="python -m neuron_compile.cli.bench")
     parser.add_argument("spec")
     parser.add_argument("--backend", default="neuron")
     parser.add_argument("--train", action="store_true")
@@ -75,7 +75,7 @@ def worker_main(argv: list[str] | None = None) -> int:
 
     import neuron_compile
 
-    from .cli import _run_spec
+    from .common import _run_spec
     from .specs import load_spec
 
     import_s = time.perf_counter() - started
@@ -145,7 +145,7 @@ def add_bench_parsers(sub, command, spec_help: str, passes_help: str) -> None:
 
 
 def _peers(text: str) -> list[str]:
-    from .cli import UsageError
+    from .common import UsageError
 
     peers = [p.strip() for p in text.split(",") if p.strip()]
     import torch._dynamo
@@ -160,7 +160,7 @@ def _peers(text: str) -> list[str]:
 def run_worker(spec: str, backend: str, env: dict, *, train: bool, calls: int, passes: str | None) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         result_path = f.name
-    cmd = [sys.executable, "-m", "neuron_compile.benchmark", spec, "--backend", backend, "--calls", str(calls),
+    cmd = [sys.executable, "-m", "neuron_compile.cli.bench", spec, "--backend", backend, "--calls", str(calls),
            "--result", result_path]
     if train:
         cmd.append("--train")
@@ -275,7 +275,7 @@ def format_bench(result: dict) -> str:
 
 
 def plot_bench(result: dict, path: str) -> None:
-    from .cli import UsageError
+    from .common import UsageError
 
     try:
         import matplotlib
@@ -312,7 +312,7 @@ def plot_bench(result: dict, path: str) -> None:
 
 
 def cmd_bench(args) -> int:
-    from .cli import CompileFailure, UsageError, _check_pipeline, _load, emit_json
+    from .common import CompileFailure, UsageError, _check_pipeline, _load, emit_json
 
     if args.repeat < 1 or args.calls < 1:
         raise UsageError("--repeat and --calls must be at least 1.")

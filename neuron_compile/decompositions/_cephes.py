@@ -1,6 +1,6 @@
 # Generated from PyTorch's ATen/native/Math.h (torch 2.13), derived from the Cephes Math Library
 # (3-Clause BSD License, Copyright 1984-2000 Stephen L. Moshier; see the note in Math.h).
-# Coefficient tables only, in Math.h's order; the evaluation is in decompositions_special.py.
+# Coefficient tables only, in Math.h's order; the evaluation is in special.py.
 
 CEPHES = {
     "chebyshev_coefficients_i0e_A": {

@@ -40,9 +40,9 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-from .compiler import Executable, compile_graph
-from .lowering import LoweringError, _matches, user_source_line
-from .report import COUNTERS, CompileReport, record
+from ..compiler import Executable, compile_graph
+from ..lowering.diagnostics import LoweringError, _matches, user_source_line
+from ..report import COUNTERS, CompileReport, record
 
 log = logging.getLogger("neuron_compile")
 
@@ -220,7 +220,7 @@ class FallbackExecutable:
 
 
 def _record_fallback(report: CompileReport, eager_nodes, whole_eager, gm: torch.fx.GraphModule) -> None:
-    from .compiler import op_counts
+    from ..compiler import op_counts
 
     report.nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
     report.ops = op_counts(gm)

@@ -1,110 +1,29 @@
-"""``neuron-compile``: the offline command line for the neuron backend.
+"""The commands that run a model through the backend: ``demo``, ``dump``, ``compile``, ``explain``.
 
-Every command is a small function ``cmd_<name>(args) -> exit code`` over the
-same path the backend takes (``torch.compile(..., backend="neuron")``), so what
-the CLI shows is what a user's run does. Conventions, shared by all commands:
+Each is ``cmd_<name>(args) -> exit code`` over the path a user's
+``torch.compile(..., backend="neuron")`` takes, with the spec loaded and the
+backend options checked by ``common``:
 
-* exit 0 on success, 1 when a compile fails (or numbers disagree), 2 on bad
-  usage (bad flags, a spec that cannot be loaded, an unknown pass name);
-* errors go to stderr as one readable paragraph, never a traceback
-  (``NEURON_COMPILE_TRACEBACK=1`` shows one for debugging the CLI itself);
-* ``--json`` prints what a machine reads.
+* ``demo``: the built-in GPT-2-style transformer, inference and AdamW steps,
+  neuron beside eager, and the compile report;
+* ``dump``: every stage of every graph into a folder (``dump_index`` lists it);
+* ``compile``: ahead of time into the cache, per bucket size, in ``--jobs``
+  fresh processes (``python -m neuron_compile compile``) sharing the cache;
+* ``explain``: graph breaks, recompiles, ops that don't lower (a graph that
+  fails runs eagerly so the rest is still looked at), bucketed dims, cache hits.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import copy
 import json
 import logging
-import os
 import sys
 import textwrap
 import time
 
-PROG = "neuron-compile"
-
-
-class UsageError(Exception):
-    """Bad usage: exit 2."""
-
-
-class CompileFailure(Exception):
-    """A compile failed or the numbers disagree: exit 1."""
-
-
-def _fail_paragraph(message: str, limit: int = 1200) -> str:
-    """One paragraph: a traceback-like message keeps its last line; long ones are cut."""
-    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-    if any(line.startswith("Traceback") for line in lines):
-        lines = [lines[0].split("Traceback")[0].strip(), lines[-1]]
-    text = " ".join(line for line in lines if line)
-    if len(text) > limit:
-        text = text[: limit - 3] + "..."
-    return f"{PROG}: error: {text}"
-
-
-def emit_json(args, value) -> None:
-    """JSON goes to the real stdout; with --json, everything else a model prints goes to stderr."""
-    print(json.dumps(value, indent=2, default=str), file=getattr(args, "stdout", None) or sys.stdout)
-
-
-def _print_err(message: str) -> None:
-    print(_fail_paragraph(message), file=sys.stderr)
-
-
-def _unwrap(exc: BaseException) -> BaseException:
-    """Dynamo wraps backend errors in BackendCompilerFailed; the cause is what the user needs."""
-    seen = 0
-    while seen < 5:
-        inner = getattr(exc, "inner_exception", None)
-        if inner is None:
-            break
-        exc, seen = inner, seen + 1
-    return exc
-
-
-# ---- shared helpers ----------------------------------------------------------------------------
-
-def _load(spec: str):
-    from .specs import load_spec
-
-    return load_spec(spec)
-
-
-def _backend_options(args) -> dict:
-    """Options for torch.compile(..., backend="neuron"), after checking the pass pipeline."""
-    options = {}
-    passes = getattr(args, "passes", None)
-    if passes is not None:
-        _check_pipeline(passes)
-        options["passes"] = passes
-    elif os.environ.get("NEURON_COMPILE_PASSES"):
-        _check_pipeline(os.environ["NEURON_COMPILE_PASSES"])
-    return options
-
-
-def _check_pipeline(spec: str) -> None:
-    from .compiler import resolve_pipeline
-    from .options import Options
-
-    try:
-        resolve_pipeline(Options.resolve({"passes": spec}))
-    except Exception as exc:  # passes.PipelineError (a ValueError) or anything the parser raises
-        raise UsageError(f"the pass pipeline {spec!r} is not valid: {exc}") from None
-
-
-def _train_step(model, loaded):
-    """One forward + backward; a non-scalar output is summed into a loss."""
-    out = loaded.call(model)
-    if isinstance(out, (tuple, list)):
-        out = out[0]
-    if hasattr(out, "loss") and out.loss is not None:
-        out = out.loss
-    loss = out if out.dim() == 0 else out.float().sum()
-    loss.backward()
-    return loss.detach()
+from .common import (PROG, CompileFailure, UsageError, _backend_options, _fail_paragraph, _load, _run_spec, _unwrap,
+                     emit_json)
 
 
 # ---- demo ----------------------------------------------------------------------------------------
@@ -251,15 +170,6 @@ def dump_index(folder, graph_names: list[str]) -> list[dict]:
             for _, sub, files in graphs]
 
 
-def _run_spec(compiled, loaded, train: bool):
-    import torch
-
-    if train:
-        return _train_step(compiled, loaded)
-    with torch.no_grad():
-        return loaded.call(compiled)
-
-
 def cmd_dump(args) -> int:
     import shutil
     import tempfile
@@ -269,7 +179,7 @@ def cmd_dump(args) -> int:
 
     import neuron_compile
 
-    from .dump import process_folder
+    from ..dump import process_folder
 
     options = _backend_options(args)
     loaded = _load(args.spec)
@@ -307,7 +217,7 @@ def cmd_dump(args) -> int:
 
 def _forget_memory_cache() -> None:
     try:
-        from .compiler import MEMORY
+        from ..compiler import MEMORY
 
         MEMORY.clear()
     except ImportError:
@@ -344,7 +254,7 @@ def cmd_compile(args) -> int:
 
     import neuron_compile
 
-    from .options import Options
+    from ..capture.options import Options
     from .specs import resize
 
     options = _backend_options(args)
@@ -444,134 +354,6 @@ def _compile_in_workers(args, items) -> list[dict]:
     return sorted(results, key=lambda r: order.get((r["size"], r["mode"]), 0))
 
 
-# ---- cache and inspect ---------------------------------------------------------------------------
-
-def _artifact_cache(args):
-    try:
-        from runtime.cache import ArtifactCache
-    except ImportError as exc:
-        raise CompileFailure(f"the artifact cache is not available in this build (runtime.cache: {exc}).") from None
-    from .options import Options
-
-    options = Options.resolve()
-    path = args.cache_dir or options.cache_dir
-    cap = getattr(options, "cache_max_bytes", None)
-    return ArtifactCache(path, max_bytes=cap) if cap else ArtifactCache(path)
-
-
-def _parse_bytes(text: str | None) -> int | None:
-    if text is None:
-        return None
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    value = text.strip().lower().removesuffix("b").removesuffix("i")
-    scale = units.get(value[-1:], 1)
-    try:
-        return int(float(value[:-1] if scale != 1 else value) * scale)
-    except ValueError:
-        raise UsageError(f"--max-bytes takes a size such as 500M or 2G, not {text!r}.") from None
-
-
-def cmd_cache(args) -> int:
-    cache = _artifact_cache(args)
-    action = args.action
-    if action == "stats":
-        stats = cache.stats()
-        if args.json:
-            emit_json(args, stats)
-        else:
-            print(f"cache {stats['path']}: {stats['entries']} artifact(s), {stats['bytes']:,} bytes "
-                  f"(cap {stats['max_bytes']:,}), {stats['index_entries']} index entries")
-            for name, value in sorted(stats.get("totals", {}).items()):
-                print(f"  {name:<24} {value:g}" if isinstance(value, float) else f"  {name:<24} {value}")
-        return 0
-    if action == "ls":
-        entries = cache.entries()
-        if args.json:
-            emit_json(args, entries)
-        else:
-            from tabulate import tabulate
-
-            rows = [[e["key"][:16], e.get("graph") or "?", f"{e['bytes']:,}",
-                     time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["last_used"])), e.get("created") or ""]
-                    for e in entries]
-            print(tabulate(rows, headers=["key", "graph", "bytes", "last used", "created"]))
-            print(f"\n{len(entries)} artifact(s) in {cache.root}")
-        return 0
-    if action == "verify":
-        results = cache.verify()
-        bad = [r for r in results if not r[1]]
-        if args.json:
-            emit_json(args, [{"path": p, "ok": ok, "reason": why} for p, ok, why in results])
-        else:
-            for path, _ok, why in bad:
-                print(f"BROKEN {path}: {why}")
-            print(f"{len(results) - len(bad)} of {len(results)} entries ok in {cache.root}")
-        if bad:
-            print(_fail_paragraph(f"{len(bad)} broken cache entries; `neuron-compile cache prune` removes them."),
-                  file=sys.stderr)
-            return 1
-        return 0
-    if action == "clear":
-        removed = cache.clear()
-        if args.json:
-            emit_json(args, {"removed": removed})
-        else:
-            print(f"removed {removed} artifact(s) from {cache.root}")
-        return 0
-    if action == "prune":
-        removed = cache.prune(max_bytes=_parse_bytes(args.max_bytes))
-        if args.json:
-            emit_json(args, {"removed": removed, "bytes_left": cache.stats()["bytes"]})
-        else:
-            print(f"removed {removed} artifact(s) from {cache.root}; {cache.stats()['bytes']:,} bytes left")
-        return 0
-    raise UsageError(f"unknown cache action {action!r}")
-
-
-def cmd_inspect(args) -> int:
-    from pathlib import Path
-
-    try:
-        from runtime.artifact import ArtifactError, read_artifact, stablehlo_text
-    except ImportError as exc:
-        raise CompileFailure(f"the artifact format is not available in this build (runtime.artifact: {exc}).") from None
-    path = Path(args.artifact)
-    if not path.is_file():
-        # a key (or a unique prefix of one) in the cache
-        matches = [e for e in _artifact_cache(args).entries() if e["key"].startswith(args.artifact)]
-        if len(matches) != 1:
-            raise UsageError(f"{args.artifact} is neither an artifact file nor "
-                             f"{'a unique' if matches else 'a'} key in the cache.")
-        path = Path(matches[0]["path"])
-    try:
-        artifact = read_artifact(path)
-    except (OSError, ArtifactError) as exc:
-        raise UsageError(f"{path} is not a readable artifact: {exc}") from None
-    info = {"path": str(path), "bytes": path.stat().st_size, "stablehlo_bytes": len(artifact.stablehlo),
-            "executable_bytes": len(artifact.executable), "manifest": artifact.manifest}
-    if args.stablehlo:
-        print(stablehlo_text(artifact))
-        return 0
-    if args.json:
-        emit_json(args, info)
-        return 0
-    m = artifact.manifest
-    print(f"artifact {path} ({info['bytes']:,} bytes: StableHLO {info['stablehlo_bytes']:,}, "
-          f"executable {info['executable_bytes']:,})")
-    for name in ("graph", "kind", "key", "created", "pipeline"):
-        if name in m:
-            print(f"  {name:<10} {m[name]}")
-    for name in ("inputs", "outputs"):
-        if name in m:
-            shapes = ", ".join(f"{t.get('dtype')}{t.get('shape')}" for t in m[name])
-            print(f"  {name:<10} {shapes}")
-    for name in ("versions", "stages"):
-        if isinstance(m.get(name), dict):
-            print(f"  {name:<10} " + ", ".join(f"{k}={v}" for k, v in m[name].items()))
-    print("  (--json for the whole manifest, --stablehlo for the module)")
-    return 0
-
-
 # ---- explain -------------------------------------------------------------------------------------
 
 def cmd_explain(args) -> int:
@@ -580,8 +362,8 @@ def cmd_explain(args) -> int:
 
     import neuron_compile
 
-    from .backend import neuron_backend
-    from .options import Options
+    from ..capture.backend import neuron_backend
+    from ..capture.options import Options
     from .specs import resize
 
     options = _backend_options(args)
@@ -672,7 +454,7 @@ class _ExactShapeReasons(logging.Handler):
 
 
 def _lowering_failure(exc: BaseException, index: int) -> dict:
-    from .lowering import LoweringError
+    from ..lowering import LoweringError
 
     inner = _unwrap(exc)
     if isinstance(inner, LoweringError):
@@ -704,216 +486,3 @@ def _print_explain(r: dict) -> None:
     print("\ncache:")
     for c in r["cache"]:
         print(f"  {c['graph']}: {c['cache']}" + "".join(f"\n    {n}" for n in c["notes"]))
-
-
-# ---- repro ---------------------------------------------------------------------------------------
-
-def cmd_repro(args) -> int:
-    from pathlib import Path
-
-    from .lowering import repro
-
-    folder = Path(args.dir)
-    missing = [n for n in ("input.mlir", "pipeline.txt") if not (folder / n).is_file()]
-    if missing:
-        raise UsageError(f"{folder} is not a reproducer folder (it lacks {', '.join(missing)}); LoweringError "
-                         "messages name the folder to pass here.")
-    output = repro(folder)
-    print(output)
-    if output.startswith("pipeline succeeded"):
-        return 0
-    print(_fail_paragraph(f"the failure reproduces (pipeline {(folder / 'pipeline.txt').read_text().strip()})."),
-          file=sys.stderr)
-    return 1
-
-
-# ---- argument parsing --------------------------------------------------------------------------
-
-def _command(sub, name: str, help: str, example: str, description: str | None = None):
-    parser = sub.add_parser(
-        name, help=help,
-        description=textwrap.dedent(description or help),
-        epilog="example:\n  " + example.strip().replace("\n", "\n  "),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    return parser
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=PROG,
-        description="Offline tools for the neuron torch.compile backend: stage dumps, ahead-of-time compiles, "
-                    "cache care, compile-time benchmarks.",
-        epilog="example:\n  neuron-compile demo\n  neuron-compile dump mlp --out /tmp/dump\n\n"
-               "exit codes: 0 success, 1 compile failure, 2 bad usage",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
-    p = _command(sub, "demo", "train a small GPT-2-style transformer through the neuron backend beside eager",
-                 "neuron-compile demo --steps 5",
-                 """\
-                 Build a small GPT-2-style transformer (random weights, no download), run
-                 inference and a few AdamW training steps through torch.compile(backend="neuron")
-                 beside eager, print the losses side by side and the per-stage compile report.
-                 Exits 1 when neuron and eager disagree beyond --tol.""")
-    p.add_argument("--steps", type=int, default=5, help="AdamW steps (default 5)")
-    p.add_argument("--layers", type=int, default=2, help="transformer layers (default 2)")
-    p.add_argument("--lr", type=float, default=1e-2, help="AdamW learning rate (default 1e-2)")
-    p.add_argument("--tol", type=float, default=1e-3, help="largest allowed |neuron - eager| (default 1e-3)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="print the results as JSON")
-    p.set_defaults(run=cmd_demo)
-
-    spec_help = "model: a built-in name, path/to/file.py:factory or package.module:factory (see `neuron-compile specs`)"
-    passes_help = "pass pipeline or profile (none, default, neuron), e.g. 'canonicalize,fuse'"
-
-    p = _command(sub, "specs", "list the built-in model specs and the spec syntax", "neuron-compile specs")
-    p.set_defaults(run=cmd_specs)
-
-    p = _command(sub, "dump", "write every stage of every graph to a folder and print its index",
-                 "neuron-compile dump mlp --out /tmp/dump --passes canonicalize",
-                 """\
-                 Compile a model with the neuron backend (a fresh cache, so every stage runs) and
-                 write, per graph and in order: the FX graph, the Torch-MLIR module, the StableHLO
-                 before passes and after each pass, the final StableHLO, the artifact manifest and
-                 the compile report, under OUT/pid<process>/<graph>/. The same files are written for
-                 any torch.compile(..., backend="neuron") run when NEURON_COMPILE_DUMP_DIR is set.""")
-    p.add_argument("spec", help=spec_help)
-    p.add_argument("--out", required=True, help="dump folder")
-    p.add_argument("--passes", help=passes_help)
-    p.add_argument("--train", action="store_true", help="forward + backward (training graphs)")
-    p.add_argument("--json", action="store_true", help="print the index as JSON")
-    p.set_defaults(run=cmd_dump)
-
-    p = _command(sub, "compile", "compile ahead of time into the cache, reporting hits and new compiles",
-                 "neuron-compile compile demo --train --buckets 16,32 --bucket-dim 1 --jobs 2",
-                 """\
-                 Compile a model's graphs ahead of time into the artifact cache (NEURON_COMPILE_CACHE_DIR)
-                 with a progress bar, and report how many graphs were cache hits and how many were
-                 compiled. --buckets: dimension --bucket-dim of every input is made symbolic and each
-                 listed size becomes a bucket (the backend's buckets option), compiled once; a run
-                 with the same buckets then finds every bucket in the cache. A graph the bucketing
-                 analysis cannot prove exact is compiled at each listed size exactly.""")
-    p.add_argument("spec", help=spec_help)
-    p.add_argument("--buckets", help="comma-separated bucket sizes for dimension --bucket-dim, e.g. 128,256,512")
-    p.add_argument("--bucket-dim", type=int, default=0, help="the input dimension --buckets sets (default 0)")
-    p.add_argument("--jobs", type=int, default=1, help="compile in N worker processes sharing the cache")
-    p.add_argument("--train", action="store_true", help="also compile the training graphs (forward + backward)")
-    p.add_argument("--passes", help=passes_help)
-    p.add_argument("--json", action="store_true", help="print the results as JSON")
-    p.set_defaults(run=cmd_compile)
-
-    from .benchmark import add_bench_parsers
-
-    add_bench_parsers(sub, _command, spec_help, passes_help)
-
-    p = _command(sub, "cache", "show, check and trim the artifact cache",
-                 "neuron-compile cache stats\nneuron-compile cache prune --max-bytes 500M",
-                 """\
-                 stats: size and cumulative counters; ls: one line per artifact; verify: check every
-                 artifact's checksum and key (exit 1 if any is broken); clear: remove everything;
-                 prune: drop broken entries and evict least recently used artifacts down to --max-bytes.""")
-    p.add_argument("action", choices=["stats", "ls", "verify", "clear", "prune"])
-    p.add_argument("--cache-dir", help="cache folder (default: NEURON_COMPILE_CACHE_DIR or ~/.cache/neuron_compile)")
-    p.add_argument("--max-bytes", help="prune down to this size (500M, 2G...; default: the cache's cap)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(run=cmd_cache)
-
-    p = _command(sub, "inspect", "print an artifact's manifest (or its StableHLO)",
-                 "neuron-compile inspect ~/.cache/neuron_compile/artifacts/ab/ab12....ncart\n"
-                 "neuron-compile inspect ab12 --stablehlo   # a key prefix from `cache ls`")
-    p.add_argument("artifact", help="an artifact file, or a cache key (prefix)")
-    p.add_argument("--cache-dir", help="cache folder to look keys up in")
-    p.add_argument("--stablehlo", action="store_true", help="print the artifact's StableHLO module")
-    p.add_argument("--json", action="store_true", help="print the manifest and sizes as JSON")
-    p.set_defaults(run=cmd_inspect)
-
-    p = _command(sub, "explain", "graph breaks, recompiles, ops that don't lower, dims, cache misses",
-                 "neuron-compile explain mlp --sizes 4,16",
-                 """\
-                 Run a model through Dynamo's explain (graph breaks and their causes), then through the
-                 neuron backend graph by graph (a graph that does not lower is reported, with its op,
-                 source line and reproducer, and run eagerly so the rest is still looked at). --sizes
-                 calls again with other sizes of dimension --dim to show recompiles and their causes.
-                 Exits 1 when a graph does not lower.""")
-    p.add_argument("spec", help=spec_help)
-    p.add_argument("--sizes", help="also call with these sizes of dimension --dim, e.g. 4,16")
-    p.add_argument("--dim", type=int, default=0, help="the input dimension --sizes sets (default 0)")
-    p.add_argument("--train", action="store_true", help="forward + backward")
-    p.add_argument("--passes", help=passes_help)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(run=cmd_explain)
-
-    p = _command(sub, "repro", "re-run a saved failing lowering pipeline",
-                 "neuron-compile repro /tmp/neuron_compile_repro/g0.forward-abc123",
-                 """\
-                 Re-run the pipeline saved by a LoweringError (the folder its message names) and print the
-                 diagnostics. Exits 1 when the failure reproduces, 0 when the pipeline now succeeds.""")
-    p.add_argument("dir", help="the reproducer folder (holds input.mlir and pipeline.txt)")
-    p.set_defaults(run=cmd_repro)
-    return parser
-
-
-def cmd_specs(args) -> int:
-    from .specs import builtin_help
-
-    print("built-in model specs:\n" + builtin_help())
-    print("\nyour own: path/to/file.py:factory or package.module:factory, where factory() returns\n"
-          "(model, example_inputs), example_inputs a tuple of tensors or a dict of keyword tensors.")
-    return 0
-
-
-def _version() -> str:
-    try:
-        from . import __version__
-
-        return __version__
-    except Exception:
-        return "?"
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse: --help (0) or bad usage (2)
-        return int(exc.code or 0)
-    if not getattr(args, "run", None):
-        parser.print_help(sys.stderr)
-        return 2
-    return run(args)
-
-
-def run(args) -> int:
-    from .specs import SpecError
-
-    args.stdout = sys.stdout
-    try:
-        with contextlib.redirect_stdout(sys.stderr) if getattr(args, "json", False) else contextlib.nullcontext():
-            return args.run(args)
-    except (UsageError, SpecError) as exc:
-        _print_err(str(exc))
-        return 2
-    except CompileFailure as exc:
-        _print_err(str(exc))
-        return 1
-    except KeyboardInterrupt:
-        _print_err("interrupted.")
-        return 130
-    except Exception as exc:  # a compile failure somewhere in torch.compile
-        if os.environ.get("NEURON_COMPILE_TRACEBACK"):
-            raise
-        inner = _unwrap(exc)
-        from .lowering import LoweringError
-
-        if isinstance(inner, LoweringError):
-            _print_err(str(inner))
-        else:
-            _print_err(f"compile failed with {type(inner).__name__}: {inner}")
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,14 +16,15 @@ Three named stages, each timed into the compile report:
   ``arith.constant`` ops the lowering leaves behind).
 
 A graph holding ops Torch-MLIR cannot lower (FFT, complex values, SVD...)
-takes a fourth stage, ``jax``: ``jax_lowering.lower_spliced`` lowers those ops
-with JAX, the rest through the three stages above, and splices the parts into
-one module.
+takes a fourth stage, ``jax``: ``splice.lower_spliced`` lowers those ops
+with JAX (the rules are in ``jax_rules``), the rest through the three stages
+above, and splices the parts into one module.
 
-When a stage fails, ``LoweringError`` names the ATen op that did not lower,
-the line of the user's code it came from (the FX node's stack trace), the
-files where the FX graph and the failing IR were saved, and the command that
-reproduces the failure (``neuron-compile repro DIR``).
+When a stage fails, ``LoweringError`` (``diagnostics``) names the ATen op that
+did not lower, the line of the user's code it came from (the FX node's stack
+trace), the files where the FX graph and the failing IR were saved, and the
+command that reproduces the failure (``neuron-compile repro DIR``): this
+module finds the op in Torch-MLIR's diagnostics and writes the folder.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from pathlib import Path
 
 import torch
 
+from .diagnostics import LoweringError, _matches, _PipelineFailed, new_context, run_pipeline, user_source_line
+
 TORCH_BACKEND_PIPELINE = (
     "builtin.module(func.func(torch-match-quantized-custom-ops),"
     "torchdynamo-export-to-torch-backend-pipeline{ extra-library=})"
@@ -48,41 +51,6 @@ CLEANUP_PIPELINE = "builtin.module(func.func(stablehlo-aggressive-simplification
 STAGE_PIPELINES = {"torch-backend": TORCH_BACKEND_PIPELINE, "stablehlo": STABLEHLO_PIPELINE, "cleanup": CLEANUP_PIPELINE}
 
 
-class LoweringError(RuntimeError):
-    """An FX graph could not be lowered to StableHLO.
-
-    Attributes: ``op`` (ATen op name or None), ``source`` (user code line or
-    None), ``repro_dir`` (folder holding graph.py and the failing .mlir).
-    """
-
-    def __init__(self, message: str, *, op: str | None, source: str | None, repro_dir: str | None, stage: str):
-        super().__init__(message)
-        self.op = op
-        self.source = source
-        self.repro_dir = repro_dir
-        self.stage = stage
-
-
-def exception_chain(exc: BaseException):
-    """Every exception in ``exc``'s chain, depth first: Dynamo wraps backend errors
-    (``inner_exception``), and Python chains them (``__cause__``, ``__context__``)."""
-    seen, todo = set(), [exc]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        yield e
-        todo += [getattr(e, "inner_exception", None), e.__cause__, e.__context__]
-
-
-def innermost_exception(exc: BaseException) -> BaseException:
-    """The end of ``exc``'s wrapped/caused chain: what actually went wrong."""
-    while getattr(exc, "inner_exception", None) is not None or exc.__cause__ is not None:
-        exc = getattr(exc, "inner_exception", None) or exc.__cause__
-    return exc
-
-
 @dataclass
 class Lowered:
     """The output of lowering: the StableHLO module and the torch-dialect text for dumps."""
@@ -91,69 +59,12 @@ class Lowered:
     torch_mlir: str | None  # torch-backend IR text when keep_torch_ir, else None
 
 
-def new_context():
-    """A torch-mlir MLIR context with the torch dialect and StableHLO passes registered."""
-    from torch_mlir import ir
-    from torch_mlir._mlir_libs import _stablehlo
-    from torch_mlir.dialects import torch as torch_d
-
-    _register_stablehlo_passes()
-    ctx = ir.Context()
-    torch_d.register_dialect(ctx)
-    _stablehlo.register_dialect(ctx)
-    return ctx
-
-
-_PASSES_REGISTERED = False
-
-
-def _register_stablehlo_passes():
-    global _PASSES_REGISTERED
-    if not _PASSES_REGISTERED:
-        from torch_mlir._mlir_libs import _stablehlo
-
-        _stablehlo.register_stablehlo_passes()
-        _PASSES_REGISTERED = True
-
-
-def run_pipeline(module, pipeline: str) -> list[str]:
-    """Run an MLIR pass pipeline in place; returns the diagnostics, raises on failure."""
-    from torch_mlir.passmanager import PassManager
-
-    diagnostics: list[str] = []
-
-    def handler(diag):
-        diagnostics.append(f"{diag.location}: {diag.message}")
-        for note in diag.notes:
-            diagnostics.append(f"  note: {note.location}: {note.message}")
-        return True
-
-    ctx = module.context
-    handle = ctx.attach_diagnostic_handler(handler)
-    try:
-        with ctx:
-            pm = PassManager.parse(pipeline)
-            try:
-                pm.run(module.operation)
-            except Exception as exc:
-                raise _PipelineFailed(str(exc), diagnostics) from None
-    finally:
-        handle.detach()
-    return diagnostics
-
-
-class _PipelineFailed(Exception):
-    def __init__(self, message, diagnostics):
-        super().__init__(message)
-        self.diagnostics = diagnostics
-
-
 def lower_to_stablehlo(gm: torch.fx.GraphModule, *, report=None, graph_name: str = "graph",
                        keep_torch_ir: bool = False) -> Lowered:
     """Lower a static, decomposed FX graph to a StableHLO module (parameters as arguments)."""
     drop_error_checks(gm)
     _refuse_data_dependent_shapes(gm, graph_name)
-    from .jax_lowering import jax_nodes, lower_spliced
+    from .splice import jax_nodes, lower_spliced
 
     chosen = jax_nodes(gm)
     if chosen:
@@ -382,25 +293,6 @@ def _nodes_at(gm, diagnostics: list[str]) -> list[torch.fx.Node]:
     return []
 
 
-def _matches(node: torch.fx.Node, op: str) -> bool:
-    name = getattr(node.target, "name", None)
-    if not callable(name):
-        return False
-    full = name().replace("::", ".")  # e.g. "aten.squeeze.dims"
-    base, want = full.split(".")[1], op.split(".")[1]
-    return full == op or base == want or base.lstrip("_") == want.lstrip("_")
-
-
-def user_source_line(node: torch.fx.Node) -> str | None:
-    """The innermost 'File ..., line N' frame of a node's stack trace, with its code line."""
-    trace = node.meta.get("stack_trace") or ""
-    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', trace)
-    if not frames:
-        return None
-    path, line, func, code = frames[-1]
-    return f'{path}:{line} in {func}: {code.strip()}'
-
-
 def repro_root() -> Path:
     root = os.environ.get("NEURON_COMPILE_REPRO_DIR")
     return Path(root) if root else Path(tempfile.gettempdir()) / "neuron_compile_repro"
@@ -445,21 +337,6 @@ def _error(gm, ir_text, stage, message, diagnostics, graph_name, *, op=None, who
         "or wrap it in torch.compiler.disable."
     )
     return LoweringError("\n".join(lines), op=op, source=source, repro_dir=str(repro) if repro else None, stage=stage)
-
-
-def repro(directory: str | os.PathLike) -> str:
-    """Re-run the failing pipeline on a saved reproducer folder; returns the diagnostics."""
-    from torch_mlir import ir
-
-    directory = Path(directory)
-    pipeline = (directory / "pipeline.txt").read_text().strip()
-    ctx = new_context()
-    module = ir.Module.parse((directory / "input.mlir").read_text(), ctx)
-    try:
-        run_pipeline(module, pipeline)
-    except _PipelineFailed as failed:
-        return "\n".join(failed.diagnostics + [str(failed)])
-    return "pipeline succeeded: the failure did not reproduce"
 
 
 def strip_locations(text: str) -> str:

@@ -24,87 +24,32 @@ that splits a padded size, ...) makes the whole graph compile at exact shapes
 instead, and the reason is kept (``CompiledGraph.bucketing``, the compile
 report, ``neuron-compile explain``).
 
-Layouts. A dim of a padded tensor is a row-major product of *atoms*, each a
-sympy expression of the true size (``s1``, ``s1 + 1``, a static ``64``); a
-view merging ``[s0, s1]`` into ``[s0*s1]`` keeps the atoms ``(s0, s1)`` so the
-padding pattern of the merged dim is known. Where such a merged dim crosses a
+Layouts (their arithmetic is ``bucket_layouts.py``). A dim of a padded tensor
+is a row-major product of *atoms*, each a sympy expression of the true size
+(``s1``, ``s1 + 1``, a static ``64``); a view merging ``[s0, s1]`` into
+``[s0*s1]`` keeps the atoms ``(s0, s1)`` so the padding pattern of the merged
+dim is known. Where such a merged dim crosses a
 graph boundary (a forward output saved for the backward), the forward records
 its atoms under the output's name and the backward reads them back.
 
 Rewrites happen while the symbolic graph is re-traced at the bucket's sizes
-(``BucketInterpreter`` under ``make_fx``), so the result is a static graph that
-goes through the ordinary compile path and cache.
+(``bucket_padding.BucketInterpreter`` under ``make_fx``), so the result is a
+static graph that goes through the ordinary compile path and cache. This
+module is the analysis; ``bucket_padding`` applies it at each call.
 """
 
 from __future__ import annotations
 
-import math
 import operator
 from dataclasses import dataclass, field
 
-import sympy
 import torch
 import torch.fx
 
+from .bucket_layouts import (NotBucketable, _broadcast, _dim_expr, _expr, _norm, _padded, _padded_layout, _regroup,
+                             _static, layout_of_shape)
+
 aten = torch.ops.aten
-
-Atoms = tuple  # tuple[sympy.Expr, ...] : one dim as a row-major product of atoms
-Layout = tuple  # tuple[Atoms, ...]     : one tensor
-
-
-class NotBucketable(Exception):
-    """The analysis could not prove bucketing exact for this graph."""
-
-
-# ----------------------------------------------------------------------------- arithmetic
-
-
-def round_up(n: int, buckets) -> int:
-    """The bucket for true size ``n``: next multiple of an int, or next entry of a sorted list."""
-    if isinstance(buckets, int):
-        return max(buckets, -(-n // buckets) * buckets) if n > 0 else buckets
-    for b in buckets:
-        if n <= b:
-            return b
-    step = buckets[-1]
-    return -(-n // step) * step
-
-
-def _expr(size) -> sympy.Expr:
-    if isinstance(size, torch.SymInt):
-        return size.node.expr
-    return sympy.Integer(int(size))
-
-
-def _static(atom) -> bool:
-    return not atom.free_symbols
-
-
-def _dim_expr(atoms: Atoms) -> sympy.Expr:
-    return sympy.Mul(*atoms) if atoms else sympy.Integer(1)
-
-
-def _norm(atoms) -> Atoms:
-    """Canonical atoms: adjacent static atoms merged, ones dropped ((s, 2, 2) == (s, 4))."""
-    out = []
-    for a in atoms:
-        if a == 1:
-            continue
-        if out and _static(a) and _static(out[-1]):
-            out[-1] = out[-1] * a
-        else:
-            out.append(a)
-    return tuple(out)
-
-
-def _padded(atoms: Atoms) -> bool:
-    return any(not _static(a) for a in atoms)
-
-
-def layout_of_shape(shape) -> Layout:
-    """A fresh layout: each dim one atom (its content is valid on a prefix)."""
-    return tuple(() if _expr(s) == 1 else (_expr(s),) for s in shape)
-
 
 # ----------------------------------------------------------------------------- analysis
 
@@ -169,62 +114,6 @@ class BucketAnalysis:
     output_layouts: list = field(default_factory=list)  # per output: Layout, SymOutput or None
     rewrites: dict = field(default_factory=dict)  # node name -> Rewrite
     output_names: list = field(default_factory=list)
-
-
-def _broadcast(layouts: list, out_shape) -> Layout:
-    out = []
-    nd = len(out_shape)
-    for d in range(nd):
-        chosen = None
-        for lay in layouts:
-            k = d - (nd - len(lay))
-            if k < 0:
-                continue
-            atoms = lay[k]
-            if _dim_expr(atoms) == 1:
-                continue
-            if chosen is None:
-                chosen = atoms
-            elif _padded(atoms) or _padded(chosen):
-                if _norm(atoms) != _norm(chosen):
-                    raise NotBucketable(f"operands disagree on the padding of dim {d}: {atoms} vs {chosen}")
-        if chosen is None:
-            chosen = layout_of_shape([out_shape[d]])[0]
-        out.append(tuple(chosen))
-    return tuple(out)
-
-
-def _regroup(layout: Layout, out_shape) -> Layout:
-    """Layout after a view: consecutive atoms grouped to the new dims; static atoms may split."""
-    atoms = [a for dim in layout for a in dim if a != 1]
-    out = []
-    i = 0
-    for size in out_shape:
-        want = _expr(size)
-        if want == 1:
-            out.append(())
-            continue
-        group = []
-        have = sympy.Integer(1)
-        while sympy.simplify(have - want) != 0:
-            if i >= len(atoms):
-                raise NotBucketable(f"view to {list(out_shape)} does not follow the padded layout {layout}")
-            atom = atoms[i]
-            ratio = sympy.simplify(want / have)
-            if _static(atom) and _static(ratio) and atom != ratio and int(atom) % int(ratio) == 0 and ratio.is_integer:
-                group.append(ratio)  # split a static atom
-                atoms[i] = sympy.Integer(int(atom) // int(ratio))
-                have = have * ratio
-                continue
-            group.append(atom)
-            have = have * atom
-            i += 1
-            if not _static(sympy.simplify(want / have)) and not sympy.simplify(want / have).free_symbols <= want.free_symbols:
-                raise NotBucketable(f"view to {list(out_shape)} splits a padded size")
-        out.append(_norm(group))
-    if any(a != 1 for a in atoms[i:]):
-        raise NotBucketable(f"view to {list(out_shape)} does not consume the layout {layout}")
-    return tuple(out)
 
 
 def _schema_args(node):
@@ -572,10 +461,6 @@ def _op_dims(node, layout):
     return list(range(nd))
 
 
-def _padded_layout(lay) -> bool:
-    return lay is not None and any(_padded(a) for a in lay)
-
-
 def _fresh_or_inherit(val, tensor_args):
     if len(tensor_args) == 1 and tensor_args[0][2] is not None and len(tensor_args[0][2]) == val.dim():
         lay = tensor_args[0][2]
@@ -620,199 +505,3 @@ def _reduction(node, layouts, tensor_args, rewrite, identity=None):
     out = [() if d in dims else src[d] for d in range(nd)] if keep else [src[d] for d in range(nd) if d not in dims]
     val = node.meta["val"]
     layouts[node] = [tuple(out), tuple(out)] if isinstance(val, (tuple, list)) else tuple(out)
-
-
-# ----------------------------------------------------------------------------- execution
-
-
-def sym_to_value(expr, env):
-    """Evaluate a sympy size expression on ints, or on 0-d tensors (true sizes inside the graph)."""
-    if expr.is_Integer:
-        return int(expr)
-    if expr.is_Rational:
-        return float(expr)
-    if expr.is_Symbol:
-        return env[expr]
-    args = [sym_to_value(a, env) for a in expr.args]
-    name = type(expr).__name__
-    if expr.is_Add:
-        out = args[0]
-        for a in args[1:]:
-            out = out + a
-        return out
-    if expr.is_Mul:
-        out = args[0]
-        for a in args[1:]:
-            out = out * a
-        return out
-    if expr.is_Pow:
-        return args[0] ** args[1]
-    if name == "FloorDiv":
-        return args[0] // args[1]
-    if name in ("Mod", "PythonMod"):
-        return args[0] % args[1]
-    if name in ("Max",):
-        return torch.maximum(*args) if isinstance(args[0], torch.Tensor) else max(args)
-    if name in ("Min",):
-        return torch.minimum(*args) if isinstance(args[0], torch.Tensor) else min(args)
-    if name in ("CeilDiv", "CeilDivision"):
-        return -((-args[0]) // args[1])
-    if name in ("IntTrueDiv", "FloatTrueDiv"):  # sizes divided as values (batch norm's 1 / count)
-        return args[0] / args[1]
-    if name in ("ToFloat", "Identity"):
-        return args[0] * 1.0 if name == "ToFloat" else args[0]
-    if name in ("PowByNatural", "FloatPow"):
-        return args[0] ** args[1]
-    if name in ("CleanDiv", "IntFloorDiv"):
-        return args[0] // args[1]
-    if name == "TruncToInt":
-        return args[0].trunc().long() if isinstance(args[0], torch.Tensor) else int(args[0])
-    raise NotBucketable(f"cannot evaluate size expression {expr}")
-
-
-def padded_size(atoms: Atoms, buckets_env: dict) -> int:
-    return int(math.prod(int(sym_to_value(a, buckets_env)) for a in atoms)) if atoms else 1
-
-
-def valid_mask(atoms: Atoms, buckets_env: dict, true_env: dict) -> torch.Tensor:
-    """Bool vector over a padded dim: True where the position holds a real value."""
-    sizes = [int(sym_to_value(a, buckets_env)) for a in atoms]
-    total = math.prod(sizes)
-    idx = torch.arange(total)
-    mask = torch.ones(total, dtype=torch.bool)
-    stride = total
-    for atom, size in zip(atoms, sizes):
-        stride //= size
-        if _static(atom):
-            continue
-        comp = (idx // stride) % size
-        mask = mask & (comp < sym_to_value(atom, true_env))
-    return mask
-
-
-def _identity(kind, dtype):
-    if kind in ("min", "-inf"):
-        return float("-inf") if dtype.is_floating_point else (False if dtype == torch.bool else torch.iinfo(dtype).min)
-    if kind == "max":
-        return float("inf") if dtype.is_floating_point else (True if dtype == torch.bool else torch.iinfo(dtype).max)
-    if isinstance(kind, tuple):
-        return kind[1]
-    return kind
-
-
-def apply_mask(x: torch.Tensor, dims, identity, buckets_env, true_env) -> torch.Tensor:
-    mask = None
-    for d, atoms in dims:
-        m = valid_mask(atoms, buckets_env, true_env)
-        shape = [1] * x.dim()
-        shape[d] = -1
-        m = m.view(shape)
-        mask = m if mask is None else mask & m
-    if mask is None:
-        return x
-    fill = _identity(identity, x.dtype)
-    return torch.where(mask, x, torch.full((), fill, dtype=x.dtype))
-
-
-class BucketInterpreter(torch.fx.Interpreter):
-    """Runs the symbolic graph at bucket sizes under make_fx, applying the analysis' rewrites."""
-
-    def __init__(self, gm, analysis: BucketAnalysis, buckets_env: dict):
-        super().__init__(gm)
-        self.analysis = analysis
-        self.buckets_env = buckets_env
-        self.true_env: dict = {}
-
-    def run_with_true_sizes(self, true_sizes: torch.Tensor, *args):
-        # symbols that are not padded (value symbols, specialized exactly) are their bucket value
-        self.true_env = {**self.buckets_env, **{s: true_sizes[i] for i, s in enumerate(self.analysis.symbols)}}
-        return self.run(*args)
-
-    def call_function(self, target, args, kwargs):
-        node = self._current
-        rewrite = self.analysis.rewrites.get(node.name)
-        if rewrite is None:
-            return super().call_function(target, args, kwargs)
-        args = list(args)
-        for index, expr in rewrite.true_values.items():
-            value = sym_to_value(expr, self.true_env)
-            if isinstance(value, torch.Tensor) and target is aten.scalar_tensor.default:
-                dtype = kwargs.get("dtype") or torch.get_default_dtype()
-                return value.to(dtype)
-            args[index] = value
-        for index, dims, identity in rewrite.masks:
-            if dims:
-                args[index] = apply_mask(args[index], dims, identity, self.buckets_env, self.true_env)
-        if rewrite.mean_dims is not None:
-            # mean over a padded dim: masked sum divided by the true element count
-            x = args[0]
-            keep = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
-            total = torch.sum(x, [d for d, _ in rewrite.mean_dims], keepdim=keep, dtype=kwargs.get("dtype"))
-            count = 1
-            for _, atoms in rewrite.mean_dims:
-                count = count * (sym_to_value(_dim_expr(atoms), self.true_env) if atoms else 1)
-            return total / count
-        if rewrite.true_values and target in (aten.full.default, aten.new_full.default, aten.full_like.default):
-            index = next(iter(rewrite.true_values))
-            value = args[index]
-            args[index] = 0
-            zeros = target(*args, **kwargs)
-            return zeros + value.to(zeros.dtype)
-        if rewrite.true_values and isinstance(target, torch._ops.OpOverload):
-            target = target.overloadpacket  # a Scalar overload now gets a 0-d tensor: let dispatch pick
-        out = target(*args, **kwargs)
-        if rewrite.pad_fix:
-            for d, atoms, left in rewrite.pad_fix:
-                fill = args[2] if len(args) > 2 else kwargs.get("value", 0)
-                n = out.shape[d]
-                idx = torch.arange(n).view([-1 if k == d else 1 for k in range(out.dim())])
-                end = sym_to_value(_dim_expr(atoms), self.true_env) + left
-                out = torch.where(idx < end, out, torch.full((), fill, dtype=out.dtype))
-        return out
-
-    def run_node(self, n):
-        self._current = n
-        return super().run_node(n)
-
-
-# ----------------------------------------------------------------------------- call-time padding
-
-
-def _atom_sizes(layout: Layout, env: dict) -> list[int]:
-    sizes = []
-    for atoms in layout:
-        if not atoms:
-            sizes.append(1)
-        else:
-            sizes.extend(int(sym_to_value(a, env)) for a in atoms)
-    return sizes
-
-
-def pad_to_bucket(t: torch.Tensor, layout: Layout, bucket_env: dict, true_env: dict) -> torch.Tensor:
-    """Zero-pad a true-size tensor to its bucket shape, atom by atom."""
-    if not _padded_layout(layout):
-        return t
-    true_atoms = _atom_sizes(layout, true_env)
-    padded_atoms = _atom_sizes(layout, bucket_env)
-    if true_atoms == padded_atoms:
-        return t
-    out = t.new_zeros(padded_atoms)
-    out[tuple(slice(0, n) for n in true_atoms)] = t.reshape(true_atoms)
-    return out.reshape([padded_size(a, bucket_env) for a in layout])
-
-
-def slice_from_bucket(t: torch.Tensor, layout: Layout, bucket_env: dict, true_env: dict) -> torch.Tensor:
-    """The real region of a bucket-shaped tensor, at its true shape."""
-    if not _padded_layout(layout):
-        return t
-    true_shape = [padded_size(a, true_env) for a in layout]
-    if list(t.shape) == true_shape:
-        return t
-    if all(len(a) <= 1 for a in layout):
-        for d, n in enumerate(true_shape):
-            if t.shape[d] != n:
-                t = t.narrow(d, 0, n)
-        return t
-    true_atoms = _atom_sizes(layout, true_env)
-    view = t.reshape(_atom_sizes(layout, bucket_env))
-    return view[tuple(slice(0, n) for n in true_atoms)].reshape(true_shape)

@@ -1,0 +1,118 @@
+"""Padded layouts: the arithmetic shape bucketing reasons in (``bucketing.py`` decides, with it,
+whether a graph is exact when padded).
+
+A dim of a padded tensor is a row-major product of *atoms*, each a sympy
+expression of the true size (``s1``, ``s1 + 1``, a static ``64``); its real
+content is the prefix of each atom. ``_broadcast`` is the layout of a
+pointwise result, ``_regroup`` of a view (static atoms may split; a view that
+splits a padded size is not bucketable). Pure functions of shapes and layouts:
+no graph, no tensors.
+"""
+
+from __future__ import annotations
+
+import sympy
+import torch
+
+Atoms = tuple  # tuple[sympy.Expr, ...] : one dim as a row-major product of atoms
+Layout = tuple  # tuple[Atoms, ...]     : one tensor
+
+
+class NotBucketable(Exception):
+    """The analysis could not prove bucketing exact for this graph."""
+
+
+def _expr(size) -> sympy.Expr:
+    if isinstance(size, torch.SymInt):
+        return size.node.expr
+    return sympy.Integer(int(size))
+
+
+def _static(atom) -> bool:
+    return not atom.free_symbols
+
+
+def _dim_expr(atoms: Atoms) -> sympy.Expr:
+    return sympy.Mul(*atoms) if atoms else sympy.Integer(1)
+
+
+def _norm(atoms) -> Atoms:
+    """Canonical atoms: adjacent static atoms merged, ones dropped ((s, 2, 2) == (s, 4))."""
+    out = []
+    for a in atoms:
+        if a == 1:
+            continue
+        if out and _static(a) and _static(out[-1]):
+            out[-1] = out[-1] * a
+        else:
+            out.append(a)
+    return tuple(out)
+
+
+def _padded(atoms: Atoms) -> bool:
+    return any(not _static(a) for a in atoms)
+
+
+def layout_of_shape(shape) -> Layout:
+    """A fresh layout: each dim one atom (its content is valid on a prefix)."""
+    return tuple(() if _expr(s) == 1 else (_expr(s),) for s in shape)
+
+
+def _broadcast(layouts: list, out_shape) -> Layout:
+    out = []
+    nd = len(out_shape)
+    for d in range(nd):
+        chosen = None
+        for lay in layouts:
+            k = d - (nd - len(lay))
+            if k < 0:
+                continue
+            atoms = lay[k]
+            if _dim_expr(atoms) == 1:
+                continue
+            if chosen is None:
+                chosen = atoms
+            elif _padded(atoms) or _padded(chosen):
+                if _norm(atoms) != _norm(chosen):
+                    raise NotBucketable(f"operands disagree on the padding of dim {d}: {atoms} vs {chosen}")
+        if chosen is None:
+            chosen = layout_of_shape([out_shape[d]])[0]
+        out.append(tuple(chosen))
+    return tuple(out)
+
+
+def _regroup(layout: Layout, out_shape) -> Layout:
+    """Layout after a view: consecutive atoms grouped to the new dims; static atoms may split."""
+    atoms = [a for dim in layout for a in dim if a != 1]
+    out = []
+    i = 0
+    for size in out_shape:
+        want = _expr(size)
+        if want == 1:
+            out.append(())
+            continue
+        group = []
+        have = sympy.Integer(1)
+        while sympy.simplify(have - want) != 0:
+            if i >= len(atoms):
+                raise NotBucketable(f"view to {list(out_shape)} does not follow the padded layout {layout}")
+            atom = atoms[i]
+            ratio = sympy.simplify(want / have)
+            if _static(atom) and _static(ratio) and atom != ratio and int(atom) % int(ratio) == 0 and ratio.is_integer:
+                group.append(ratio)  # split a static atom
+                atoms[i] = sympy.Integer(int(atom) // int(ratio))
+                have = have * ratio
+                continue
+            group.append(atom)
+            have = have * atom
+            i += 1
+            if not _static(sympy.simplify(want / have)) and not sympy.simplify(want / have).free_symbols <= want.free_symbols:
+                raise NotBucketable(f"view to {list(out_shape)} splits a padded size")
+        out.append(_norm(group))
+    if any(a != 1 for a in atoms[i:]):
+        raise NotBucketable(f"view to {list(out_shape)} does not consume the layout {layout}")
+    return tuple(out)
+
+
+def _padded_layout(lay) -> bool:
+    return lay is not None and any(_padded(a) for a in lay)

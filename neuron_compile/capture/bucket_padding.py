@@ -1,0 +1,238 @@
+"""Shape bucketing at call time: sizes rounded up, the graph re-traced at the bucket, tensors padded and sliced.
+
+What ``bucketing.analyze`` proved, applied per call by ``CompiledGraph``:
+
+* ``round_up``: the bucket of a true size (next multiple of an int, or next
+  entry of a sorted list);
+* ``BucketInterpreter``: re-runs the symbolic graph at the bucket's sizes
+  under ``make_fx``, applying the analysis' rewrites (``Rewrite``): masks that
+  give reductions their identity on padded positions (``apply_mask``,
+  ``valid_mask``), sizes used as values read from the true sizes the
+  executable receives in a small int64 tensor (``sym_to_value``), a mean
+  divided by the true count, ``constant_pad_nd`` writing its value at the true
+  end. The result is a static graph for the ordinary compile path;
+* ``pad_to_bucket`` and ``slice_from_bucket``: a call's inputs zero-padded to
+  the bucket shape atom by atom, its outputs sliced back to their true shape.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.fx
+
+from .bucket_layouts import Atoms, Layout, NotBucketable, _dim_expr, _padded_layout, _static
+from .bucketing import BucketAnalysis
+
+aten = torch.ops.aten
+
+
+# ----------------------------------------------------------------------------- arithmetic
+
+
+def round_up(n: int, buckets) -> int:
+    """The bucket for true size ``n``: next multiple of an int, or next entry of a sorted list."""
+    if isinstance(buckets, int):
+        return max(buckets, -(-n // buckets) * buckets) if n > 0 else buckets
+    for b in buckets:
+        if n <= b:
+            return b
+    step = buckets[-1]
+    return -(-n // step) * step
+
+
+# ----------------------------------------------------------------------------- execution
+
+
+def sym_to_value(expr, env):
+    """Evaluate a sympy size expression on ints, or on 0-d tensors (true sizes inside the graph)."""
+    if expr.is_Integer:
+        return int(expr)
+    if expr.is_Rational:
+        return float(expr)
+    if expr.is_Symbol:
+        return env[expr]
+    args = [sym_to_value(a, env) for a in expr.args]
+    name = type(expr).__name__
+    if expr.is_Add:
+        out = args[0]
+        for a in args[1:]:
+            out = out + a
+        return out
+    if expr.is_Mul:
+        out = args[0]
+        for a in args[1:]:
+            out = out * a
+        return out
+    if expr.is_Pow:
+        return args[0] ** args[1]
+    if name == "FloorDiv":
+        return args[0] // args[1]
+    if name in ("Mod", "PythonMod"):
+        return args[0] % args[1]
+    if name in ("Max",):
+        return torch.maximum(*args) if isinstance(args[0], torch.Tensor) else max(args)
+    if name in ("Min",):
+        return torch.minimum(*args) if isinstance(args[0], torch.Tensor) else min(args)
+    if name in ("CeilDiv", "CeilDivision"):
+        return -((-args[0]) // args[1])
+    if name in ("IntTrueDiv", "FloatTrueDiv"):  # sizes divided as values (batch norm's 1 / count)
+        return args[0] / args[1]
+    if name in ("ToFloat", "Identity"):
+        return args[0] * 1.0 if name == "ToFloat" else args[0]
+    if name in ("PowByNatural", "FloatPow"):
+        return args[0] ** args[1]
+    if name in ("CleanDiv", "IntFloorDiv"):
+        return args[0] // args[1]
+    if name == "TruncToInt":
+        return args[0].trunc().long() if isinstance(args[0], torch.Tensor) else int(args[0])
+    raise NotBucketable(f"cannot evaluate size expression {expr}")
+
+
+def padded_size(atoms: Atoms, buckets_env: dict) -> int:
+    return int(math.prod(int(sym_to_value(a, buckets_env)) for a in atoms)) if atoms else 1
+
+
+def valid_mask(atoms: Atoms, buckets_env: dict, true_env: dict) -> torch.Tensor:
+    """Bool vector over a padded dim: True where the position holds a real value."""
+    sizes = [int(sym_to_value(a, buckets_env)) for a in atoms]
+    total = math.prod(sizes)
+    idx = torch.arange(total)
+    mask = torch.ones(total, dtype=torch.bool)
+    stride = total
+    for atom, size in zip(atoms, sizes):
+        stride //= size
+        if _static(atom):
+            continue
+        comp = (idx // stride) % size
+        mask = mask & (comp < sym_to_value(atom, true_env))
+    return mask
+
+
+def _identity(kind, dtype):
+    if kind in ("min", "-inf"):
+        return float("-inf") if dtype.is_floating_point else (False if dtype == torch.bool else torch.iinfo(dtype).min)
+    if kind == "max":
+        return float("inf") if dtype.is_floating_point else (True if dtype == torch.bool else torch.iinfo(dtype).max)
+    if isinstance(kind, tuple):
+        return kind[1]
+    return kind
+
+
+def apply_mask(x: torch.Tensor, dims, identity, buckets_env, true_env) -> torch.Tensor:
+    mask = None
+    for d, atoms in dims:
+        m = valid_mask(atoms, buckets_env, true_env)
+        shape = [1] * x.dim()
+        shape[d] = -1
+        m = m.view(shape)
+        mask = m if mask is None else mask & m
+    if mask is None:
+        return x
+    fill = _identity(identity, x.dtype)
+    return torch.where(mask, x, torch.full((), fill, dtype=x.dtype))
+
+
+class BucketInterpreter(torch.fx.Interpreter):
+    """Runs the symbolic graph at bucket sizes under make_fx, applying the analysis' rewrites."""
+
+    def __init__(self, gm, analysis: BucketAnalysis, buckets_env: dict):
+        super().__init__(gm)
+        self.analysis = analysis
+        self.buckets_env = buckets_env
+        self.true_env: dict = {}
+
+    def run_with_true_sizes(self, true_sizes: torch.Tensor, *args):
+        # symbols that are not padded (value symbols, specialized exactly) are their bucket value
+        self.true_env = {**self.buckets_env, **{s: true_sizes[i] for i, s in enumerate(self.analysis.symbols)}}
+        return self.run(*args)
+
+    def call_function(self, target, args, kwargs):
+        node = self._current
+        rewrite = self.analysis.rewrites.get(node.name)
+        if rewrite is None:
+            return super().call_function(target, args, kwargs)
+        args = list(args)
+        for index, expr in rewrite.true_values.items():
+            value = sym_to_value(expr, self.true_env)
+            if isinstance(value, torch.Tensor) and target is aten.scalar_tensor.default:
+                dtype = kwargs.get("dtype") or torch.get_default_dtype()
+                return value.to(dtype)
+            args[index] = value
+        for index, dims, identity in rewrite.masks:
+            if dims:
+                args[index] = apply_mask(args[index], dims, identity, self.buckets_env, self.true_env)
+        if rewrite.mean_dims is not None:
+            # mean over a padded dim: masked sum divided by the true element count
+            x = args[0]
+            keep = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+            total = torch.sum(x, [d for d, _ in rewrite.mean_dims], keepdim=keep, dtype=kwargs.get("dtype"))
+            count = 1
+            for _, atoms in rewrite.mean_dims:
+                count = count * (sym_to_value(_dim_expr(atoms), self.true_env) if atoms else 1)
+            return total / count
+        if rewrite.true_values and target in (aten.full.default, aten.new_full.default, aten.full_like.default):
+            index = next(iter(rewrite.true_values))
+            value = args[index]
+            args[index] = 0
+            zeros = target(*args, **kwargs)
+            return zeros + value.to(zeros.dtype)
+        if rewrite.true_values and isinstance(target, torch._ops.OpOverload):
+            target = target.overloadpacket  # a Scalar overload now gets a 0-d tensor: let dispatch pick
+        out = target(*args, **kwargs)
+        if rewrite.pad_fix:
+            for d, atoms, left in rewrite.pad_fix:
+                fill = args[2] if len(args) > 2 else kwargs.get("value", 0)
+                n = out.shape[d]
+                idx = torch.arange(n).view([-1 if k == d else 1 for k in range(out.dim())])
+                end = sym_to_value(_dim_expr(atoms), self.true_env) + left
+                out = torch.where(idx < end, out, torch.full((), fill, dtype=out.dtype))
+        return out
+
+    def run_node(self, n):
+        self._current = n
+        return super().run_node(n)
+
+
+# ----------------------------------------------------------------------------- call-time padding
+
+
+def _atom_sizes(layout: Layout, env: dict) -> list[int]:
+    sizes = []
+    for atoms in layout:
+        if not atoms:
+            sizes.append(1)
+        else:
+            sizes.extend(int(sym_to_value(a, env)) for a in atoms)
+    return sizes
+
+
+def pad_to_bucket(t: torch.Tensor, layout: Layout, bucket_env: dict, true_env: dict) -> torch.Tensor:
+    """Zero-pad a true-size tensor to its bucket shape, atom by atom."""
+    if not _padded_layout(layout):
+        return t
+    true_atoms = _atom_sizes(layout, true_env)
+    padded_atoms = _atom_sizes(layout, bucket_env)
+    if true_atoms == padded_atoms:
+        return t
+    out = t.new_zeros(padded_atoms)
+    out[tuple(slice(0, n) for n in true_atoms)] = t.reshape(true_atoms)
+    return out.reshape([padded_size(a, bucket_env) for a in layout])
+
+
+def slice_from_bucket(t: torch.Tensor, layout: Layout, bucket_env: dict, true_env: dict) -> torch.Tensor:
+    """The real region of a bucket-shaped tensor, at its true shape."""
+    if not _padded_layout(layout):
+        return t
+    true_shape = [padded_size(a, true_env) for a in layout]
+    if list(t.shape) == true_shape:
+        return t
+    if all(len(a) <= 1 for a in layout):
+        for d, n in enumerate(true_shape):
+            if t.shape[d] != n:
+                t = t.narrow(d, 0, n)
+        return t
+    true_atoms = _atom_sizes(layout, true_env)
+    view = t.reshape(_atom_sizes(layout, bucket_env))
+    return view[tuple(slice(0, n) for n in true_atoms)].reshape(true_shape)

@@ -1,0 +1,110 @@
+"""The decomposition table AOTAutograd applies before Torch-MLIR sees a graph.
+
+torch-mlir's FX importer applies no decompositions of its own, so what reaches
+it is exactly what this table leaves. ``decomposition_table()`` assembles it
+here, in layers, later ones win:
+
+1. torch-mlir's own table (``fx_decomp_util.get_decomposition_table``): PyTorch's
+   core-ATen decompositions, minus a few whose output torch-mlir lowers worse
+   (roll, one_hot, rms_norm, ...: it keeps its C++ lowering for those), plus
+   the overloads torch-mlir needs decomposed (layer/group/batch norm, SDPA, ...);
+2. ours, one module per family, for ops that the table leaves and that
+   torch-mlir does not legalize to StableHLO (each entry says which model hits
+   it): ``core`` (with ``gamma``, ``reductions`` and ``layers``, which register
+   into its ``_OURS``), then the ``_foreach_*`` ops, ``linalg`` (unrolled
+   LU/Cholesky/QR), ``special`` (Cephes' special functions, coefficients in
+   ``_cephes``), ``pool`` (pooling windows as gathers), ``misc`` (search,
+   pairwise, strided and bit-level ops) and the library ops loaded so far;
+3. wrappers over the result: 0-d inputs (``_RANK0``), bool/uint8 inputs of
+   max/min/argmax/cummax widened to int32 (``_WIDENED``), half-precision
+   cumsum accumulated in float32, and zero-size inputs (``pool.with_zero_size``).
+
+``pre_autograd`` holds the rewrites of Dynamo's graph that run before
+AOTAutograd (SDPA and embedding_bag as plain ops). The four families
+``linalg``, ``special``, ``pool`` and ``misc`` are imported when the table is
+first built, not with this package.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from . import gamma, reductions  # noqa: F401  (they register into core._OURS)
+from .core import _OURS, _RANK0, _rank0
+from .layers import _foreach_decompositions, _library_decompositions
+
+aten = torch.ops.aten
+
+
+@functools.lru_cache(maxsize=1)
+def _base_table() -> dict:
+    from torch_mlir.extras.fx_decomp_util import get_decomposition_table
+
+    from .linalg import LINALG
+    from .misc import MISC, library_decompositions
+    from .pool import POOL, with_zero_size
+    from .special import SPECIAL
+
+    table = dict(get_decomposition_table())
+    table.update(_OURS)
+    table.update(_foreach_decompositions())
+    table.update(LINALG)
+    table.update(SPECIAL)
+    table.update(POOL)
+    table.update(MISC)
+    table.update(library_decompositions())
+    for op, fn in _RANK0.items():
+        if op not in table:  # ops some table already decomposes keep that decomposition
+            table[op] = _rank0(fn)
+    for op in _WIDENED:
+        table[op] = _first_of(_widened(op), table.get(op))
+    table[aten.cumsum.default] = _first_of(_cumsum_half, table.get(aten.cumsum.default))
+    return with_zero_size(table)
+
+
+def _cumsum_half(x, dim, *, dtype=None):
+    # ATen accumulates bfloat16 and float16 running sums in float32 (acc_type); in bfloat16 the
+    # sum drifts by several ulps over a row
+    if x.dim() == 0 or x.dtype not in (torch.bfloat16, torch.float16) or dtype not in (None, x.dtype):
+        return NotImplemented
+    wide = aten.cumsum.default(aten._to_copy.default(x, dtype=torch.float32), dim)
+    return aten._to_copy.default(wide, dtype=x.dtype)
+
+
+# Reductions that pick an element: torch-mlir's lowering compares bool and uint8 wrongly (max.dim on
+# bool returned wrong indices, its amax under cummax wrong values, argmax on bool does not lower), so
+# those inputs go through int32 and then whatever decomposes the op (ours or a 0-d rule).
+_WIDENED = (aten.max.dim, aten.min.dim, aten.argmax.default, aten.argmin.default, aten.cummax.default,
+            aten.cummin.default)
+
+
+def _widened(op):
+    def decomposition(x, *args, **kwargs):
+        if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.dtype not in (torch.bool, torch.uint8):
+            return NotImplemented
+        out = op(aten._to_copy.default(x, dtype=torch.int32), *args, **kwargs)
+        if isinstance(out, (tuple, list)):  # (values, indices): values back to the input's dtype
+            return (aten._to_copy.default(out[0], dtype=x.dtype), *out[1:])
+        return out
+    return decomposition
+
+
+def _first_of(first, second):
+    """A decomposition trying ``first``, then ``second`` (if any), NotImplemented when neither applies."""
+    if second is None:
+        return first
+
+    def decomposition(*args, **kwargs):
+        out = first(*args, **kwargs)
+        return second(*args, **kwargs) if out is NotImplemented else out
+    return decomposition
+
+
+def decomposition_table() -> dict:
+    """The table we hand to AOTAutograd: torch-mlir's, ours, and those of libraries loaded so far."""
+    table = _base_table()
+    for op, fn in _library_decompositions():
+        table.setdefault(op, fn)
+    return table

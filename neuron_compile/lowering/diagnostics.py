@@ -1,0 +1,149 @@
+"""What both lowerings share: the MLIR context and pass runner, and what a failure tells the user.
+
+Torch-MLIR's stages (``fx_to_stablehlo``) and the splice of JAX-lowered parts
+(``splice``) parse and run pipelines in a torch-mlir context made by
+``new_context`` (torch dialect and StableHLO passes registered);
+``run_pipeline`` collects the diagnostics MLIR emits and raises
+``_PipelineFailed`` with them.
+
+A lowering that fails raises ``LoweringError``: the ATen op (``_matches``
+finds its FX nodes), the user's source line (``user_source_line``, from the
+node's stack trace), the stage, and the reproducer folder. ``repro`` re-runs
+the saved pipeline on a reproducer folder (``neuron-compile repro DIR``).
+``exception_chain`` and ``innermost_exception`` walk what Dynamo and Python
+wrap around it. Nothing here imports the lowerings, so both can import it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import torch
+
+
+class LoweringError(RuntimeError):
+    """An FX graph could not be lowered to StableHLO.
+
+    Attributes: ``op`` (ATen op name or None), ``source`` (user code line or
+    None), ``repro_dir`` (folder holding graph.py and the failing .mlir).
+    """
+
+    def __init__(self, message: str, *, op: str | None, source: str | None, repro_dir: str | None, stage: str):
+        super().__init__(message)
+        self.op = op
+        self.source = source
+        self.repro_dir = repro_dir
+        self.stage = stage
+
+
+def exception_chain(exc: BaseException):
+    """Every exception in ``exc``'s chain, depth first: Dynamo wraps backend errors
+    (``inner_exception``), and Python chains them (``__cause__``, ``__context__``)."""
+    seen, todo = set(), [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        todo += [getattr(e, "inner_exception", None), e.__cause__, e.__context__]
+
+
+def innermost_exception(exc: BaseException) -> BaseException:
+    """The end of ``exc``'s wrapped/caused chain: what actually went wrong."""
+    while getattr(exc, "inner_exception", None) is not None or exc.__cause__ is not None:
+        exc = getattr(exc, "inner_exception", None) or exc.__cause__
+    return exc
+
+
+def new_context():
+    """A torch-mlir MLIR context with the torch dialect and StableHLO passes registered."""
+    from torch_mlir import ir
+    from torch_mlir._mlir_libs import _stablehlo
+    from torch_mlir.dialects import torch as torch_d
+
+    _register_stablehlo_passes()
+    ctx = ir.Context()
+    torch_d.register_dialect(ctx)
+    _stablehlo.register_dialect(ctx)
+    return ctx
+
+
+_PASSES_REGISTERED = False
+
+
+def _register_stablehlo_passes():
+    global _PASSES_REGISTERED
+    if not _PASSES_REGISTERED:
+        from torch_mlir._mlir_libs import _stablehlo
+
+        _stablehlo.register_stablehlo_passes()
+        _PASSES_REGISTERED = True
+
+
+def run_pipeline(module, pipeline: str) -> list[str]:
+    """Run an MLIR pass pipeline in place; returns the diagnostics, raises on failure."""
+    from torch_mlir.passmanager import PassManager
+
+    diagnostics: list[str] = []
+
+    def handler(diag):
+        diagnostics.append(f"{diag.location}: {diag.message}")
+        for note in diag.notes:
+            diagnostics.append(f"  note: {note.location}: {note.message}")
+        return True
+
+    ctx = module.context
+    handle = ctx.attach_diagnostic_handler(handler)
+    try:
+        with ctx:
+            pm = PassManager.parse(pipeline)
+            try:
+                pm.run(module.operation)
+            except Exception as exc:
+                raise _PipelineFailed(str(exc), diagnostics) from None
+    finally:
+        handle.detach()
+    return diagnostics
+
+
+class _PipelineFailed(Exception):
+    def __init__(self, message, diagnostics):
+        super().__init__(message)
+        self.diagnostics = diagnostics
+
+
+def _matches(node: torch.fx.Node, op: str) -> bool:
+    name = getattr(node.target, "name", None)
+    if not callable(name):
+        return False
+    full = name().replace("::", ".")  # e.g. "aten.squeeze.dims"
+    base, want = full.split(".")[1], op.split(".")[1]
+    return full == op or base == want or base.lstrip("_") == want.lstrip("_")
+
+
+def user_source_line(node: torch.fx.Node) -> str | None:
+    """The innermost 'File ..., line N' frame of a node's stack trace, with its code line."""
+    trace = node.meta.get("stack_trace") or ""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', trace)
+    if not frames:
+        return None
+    path, line, func, code = frames[-1]
+    return f'{path}:{line} in {func}: {code.strip()}'
+
+
+def repro(directory: str | os.PathLike) -> str:
+    """Re-run the failing pipeline on a saved reproducer folder; returns the diagnostics."""
+    from torch_mlir import ir
+
+    directory = Path(directory)
+    pipeline = (directory / "pipeline.txt").read_text().strip()
+    ctx = new_context()
+    module = ir.Module.parse((directory / "input.mlir").read_text(), ctx)
+    try:
+        run_pipeline(module, pipeline)
+    except _PipelineFailed as failed:
+        return "\n".join(failed.diagnostics + [str(failed)])
+    return "pipeline succeeded: the failure did not reproduce"

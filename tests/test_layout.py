@@ -1,0 +1,210 @@
+"""The package layout (README's "Layout"): every module imports, no import cycle,
+``passes`` and ``runtime`` stand alone, and no file is too long to read.
+
+The import graph is read from the sources with ``ast``: every ``import`` and
+``from ... import`` anywhere in a module (function-level imports included, so
+a lazy import that goes back up is a cycle too), relative imports resolved.
+An edge goes to the module imported, and, since importing ``a.b.c`` runs
+``a/__init__`` and ``a/b/__init__`` first, to each package above it that is
+not already above the importer (those are initialized before the importer
+runs). ``from pkg import name`` is an edge to ``pkg.name`` when that is a
+module, else to ``pkg``'s ``__init__``: a submodule taking a name its parent
+package's ``__init__`` re-exports, while that ``__init__`` imports the
+submodule, is a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("neuron_compile", "passes", "runtime")
+MAX_LINES = 600
+
+# Modules allowed over MAX_LINES, each with its reason.
+LONG_MODULES = {
+    "neuron_compile/decompositions/misc.py":
+        "606 lines: one family (search, pairwise, strided and bit-level ops), each section self-contained; "
+        "a split for six lines would leave a second file of the same family",
+    "runtime/cache.py":
+        "631 lines: ArtifactCache (320 of them) is one class whose locking, index and eviction share its "
+        "state, and CompileCache (memory, then disk) sits on it; runtime/ is outside the stage packages",
+}
+
+
+def _modules(root: Path = ROOT, packages=PACKAGES) -> dict[str, Path]:
+    """Dotted name -> source file, for every module of our three packages."""
+    found = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _ancestors(name: str) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _known(name: str, modules: dict) -> str | None:
+    """The longest prefix of ``name`` that is one of our modules (``import a.b.c`` imports them all)."""
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:i])
+        if candidate in modules:
+            return candidate
+    return None
+
+
+def _imports(name: str, modules: dict) -> set[str]:
+    """The modules of ours that ``name`` imports, anywhere in its source."""
+    tree = ast.parse(modules[name].read_text(), filename=str(modules[name]))
+    package = name if modules[name].name == "__init__.py" else name.rpartition(".")[0]
+    targets = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found = _known(alias.name, modules)
+                if found:
+                    targets.add(found)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module
+            for alias in node.names:
+                sub = f"{module}.{alias.name}"
+                found = sub if sub in modules else _known(module, modules)
+                if found:
+                    targets.add(found)
+    edges = set()
+    above = set(_ancestors(name))
+    for target in targets:
+        edges.add(target)
+        edges.update(a for a in _ancestors(target) if a not in above)
+    edges.discard(name)
+    return edges
+
+
+def import_graph(modules: dict = MODULES) -> dict[str, set[str]]:
+    return {name: _imports(name, modules) for name in modules}
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every cycle a depth-first search meets (one per back edge), each as a list of modules."""
+    cycles, state, path = [], {}, []
+
+    def visit(node):
+        state[node] = "open"
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                cycles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt)
+        path.pop()
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return cycles
+
+
+def test_no_import_cycle():
+    cycles = find_cycles(import_graph())
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_cycle_finder():
+    assert find_cycles({"a": {"b"}, "b": {"a"}}) == [["a", "b", "a"]]
+    assert find_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def _graph_of(tmp_path: Path, files: dict) -> dict[str, set[str]]:
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    return import_graph(_modules(tmp_path, ("pkg",)))
+
+
+def test_graph_reads_lazy_relative_and_parent_imports(tmp_path):
+    graph = _graph_of(tmp_path, {
+        "pkg/__init__.py": "from .sub import f\n",  # a package importing its submodule: fine
+        "pkg/sub.py": "def f():\n    from . import g\n",  # a name of the parent's __init__: an edge to it
+        "pkg/inner/__init__.py": "",
+        "pkg/inner/leaf.py": "from ..sub import f\nimport pkg.other\n",
+        "pkg/other.py": "from .inner import leaf\n",  # a submodule of a package: not the package's own init
+    })
+    assert graph["pkg"] == {"pkg.sub"}
+    assert graph["pkg.sub"] == {"pkg"}
+    assert graph["pkg.inner.leaf"] == {"pkg.sub", "pkg.other"}
+    assert graph["pkg.other"] == {"pkg.inner", "pkg.inner.leaf"}
+    assert find_cycles(graph) == [["pkg", "pkg.sub", "pkg"], ["pkg.inner.leaf", "pkg.other", "pkg.inner.leaf"]]
+
+
+@pytest.mark.parametrize("package", ["passes", "runtime"])
+def test_passes_and_runtime_never_import_neuron_compile(package):
+    graph = import_graph()
+    bad = {name: sorted(t for t in targets if t.split(".")[0] == "neuron_compile")
+           for name, targets in graph.items() if name.split(".")[0] == package}
+    assert not {k: v for k, v in bad.items() if v}
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if not n.endswith("__main__")))
+def test_every_module_imports(name):
+    importlib.import_module(name)
+
+
+def _unresolved_relative_imports(name: str, modules: dict) -> list[str]:
+    """Relative imports of ``name`` (function-level ones included) whose module is not one of ours."""
+    tree = ast.parse(modules[name].read_text(), filename=str(modules[name]))
+    package = name if modules[name].name == "__init__.py" else name.rpartition(".")[0]
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package.split(".")
+            base = base[: len(base) - (node.level - 1)]
+            module = ".".join(base + ([node.module] if node.module else []))
+            if module not in modules:
+                bad.append(f"line {node.lineno}: from {'.' * node.level}{node.module or ''} ({module})")
+    return bad
+
+
+def test_lazy_imports_name_modules_that_exist():
+    """A function-level import runs only when its function does: after a move, one left pointing at
+    the old place fails at that call, long after every module imported fine."""
+    bad = {name: found for name in MODULES if (found := _unresolved_relative_imports(name, MODULES))}
+    assert not bad, bad
+
+
+def test_modules_are_short_enough_to_read():
+    long = {}
+    for path in MODULES.values():
+        rel = path.relative_to(ROOT).as_posix()
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_LINES and rel not in LONG_MODULES:
+            long[rel] = lines
+    assert not long, f"over {MAX_LINES} lines (split it, or add it to LONG_MODULES with a reason): {long}"
+    stale = [rel for rel in LONG_MODULES
+             if not (ROOT / rel).is_file() or len((ROOT / rel).read_text().splitlines()) <= MAX_LINES]
+    assert not stale, f"LONG_MODULES entries no longer needed: {stale}"
+
+
+def test_fingerprint_exclusions_name_files():
+    """``cache_key._NOT_IN_FINGERPRINT`` names files by path: a moved file must be renamed there."""
+    from neuron_compile.cache_key import _NOT_IN_FINGERPRINT
+
+    assert [p for p in sorted(_NOT_IN_FINGERPRINT) if not (ROOT / p).is_file()] == []
