@@ -22,7 +22,9 @@ whichever way it goes, lands on the same elements eager reads.
 
 Not taken as views (left to XLA, as before): outputs of another dtype than
 their base with a different element size, and views of an output whose value is
-not contiguous (XLA's result is row-major, so the fake strides would not hold).
+not contiguous (XLA's result is row-major, so the fake strides would not hold)
+or not its whole storage (two slices of an intermediate that is not returned:
+neither holds the other's elements).
 """
 
 from __future__ import annotations
@@ -87,6 +89,17 @@ def _is_contiguous(size, stride) -> bool:
     return True
 
 
+def _spans_storage(val) -> bool:
+    """Whether ``val`` is its whole storage (a base, not a view of part of one): the elements XLA
+    returns for it are then every element its storage's other views can reach."""
+    try:
+        nbytes = val.untyped_storage().nbytes()
+        numel = val.numel()
+    except Exception:
+        return False
+    return sympy.simplify(sympy.sympify(_expr(numel) * val.dtype.itemsize) - sympy.sympify(_expr(nbytes))) == 0
+
+
 def find_output_views(gm: torch.fx.GraphModule) -> list[OutputView | None]:
     """Per output of ``gm``: an ``OutputView`` when its value shares storage with a graph input
     or with another (contiguous) output, else None."""
@@ -113,7 +126,7 @@ def find_output_views(gm: torch.fx.GraphModule) -> list[OutputView | None]:
         if key in inputs or key in out_bases:
             continue
         size, stride = [_expr(s) for s in val.shape], [_expr(s) for s in val.stride()]
-        if _expr(val.storage_offset()) == 0 and _is_contiguous(size, stride):
+        if _expr(val.storage_offset()) == 0 and _is_contiguous(size, stride) and _spans_storage(val):
             out_bases[key] = (index, val)
 
     views: list[OutputView | None] = []

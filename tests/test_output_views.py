@@ -171,3 +171,18 @@ def test_padding_analysis_errors_never_reach_the_user(monkeypatch):
     for n in (4, 5, 7):
         x = torch.randn(2, n)
         torch.testing.assert_close(compiled(x), fn(x))
+
+
+@pytest.mark.parametrize("buckets", BUCKETS)
+def test_slices_of_an_intermediate_that_is_not_returned(buckets):
+    # both outputs view one intermediate that is not itself an output (unravel_index's coordinates):
+    # neither holds the other's elements, so neither may serve as the other's base
+    def fn(x, n):
+        y = torch.stack([x // n, x % n]) + 1
+        return y[0], y[1]
+
+    compiled = torch.compile(fn, backend="neuron", options={"buckets": buckets})
+    for shape, n in [((2, 3), 4), ((2, 3), 5), ((), 2), ((4,), 3), ((), 7)]:
+        x = torch.randint(0, 50, shape)
+        for got, ref in zip(compiled(x, n), fn(x, n)):
+            torch.testing.assert_close(got, ref)
