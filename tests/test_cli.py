@@ -67,6 +67,15 @@ class BreakAndMystery(nn.Module):
 
 def unlowerable():
     return BreakAndMystery(), (torch.rand(4, 8) * 8,)
+
+
+class Flip(nn.Module):
+    def forward(self, x):
+        return x.flip(0).cumsum(0) * 2
+
+
+def flipper():
+    return Flip(), (torch.randn(5, 8),)
 '''
 
 
@@ -297,6 +306,17 @@ def test_explain_graph_breaks_recompiles_and_ops_that_do_not_lower(capsys, spec_
     code, out, err = run_main(capsys, "repro", repro_dir)
     assert code == 1 and "mystery" in out
     assert _one_paragraph(err)
+
+
+def test_explain_says_why_a_graph_is_not_bucketed(capsys, spec_file, fresh_cache):
+    # a flip along the padded dim is not padding-safe: the graph compiles per exact shape, and the
+    # backend's one DEBUG line saying why reaches explain
+    code, out, err = run_main(capsys, "explain", f"{spec_file}:flipper", "--sizes", "7,9", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    reasons = result["exact_shape_reasons"]
+    assert reasons and all("per exact shape" in r for r in reasons), reasons
+    assert any("flip" in r for r in reasons), reasons
 
 
 def test_explain_builtin_mlp_clean(capsys, fresh_cache):
