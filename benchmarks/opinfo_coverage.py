@@ -469,7 +469,7 @@ class Sequence:
 
 def buckets_label(value=None) -> str:
     """``on`` (the default, multiples of 128), ``off`` (NEURON_COMPILE_BUCKETS=0) or the setting itself."""
-    from neuron_compile.options import parse_buckets
+    from neuron_compile.capture.options import parse_buckets
 
     value = os.environ.get("NEURON_COMPILE_BUCKETS", "128") if value is None else value
     parsed = parse_buckets(value)
