@@ -301,18 +301,15 @@ def _make_fn(op, rebuild):
     return fn
 
 
-def _run_forward(op, sample, dtype_name, shape_only):
-    import torch
-
-    tensors, rebuild = _split(sample)
-    fn = _make_fn(op, rebuild)
+def _judge(eager, fullgraph, broken, compare) -> tuple[str, str]:
+    """One sample's status: ``eager()``'s result, then ``fullgraph()``'s compared with it; when the
+    fullgraph capture fails in Dynamo, whether ``broken()`` (compiled without fullgraph) is right."""
     try:
-        ref = fn(*[t.clone() for t in tensors])
+        ref = eager()
     except Exception as exc:
         return "eager-error", _first_line(exc)
-    torch._dynamo.reset()
     try:
-        got = torch.compile(fn, backend="neuron", fullgraph=True)(*[t.clone() for t in tensors])
+        got = fullgraph()
     except Exception as exc:
         status, msg = _classify(exc)
         if status != "crash" or not _is_graph_break(exc):
@@ -320,20 +317,32 @@ def _run_forward(op, sample, dtype_name, shape_only):
         status, msg = "graph-break", _first_line(exc)
     else:
         try:
-            compare_op(op, sample, got, ref, dtype_name, shape_only)
+            compare(got, ref)
             return "pass", ""
         except AssertionError as exc:
             return "mismatch", " ".join(str(exc).split())[:300]
     # fullgraph failed in Dynamo: is the result right with the graph broken?
-    torch._dynamo.reset()
     try:
-        got = torch.compile(fn, backend="neuron")(*[t.clone() for t in tensors])
-        compare_op(op, sample, got, ref, dtype_name, shape_only)
+        compare(broken(), ref)
         return "graph-break", msg
     except AssertionError as exc:
         return "mismatch", "after graph break: " + " ".join(str(exc).split())[:280]
     except Exception as exc:
         return _classify(exc)
+
+
+def _run_forward(op, sample, dtype_name, shape_only):
+    import torch
+
+    tensors, rebuild = _split(sample)
+    fn = _make_fn(op, rebuild)
+
+    def compiled(**options):
+        torch._dynamo.reset()
+        return torch.compile(fn, backend="neuron", **options)(*[t.clone() for t in tensors])
+
+    return _judge(lambda: fn(*[t.clone() for t in tensors]), lambda: compiled(fullgraph=True), compiled,
+                  lambda got, ref: compare_op(op, sample, got, ref, dtype_name, shape_only))
 
 
 def _is_graph_break(exc) -> bool:
@@ -436,35 +445,16 @@ class Sequence:
             pass
 
     def run(self, sample, dtype_name, shape_only) -> tuple[str, str]:
+        return _judge(lambda: self.fn(*_fresh_call_args(sample)), lambda: self.fullgraph(*_fresh_call_args(sample)),
+                      lambda: self._broken()(*_fresh_call_args(sample)),
+                      lambda got, ref: compare_op(self.op, sample, got, ref, dtype_name, shape_only))
+
+    def _broken(self):
         import torch
 
-        try:
-            ref = self.fn(*_fresh_call_args(sample))
-        except Exception as exc:
-            return "eager-error", _first_line(exc)
-        try:
-            got = self.fullgraph(*_fresh_call_args(sample))
-        except Exception as exc:
-            status, msg = _classify(exc)
-            if status != "crash" or not _is_graph_break(exc):
-                return status, msg
-            status, msg = "graph-break", _first_line(exc)
-        else:
-            try:
-                compare_op(self.op, sample, got, ref, dtype_name, shape_only)
-                return "pass", ""
-            except AssertionError as exc:
-                return "mismatch", " ".join(str(exc).split())[:300]
         if self.broken is None:
             self.broken = torch.compile(_copy_function(self.fn), backend="neuron")
-        try:
-            got = self.broken(*_fresh_call_args(sample))
-            compare_op(self.op, sample, got, ref, dtype_name, shape_only)
-            return "graph-break", msg
-        except AssertionError as exc:
-            return "mismatch", "after graph break: " + " ".join(str(exc).split())[:280]
-        except Exception as exc:
-            return _classify(exc)
+        return self.broken
 
 
 def buckets_label(value=None) -> str:

@@ -50,7 +50,7 @@ from torch._inductor.output_code import OutputCode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..compiler import Executable, cached_executable
-from ..output_views import find_output_views, make_view
+from ..output_views import _storage, find_output_views, make_view
 from ..report import COUNTERS, CompileReport, record
 from .options import Options, _env_flag
 from .precompile import (_bypass_reason, _cacheable_rewrites, _precompile_tag, _refused_unloadable_package,
@@ -87,16 +87,9 @@ def _storage_offset_readers(gm: torch.fx.GraphModule) -> set[int]:
     """Positions of the inputs an ``as_strided`` reads through (itself or a view of it): its
     storage offset is absolute, so what it reads depends on where the input starts in its storage,
     which Dynamo's guards do not check. Such an input's offset selects the executable."""
-    from torch.multiprocessing.reductions import StorageWeakRef
-
     def storage(node):
         val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-        if not isinstance(val, torch.Tensor) or val.layout != torch.strided:
-            return None
-        try:
-            return StorageWeakRef(val.untyped_storage())
-        except Exception:
-            return None
+        return _storage(val) if isinstance(val, torch.Tensor) and val.layout == torch.strided else None
 
     read = {storage(n.args[0]) for n in gm.graph.nodes if n.op == "call_function" and n.target in _STORAGE_READERS}
     read.discard(None)
