@@ -1,0 +1,46 @@
+"""The ``neuron`` device: ``model.to("neuron")``, data in PJRT buffers, each eager op compiled and cached.
+
+``register()`` runs at ``import torch`` (the ``torch.backends`` entry point;
+``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` turns it off). It only names things:
+PrivateUse1 becomes ``neuron``, ``torch.neuron`` is this package's ``module``,
+and the dispatcher's PrivateUse1 fallback points at ``kernels.handle``. jax,
+torch-mlir and the compiler load on the first op.
+
+* ``_torch_hooks``: the private torch APIs this rests on, in one place;
+* ``storage``: a PJRT buffer per storage, host transfers, memory counters;
+* ``kernels``: factories, copies, views, ``resize_``/``set_``, random ops;
+* ``ops``: every other op, traced once per signature (``trace``) and compiled
+  by ``compiler.compile_graph``: the compiled path's decompositions, lowering,
+  passes, artifact cache and executor;
+* ``autocast``: ``torch.autocast("neuron")`` kernels.
+"""
+
+from __future__ import annotations
+
+_registered = False
+_library = None
+
+
+def register() -> None:
+    """Make ``neuron`` a torch device (idempotent)."""
+    global _registered, _library
+    if _registered:
+        return
+    import torch
+
+    from . import _torch_hooks, module
+
+    if torch._C._get_privateuse1_backend_name() not in ("privateuseone", _torch_hooks.NAME):
+        return  # another backend owns PrivateUse1 in this process: leave it alone
+    _torch_hooks.setup_backend(module)
+    _library = _torch_hooks.fallback_library(_fallback)
+    _registered = True
+    from . import autocast
+
+    autocast.register()
+
+
+def _fallback(op, *args, **kwargs):
+    from .kernels import handle
+
+    return handle(op, *args, **kwargs)

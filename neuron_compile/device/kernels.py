@@ -1,0 +1,287 @@
+"""The neuron device's own kernels, and the dispatcher fallback that sends every other op to ``ops``.
+
+Kernels of their own: factories (``empty``: no data until written), copies
+across the host boundary, ``_to_copy``, ``resize_`` and ``set_``, ``item``,
+view ops (their Meta kernels: metadata only, the storage is shared), random
+ops (drawn by the device's CPU generator, so ``torch.manual_seed`` gives
+CPU's numbers), and ``native_dropout`` (the noise CPU's dropout draws).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from . import _torch_hooks, ops
+from . import storage as _storage
+from .storage import new_tensor
+
+aten = torch.ops.aten
+
+KERNELS: dict = {}
+
+
+def kernel(*overloads):
+    def register(fn):
+        for overload in overloads:
+            KERNELS[overload] = fn
+        return fn
+
+    return register
+
+
+_direct = None
+
+
+def register_direct_kernels() -> None:
+    """Give every op whose only kernel for us would be the structured ``empty`` + ``op.out`` composite
+    (``CompositeExplicitAutogradNonFunctional``: add, mul, eq... 442 ops) a direct neuron kernel: one
+    dispatch and one executable instead of three dispatches and an ``out=`` resize."""
+    global _direct
+    if _direct is not None:
+        return
+    _direct = torch.library.Library("aten", "IMPL")
+    for name in torch._C._dispatch_get_registrations_for_dispatch_key("CompositeExplicitAutogradNonFunctional"):
+        packet, _, overload = name.removeprefix("aten::").partition(".")
+        op = getattr(getattr(aten, packet), overload or "default")
+        if _is_view(op):
+            continue
+        _direct.impl(op, functools.partial(handle, op), _torch_hooks.PRIVATE_KEY)
+
+
+def handle(op, *args, **kwargs):
+    """The PrivateUse1 fallback: every op without a kernel registered for ``neuron``."""
+    if _direct is None:
+        register_direct_kernels()
+    fn = KERNELS.get(op)
+    if fn is not None:
+        return fn(op, *args, **kwargs)
+    if _is_view(op):
+        KERNELS[op] = _view
+        return _view(op, *args, **kwargs)
+    if _is_random(op):
+        KERNELS[op] = _random
+        return _random(op, *args, **kwargs)
+    return ops.dispatch(op, args, kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _is_view(op) -> bool:
+    returns = op._schema.returns
+    return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns) \
+        and not op._schema.is_mutable
+
+
+def _view(op, *args, **kwargs):
+    return _torch_hooks.meta_redispatch(op, *args, **kwargs)
+
+
+# --- factories -------------------------------------------------------------------------------
+
+def _dtype(dtype):
+    return dtype if dtype is not None else torch.get_default_dtype()
+
+
+def check_device(device) -> None:
+    if device is not None:
+        device = torch.device(device)
+        if device.type == "neuron" and device.index not in (None, 0):
+            raise RuntimeError(f"neuron device {device.index} is out of range: there is 1 neuron device (neuron:0)")
+
+
+@kernel(aten.empty.memory_format)
+def _empty(op, size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    check_device(device)
+    if memory_format not in (None, torch.contiguous_format, torch.preserve_format):
+        stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
+        return new_tensor(size, _dtype(dtype), stride=stride)
+    return new_tensor(size, _dtype(dtype))
+
+
+@kernel(aten.empty_strided.default)
+def _empty_strided(op, size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    check_device(device)
+    size, stride = tuple(size), tuple(stride)
+    if stride == torch.empty(size, device="meta").stride():
+        return new_tensor(size, _dtype(dtype))
+    return new_tensor(size, _dtype(dtype), stride=stride)
+
+
+# --- moving data -----------------------------------------------------------------------------
+
+def _whole(tensor: torch.Tensor, data) -> bool:
+    """``tensor`` covers its whole storage, contiguously from element 0."""
+    return tensor.storage_offset() == 0 and tensor.is_contiguous() and tensor.numel() == data.numel
+
+
+def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)`` for a neuron ``dst`` and a CPU ``src`` (broadcast and cast like copy_)."""
+    if dst.numel() == 0:
+        return
+    host = src.detach().to(dst.dtype).expand(dst.shape).contiguous()
+    buffer = _storage.host_to_buffer(host)
+    ops.COUNTS["host_copies"] += 1
+    data = _storage.data_of(dst)
+    if _whole(dst, data):
+        data.set(buffer)
+    else:
+        ops.dispatch(aten.copy_.default, (dst, new_tensor(dst.shape, dst.dtype, buffer)), {})
+
+
+@kernel(aten.copy_.default)
+def _copy(op, dst, src, non_blocking=False):
+    dst_neuron, src_neuron = dst.device.type == "neuron", src.device.type == "neuron"
+    if dst_neuron and src_neuron:
+        if dst.numel() == 0:
+            return dst
+        data, source = _storage.data_of(dst), _storage.data_of(src)
+        # buffers are immutable: a whole-storage copy of an equal tensor shares the buffer
+        if (source.buffer is not None and src.dtype == dst.dtype and src.shape == dst.shape
+                and _whole(dst, data) and _whole(src, source) and source.buffer.shape == src.shape):
+            data.set(source.buffer)
+            return dst
+        return ops.dispatch(op, (dst, src), {})
+    if dst_neuron:
+        copy_into(dst, src)
+        return dst
+    dst.copy_(ops.to_host(src))
+    return dst
+
+
+@kernel(aten._copy_from.default)
+def _copy_from(op, src, dst, non_blocking=False):
+    return _copy(aten.copy_.default, dst, src, non_blocking)
+
+
+@kernel(aten._copy_from_and_resize.default)
+def _copy_from_and_resize(op, src, dst):
+    if dst.shape != src.shape:
+        if dst.device.type == "neuron":
+            resize_(dst, src.shape)
+        else:
+            dst.resize_(src.shape)
+    return _copy(aten.copy_.default, dst, src)
+
+
+@kernel(aten._to_copy.default)
+def _to_copy(op, x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+             memory_format=None):
+    check_device(device)
+    target = torch.device(device) if device is not None else x.device
+    if target.type == "cpu":
+        return aten._to_copy.default(ops.to_host(x), dtype=dtype, memory_format=memory_format)
+    if target.type != "neuron":
+        raise RuntimeError(f"neuron tensors move to cpu or neuron, not {target}")
+    kwargs = {"dtype": dtype} if dtype is not None else {}
+    if memory_format is not None:
+        kwargs["memory_format"] = memory_format
+    return ops.dispatch(op, (x,), kwargs)
+
+
+@kernel(aten._local_scalar_dense.default)
+def _item(op, x):
+    return ops.to_host(x).item()
+
+
+# --- storage surgery -------------------------------------------------------------------------
+
+def resize_(tensor: torch.Tensor, size, memory_format=None) -> torch.Tensor:
+    size = tuple(size)
+    data = _storage.data_of(tensor)
+    stride = torch.empty(size, device="meta", memory_format=memory_format or torch.contiguous_format).stride()
+    offset = tensor.storage_offset()
+    needed = _storage.storage_extent(size, stride, offset)
+    if needed > data.numel:
+        # growing keeps the old elements first, as resize_ does
+        old = ops.to_host(tensor.as_strided((data.numel,), (1,), 0)) if data.buffer is not None else None
+        data.numel = needed
+        if old is not None:
+            grown = torch.zeros(needed, dtype=data.dtype)
+            grown[: old.numel()] = old
+            data.set(_storage.host_to_buffer(grown))
+        else:
+            data.set(None)
+    _torch_hooks.meta_redispatch(aten.set_.source_Storage_storage_offset, tensor, tensor.untyped_storage(),
+                                 offset, size, stride)
+    return tensor
+
+
+@kernel(aten.resize_.default)
+def _resize(op, tensor, size, memory_format=None):
+    return resize_(tensor, size, memory_format)
+
+
+@kernel(aten.set_.source_Tensor, aten.set_.source_Storage, aten.set_.source_Storage_storage_offset)
+def _set(op, tensor, source, *args, **kwargs):
+    source_storage = source if isinstance(source, torch.UntypedStorage) else source.untyped_storage()
+    if not hasattr(source_storage, "_neuron"):
+        raise RuntimeError("set_ onto a storage that is not a neuron storage")
+    return _torch_hooks.meta_redispatch(op, tensor, source, *args, **kwargs)
+
+
+@kernel(aten.set_.default)
+def _set_empty(op, tensor):
+    _torch_hooks.meta_redispatch(op, tensor)
+    tensor.untyped_storage()._neuron = _storage.Data(tensor.dtype, 0)
+    return tensor
+
+
+@kernel(aten.view.dtype)
+def _view_dtype(op, x, dtype):
+    # a bitcast: its own storage (writes through it do not reach x)
+    if dtype == x.dtype:
+        return _view(aten.alias.default, x)
+    return ops.from_host(ops.to_host(x).view(dtype))
+
+
+# --- random ops ------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _is_random(op) -> bool:
+    return any(a.name == "generator" for a in op._schema.arguments) or op in (aten.native_dropout.default,)
+
+
+_generator: torch.Generator | None = None
+
+
+def generator() -> torch.Generator:
+    """The device's generator: a CPU generator, so a seed gives the numbers CPU eager gives."""
+    global _generator
+    if _generator is None:
+        _generator = torch.Generator()
+        _generator.manual_seed(torch.initial_seed())
+    return _generator
+
+
+def _random(op, *args, **kwargs):
+    if op is aten.native_dropout.default:
+        return _native_dropout(*args, **kwargs)
+    if kwargs.get("generator") is None:
+        kwargs["generator"] = generator()
+    schema = op._schema
+    first = schema.arguments[0] if schema.arguments else None
+    if first is not None and first.alias_info is not None and first.alias_info.is_write and args and \
+            schema.name.endswith("_") and op not in (aten.bernoulli_.Tensor,):
+        # in-place fills (normal_, uniform_, random_...): the old contents are not read
+        target = args[0]
+        host = torch.empty(target.shape, dtype=target.dtype)
+        rest = [ops.to_host(a) for a in args[1:]]
+        op(host, *rest, **kwargs)
+        copy_into(target, host)
+        return target
+    return ops.run_on_host(op, args, kwargs)
+
+
+def _native_dropout(x, p, train):
+    if not train or p == 0 or x.numel() == 0:
+        return aten.clone.default(x), aten.ones_like.default(x, dtype=torch.bool)
+    # what CPU's dropout draws: noise = empty_like(x).bernoulli_(1 - p); noise /= 1 - p; x * noise
+    noise = torch.empty(x.shape, dtype=x.dtype).bernoulli_(1 - p, generator=generator())
+    mask = noise.bool()
+    if p == 1:
+        scaled = noise.mul_(0)
+    else:
+        scaled = noise.div_(1 - p)
+    out = aten.mul.Tensor(x, ops.from_host(scaled))
+    return out, ops.from_host(mask)

@@ -1,0 +1,115 @@
+"""``torch.neuron``: the device module torch finds by name (``torch.neuron.is_available()``...).
+
+Functions only read counters or seed a generator; none starts XLA.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import storage as _storage
+
+
+def is_available() -> bool:
+    return True
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def device_count() -> int:
+    return 1
+
+
+def current_device() -> int:
+    return 0
+
+
+def set_device(device) -> None:
+    index = torch.device(device).index if not isinstance(device, int) else device
+    if index not in (None, 0):
+        raise RuntimeError(f"neuron device {index} is out of range: there is 1 neuron device (neuron:0)")
+
+
+def get_device_name(device=None) -> str:
+    from runtime.executor import platform_description
+
+    return f"neuron (XLA {platform_description()['platform']})"
+
+
+def synchronize(device=None) -> None:
+    """Wait for every op issued so far (our client runs synchronously: they are done)."""
+    set_device(device if device is not None else 0)
+
+
+def manual_seed(seed: int) -> None:
+    from .kernels import generator
+
+    generator().manual_seed(int(seed))
+
+
+manual_seed_all = manual_seed
+
+
+def seed() -> None:
+    from .kernels import generator
+
+    generator().seed()
+
+
+seed_all = seed
+
+
+def initial_seed() -> int:
+    from .kernels import generator
+
+    return generator().initial_seed()
+
+
+def get_rng_state(device=None) -> torch.Tensor:
+    from .kernels import generator
+
+    return generator().get_state()
+
+
+def set_rng_state(state: torch.Tensor, device=None) -> None:
+    from .kernels import generator
+
+    generator().set_state(state)
+
+
+get_rng_state_all = lambda: [get_rng_state()]  # noqa: E731
+set_rng_state_all = lambda states: set_rng_state(states[0])  # noqa: E731
+
+
+def memory_allocated(device=None) -> int:
+    """Bytes of live PJRT buffers held by neuron tensors."""
+    return _storage.memory_allocated()
+
+
+def max_memory_allocated(device=None) -> int:
+    return _storage.max_memory_allocated()
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    _storage.reset_peak_memory_stats()
+
+
+def empty_cache() -> None:
+    """Free what nothing references: buffers die with their tensors; this collects cycles."""
+    import gc
+
+    gc.collect()
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.bfloat16, torch.float16]
+
+
+def _get_device_index(device=None, optional=False) -> int:
+    return 0

@@ -1,0 +1,391 @@
+"""Eager ops on neuron tensors: each ATen op compiled once per signature, then run on PJRT buffers.
+
+Every op that reaches the ``neuron`` dispatch key and has no kernel of its own
+in ``kernels`` lands in ``dispatch``:
+
+    signature  op overload + per tensor (dtype, size, stride, offset, which
+               storage, the storage buffer's shape) + every other argument's
+               type and value: everything the executable bakes in
+    memory     a dict from signature to ``OpKernel``: the hot path
+    trace      a miss traces the op with ``make_fx`` on fake tensors, under
+               functionalization and our decomposition table: each input is
+               its storage's buffer, viewed inside the graph when the tensor is
+               not the whole buffer; an in-place or ``out=`` op returns the
+               updated storages, so eager's aliasing holds (``x[0] += 1``
+               rewrites the storage every view of ``x`` reads)
+    compile    ``compiler.compile_graph``: the same lowering, passes, artifact
+               cache (memory and disk) and executor as compiled graphs
+    run        the executable on the storages' PJRT buffers; fresh outputs
+               become new neuron tensors, written storages get new buffers
+
+Ops with data-dependent output shapes or non-tensor results (``nonzero``,
+``unique``, ``equal``...) run on host copies (the answer needs the data on the
+host anyway). An op that does not lower raises ``LoweringError`` naming the op
+and the user's line; with ``fallback="eager"`` (``NEURON_COMPILE_FALLBACK``) it
+runs on host copies with one warning per op.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+
+import torch
+from torch.utils._pytree import tree_map
+
+from . import storage as _storage
+from .storage import Data, new_tensor
+
+log = logging.getLogger("neuron_compile")
+aten = torch.ops.aten
+
+COUNTS = {"op_compiles": 0, "op_cache_hits": 0, "host_ops": 0, "host_copies": 0}
+
+_KERNELS: dict = {}
+_LOCK = threading.RLock()
+_WARNED: set[str] = set()
+# ops whose output shapes depend on data, learned as they fail to trace: they run on the host
+_HOST_OPS: set = set()
+
+
+class MixedDeviceError(RuntimeError):
+    pass
+
+
+# --- signatures ------------------------------------------------------------------------------
+
+def _scalar_part(value):
+    if isinstance(value, float):
+        return (float, repr(value))
+    if isinstance(value, (bool, int, str, type(None), torch.dtype, torch.device, torch.layout,
+                          torch.memory_format)):
+        return (type(value), value)
+    if isinstance(value, complex):
+        return (complex, repr(value))
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise NotImplementedError("symbolic scalars reach the neuron device only through torch.compile")
+    return (type(value), repr(value))
+
+
+class _Leaves:
+    """The tensors of one call, in argument order, and the storages they read."""
+
+    __slots__ = ("tensors", "datas", "slots", "host", "parts", "device_seen")
+
+    def __init__(self):
+        self.tensors: list[torch.Tensor] = []
+        self.datas: list[Data] = []  # one per storage slot
+        self.slots: dict[int, int] = {}  # storage identity -> slot
+        self.host: list[torch.Tensor] = []  # 0-d CPU tensors (scalars, as CUDA takes them)
+        self.parts: list = []
+        self.device_seen = False
+
+    def visit(self, value):
+        if isinstance(value, torch.Tensor):
+            if value.device.type == "neuron":
+                self.device_seen = True
+                storage = value.untyped_storage()
+                ident = storage._cdata
+                slot = self.slots.get(ident)
+                if slot is None:
+                    slot = self.slots[ident] = len(self.datas)
+                    try:
+                        self.datas.append(storage._neuron)
+                    except AttributeError:
+                        raise RuntimeError("a neuron tensor without data reached an op") from None
+                data = self.datas[slot]
+                buffer = data.buffer
+                shape = value.shape
+                if (buffer is not None and buffer.shape == shape and value.storage_offset() == 0
+                        and value.is_contiguous()):
+                    part = (value.dtype, shape, slot)
+                else:
+                    part = (value.dtype, shape, value.stride(), value.storage_offset(), slot,
+                            data.numel if buffer is None else buffer.shape)
+                self.tensors.append(value)
+                self.parts.append(part)
+                return
+            if value.dim() == 0 and not value.requires_grad:
+                self.host.append(value)
+                self.tensors.append(value)
+                self.parts.append(("host", value.dtype))
+                return
+            self.tensors.append(value)
+            self.parts.append(("cpu", value.dtype, value.shape))
+            return
+        if isinstance(value, (list, tuple)):
+            self.parts.append(("[",))
+            for item in value:
+                self.visit(item)
+            self.parts.append(("]",))
+            return
+        self.parts.append(_scalar_part(value))
+
+
+def _leaves(args, kwargs) -> _Leaves:
+    leaves = _Leaves()
+    for value in args:
+        leaves.visit(value)
+    for name, value in kwargs.items():
+        leaves.parts.append(name)
+        leaves.visit(value)
+    return leaves
+
+
+def check_same_device(op, leaves: _Leaves) -> None:
+    for value in leaves.tensors:
+        if value.device.type != "neuron" and not (value.dim() == 0 and not value.requires_grad):
+            raise MixedDeviceError(
+                f"Expected all tensors to be on the same device, but found at least two devices, neuron:0 and "
+                f"{value.device}! (when checking arguments for {op})")
+
+
+# --- kernels ---------------------------------------------------------------------------------
+
+class OpKernel:
+    """One op at one signature: which buffers feed the executable and what its results become."""
+
+    __slots__ = ("executable", "inputs", "fresh", "written", "returns", "name")
+
+    def __init__(self, executable, inputs, fresh, written, returns, name):
+        self.executable = executable
+        self.inputs = inputs  # per XLA parameter: ("slot", k) or ("host", k)
+        self.fresh = fresh  # per fresh output: (shape, dtype)
+        self.written = written  # storage slots the op writes, in output order after the fresh ones
+        self.returns = returns  # how to rebuild the op's return value (see _returns)
+        self.name = name
+
+    def __call__(self, leaves: _Leaves):
+        executable = self.executable
+        plan = executable.plan
+        params = []
+        datas = leaves.datas
+        for kind, index in self.inputs:
+            if kind == "slot":
+                data = datas[index]
+                buffer = data.buffer
+                if buffer is None:  # never written (torch.empty): its contents are unspecified; zeros
+                    buffer = _storage.zeros_buffer(data.numel, data.dtype)
+                    data.set(buffer)
+                params.append(buffer)
+            else:
+                params.append(_storage.host_to_buffer(leaves.host[index]))
+        results = run_executable(executable, params)
+        fresh = [new_tensor(shape, dtype, buffer) for (shape, dtype), buffer in zip(self.fresh, results)]
+        for slot, buffer in zip(self.written, results[len(self.fresh):]):
+            datas[slot].set(buffer)
+        return _rebuild(self.returns, fresh, leaves.tensors)
+
+
+def run_executable(executable, params: list) -> list:
+    """``compiler.Executable`` on PJRT buffers (its plan picks the parameters and places the results)."""
+    from ..compiler import CONSTANT, EMPTY, FROM_ARG, FROM_XLA
+
+    plan = executable.plan
+    if executable.xla is not None:
+        results = executable.xla.run_buffers([params[i] for i in plan.tensor_args])
+    else:
+        results = []
+    out = []
+    for kind, value in plan.outputs:
+        if kind == FROM_XLA:
+            out.append(results[value])
+        elif kind == FROM_ARG:
+            out.append(params[value])
+        elif kind == EMPTY:
+            out.append(_storage.host_to_buffer(torch.empty(value[0], dtype=value[1])))
+        elif kind == CONSTANT:
+            out.append(value)
+        else:
+            raise NotImplementedError(f"an eager op's graph returned a view ({kind})")
+    return out
+
+
+def _rebuild(returns, fresh: list, tensors: list):
+    kind, value = returns
+    if kind == "fresh":
+        return fresh[value]
+    if kind == "arg":
+        return tensors[value]
+    if kind == "tuple":
+        return tuple(_rebuild(r, fresh, tensors) for r in value)
+    if kind == "list":
+        return [_rebuild(r, fresh, tensors) for r in value]
+    return value  # "const"
+
+
+# --- dispatch --------------------------------------------------------------------------------
+
+def dispatch(op, args, kwargs):
+    leaves = _leaves(args, kwargs)
+    if not leaves.device_seen:
+        raise RuntimeError(f"{op} reached the neuron device with no neuron tensor")
+    check_same_device(op, leaves)
+    key = (op, tuple(leaves.parts))
+    kernel = _KERNELS.get(key)
+    if kernel is not None:
+        COUNTS["op_cache_hits"] += 1
+        return kernel(leaves) if kernel.__class__ is OpKernel else kernel(op, args, kwargs, leaves)
+    if op in _HOST_OPS:
+        return run_on_host(op, args, kwargs)
+    with _LOCK:
+        kernel = _KERNELS.get(key)
+        if kernel is None:
+            kernel = _build(op, args, kwargs, leaves)
+            if kernel is None:  # the op runs on the host (data-dependent shapes, or fallback="eager")
+                return run_on_host(op, args, kwargs)
+            _KERNELS[key] = kernel
+    return kernel(leaves) if kernel.__class__ is OpKernel else kernel(op, args, kwargs, leaves)
+
+
+def to_host(value):
+    """A CPU copy of a neuron tensor, with the same size, stride and offset (its whole storage comes over)."""
+    if not (isinstance(value, torch.Tensor) and value.device.type == "neuron"):
+        return value
+    data = _storage.data_of(value)
+    COUNTS["host_copies"] += 1
+    if data.buffer is None:
+        flat = torch.zeros(data.numel, dtype=data.dtype)
+    else:
+        flat = _storage.buffer_to_host(data.buffer, data.dtype).reshape(-1)
+    out = flat.as_strided(value.shape, value.stride(), value.storage_offset())
+    if value.requires_grad:
+        out.requires_grad_(True)
+    return out
+
+
+def run_on_host(op, args, kwargs):
+    """Run ``op`` on host copies; write back what it wrote, return its results on the device."""
+    from .kernels import copy_into
+
+    COUNTS["host_ops"] += 1
+    host_args, host_kwargs = tree_map(to_host, (args, kwargs))
+    with torch.no_grad():
+        result = op(*host_args, **host_kwargs)
+    # arguments the schema says are written go back to their neuron tensors
+    flat_dev = _flat_tensors(args, kwargs)
+    flat_host = _flat_tensors(host_args, host_kwargs)
+    written = _written_positions(op, args, kwargs)
+    for position in written:
+        dst, src = flat_dev[position], flat_host[position]
+        if dst.shape != src.shape:
+            from .kernels import resize_
+
+            resize_(dst, src.shape)
+        copy_into(dst, src)
+    host_to_dev = {id(h): d for h, d in zip(flat_host, flat_dev)}
+
+    def back(value):
+        if isinstance(value, torch.Tensor):
+            same = host_to_dev.get(id(value))
+            if same is not None:
+                return same
+            return from_host(value)
+        return value
+
+    return tree_map(back, result)
+
+
+def from_host(value: torch.Tensor) -> torch.Tensor:
+    COUNTS["host_copies"] += 1
+    value = value.detach()
+    return new_tensor(value.shape, value.dtype, _storage.host_to_buffer(value) if value.numel() else None)
+
+
+def _flat_tensors(args, kwargs) -> list:
+    out = []
+
+    def visit(value):
+        if isinstance(value, torch.Tensor):
+            out.append(value)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item)
+
+    for value in args:
+        visit(value)
+    for value in kwargs.values():
+        visit(value)
+    return out
+
+
+def _written_positions(op, args, kwargs) -> list[int]:
+    """Positions (among the call's tensors, flattened) of the arguments the schema marks written."""
+    positions, index = [], 0
+    schema_args = op._schema.arguments
+    for position, argument in enumerate(schema_args):
+        if argument.kwarg_only:
+            value = kwargs.get(argument.name, argument.default_value if argument.has_default_value() else None)
+        elif position < len(args):
+            value = args[position]
+        else:
+            value = kwargs.get(argument.name)
+        count = (1 if isinstance(value, torch.Tensor) else
+                 sum(isinstance(v, torch.Tensor) for v in value) if isinstance(value, (list, tuple)) else 0)
+        if argument.alias_info is not None and argument.alias_info.is_write:
+            positions.extend(range(index, index + count))
+        index += count
+    return positions
+
+
+def _ordered_values(op, args, kwargs):
+    """The call's arguments in schema order (how ``_leaves`` visits them: positional, then kwargs as given)."""
+    return list(args) + list(kwargs.values())
+
+
+# --- building a kernel -----------------------------------------------------------------------
+
+def _build(op, args, kwargs, leaves: _Leaves) -> OpKernel | None:
+    from .trace import OpTraceError, trace_op
+
+    try:
+        traced = trace_op(op, args, kwargs, leaves, _written_positions(op, args, kwargs))
+    except OpTraceError as exc:  # data-dependent shapes or non-tensor results: the host answers
+        log.debug("%s runs on the host: %s", op, exc)
+        _HOST_OPS.add(op)
+        return None
+    if traced.resized:
+        return ResizeOuts(traced.resized)
+    return _compile(op, traced)
+
+
+class ResizeOuts:
+    """At this signature the op resizes its ``out=`` tensors: resize them, then dispatch at the new one."""
+
+    __slots__ = ("sizes",)
+
+    def __init__(self, sizes: dict):
+        self.sizes = sizes
+
+    def __call__(self, op, args, kwargs, leaves):
+        from .kernels import resize_
+
+        for position, shape in self.sizes.items():
+            resize_(leaves.tensors[position], shape)
+        return dispatch(op, args, kwargs)
+
+
+def _compile(op, traced) -> OpKernel | None:
+    from ..capture.options import Options
+    from ..compiler import compile_graph
+    from ..lowering import LoweringError
+    from ..report import CompileReport, record
+
+    options = Options.resolve()
+    name = f"eager.{op}"
+    report = CompileReport(graph=name, kind="eager")
+    try:
+        executable = compile_graph(traced.gm, report=report, options=options)
+    except LoweringError as exc:
+        if options.fallback == "eager":
+            if str(op) not in _WARNED:
+                _WARNED.add(str(op))
+                warnings.warn(f"neuron: {op} does not lower ({exc.args[0].splitlines()[0]}); it runs on the "
+                              "host (fallback='eager')", stacklevel=4)
+            _HOST_OPS.add(op)
+            return None
+        raise
+    record(report)
+    COUNTS["op_compiles"] += 1
+    return OpKernel(executable, traced.inputs, traced.fresh, traced.written, traced.returns, name)

@@ -1,0 +1,155 @@
+"""Where a neuron tensor's data lives: one PJRT buffer per storage, on the executor's one client.
+
+A neuron tensor is a plain ``torch.Tensor`` whose storage's Python object
+carries a ``Data``: the storage's element type, its length in elements and a
+PJRT buffer (``None`` until something is written: ``torch.empty`` allocates
+nothing). Views, ``.data``, ``detach()`` and ``nn.Parameter`` share the storage
+object, so they share the ``Data``; an in-place op replaces ``Data.buffer`` and
+every view sees the new value.
+
+The buffer is kept in the shape of whatever wrote the whole storage last; a
+tensor whose size, stride and offset are not that shape's is read through a
+view computed inside the op's executable (``ops``).
+
+Data crosses to the host only here, through PJRT's transfer API
+(``batched_device_put``, ``_single_device_array_to_np_array_did_copy``), never
+by aliasing host memory: the same code serves a client whose memory is not the
+host's.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+import numpy as np
+import torch
+
+from . import _torch_hooks
+
+_stats_lock = threading.Lock()
+_live_bytes = 0
+_peak_bytes = 0
+
+
+class Data:
+    """The contents of one neuron storage."""
+
+    __slots__ = ("buffer", "dtype", "numel", "nbytes", "__weakref__")
+
+    def __init__(self, dtype: torch.dtype, numel: int, buffer=None):
+        self.dtype, self.numel, self.buffer = dtype, numel, None
+        self.nbytes = 0
+        if buffer is not None:
+            self.set(buffer)
+
+    def set(self, buffer) -> None:
+        global _live_bytes, _peak_bytes
+        nbytes = self.numel * self.dtype.itemsize
+        with _stats_lock:
+            _live_bytes += nbytes - self.nbytes
+            _peak_bytes = max(_peak_bytes, _live_bytes)
+        self.buffer, self.nbytes = buffer, nbytes
+
+    def __del__(self):
+        global _live_bytes
+        with _stats_lock:
+            _live_bytes -= self.nbytes
+
+
+def memory_allocated() -> int:
+    return _live_bytes
+
+
+def max_memory_allocated() -> int:
+    return _peak_bytes
+
+
+def reset_peak_memory_stats() -> None:
+    global _peak_bytes
+    with _stats_lock:
+        _peak_bytes = _live_bytes
+
+
+def data_of(tensor: torch.Tensor) -> Data:
+    storage = tensor.untyped_storage()
+    try:
+        return storage._neuron
+    except AttributeError:
+        raise RuntimeError(f"a neuron tensor of shape {tuple(tensor.shape)} has no data: it was not made by "
+                           "neuron_compile's device") from None
+
+
+def storage_extent(shape, stride, offset: int = 0) -> int:
+    """Elements a storage needs to hold a tensor of this size, stride and offset."""
+    if any(s == 0 for s in shape):
+        return offset
+    return offset + 1 + sum((s - 1) * st for s, st in zip(shape, stride))
+
+
+def new_tensor(shape, dtype: torch.dtype, buffer=None, stride=None, offset: int = 0) -> torch.Tensor:
+    """A neuron tensor on a fresh storage holding ``buffer`` (or nothing yet)."""
+    shape = tuple(shape)
+    if stride is None and not offset:
+        tensor = _torch_hooks.empty_tensor(shape, dtype)
+        numel = tensor.numel()
+    else:
+        numel = storage_extent(shape, stride, offset)
+        tensor = _torch_hooks.empty_tensor((numel,), dtype)
+        tensor.set_(tensor.untyped_storage(), offset, shape, stride)
+    tensor.untyped_storage()._neuron = Data(dtype, numel, buffer)
+    return tensor
+
+
+# --- host <-> device -------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=1)
+def _put_parts():
+    import jax
+    import jax.core
+    from jax.sharding import SingleDeviceSharding
+    from jaxlib import _jax
+
+    from runtime.executor import _device
+
+    device = _device()
+    # jax turns 64-bit values into 32-bit ones unless x64 is on: on for our transfers only, never globally
+    return device, SingleDeviceSharding(device), jax.core.ShapedArray, _jax, jax.enable_x64
+
+
+def _numpy_dtype(dtype: torch.dtype):
+    if dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return torch.empty((), dtype=dtype).numpy().dtype
+
+
+def host_to_buffer(tensor: torch.Tensor):
+    """Copy a CPU tensor into a new PJRT buffer of its shape (PJRT's transfer API: a real copy)."""
+    device, sharding, shaped, _jax, x64 = _put_parts()
+    tensor = tensor.detach().resolve_conj().resolve_neg().contiguous()
+    if tensor.dtype == torch.bfloat16:
+        array = tensor.view(torch.int16).numpy().view(_numpy_dtype(torch.bfloat16))
+    else:
+        array = tensor.numpy()
+    with x64(True):
+        return _jax.batched_device_put(shaped(array.shape, array.dtype), sharding, [array], [device], True, True,
+                                       _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL)
+
+
+def buffer_to_host(buffer, dtype: torch.dtype) -> torch.Tensor:
+    """A CPU tensor with a copy of a PJRT buffer's contents."""
+    with _put_parts()[4](True):
+        array, did_copy = buffer._single_device_array_to_np_array_did_copy()
+    if not did_copy or not array.flags.writeable:
+        array = np.array(array)
+    if dtype == torch.bfloat16:
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    if dtype == torch.bool and array.dtype != np.bool_:
+        array = array.astype(np.bool_)
+    return torch.from_numpy(array)
+
+
+def zeros_buffer(numel: int, dtype: torch.dtype):
+    return host_to_buffer(torch.zeros(numel, dtype=dtype))
