@@ -52,17 +52,15 @@ def register_direct_kernels() -> None:
 
 def handle(op, *args, **kwargs):
     """The PrivateUse1 fallback: every op without a kernel registered for ``neuron``."""
-    if _direct is None:
-        register_direct_kernels()
     fn = KERNELS.get(op)
-    if fn is not None:
-        return fn(op, *args, **kwargs)
-    if _is_view(op):
-        KERNELS[op] = _view
-        return _view(op, *args, **kwargs)
-    if _is_random(op):
-        KERNELS[op] = _random
-        return _random(op, *args, **kwargs)
+    if fn is None:
+        if _direct is None:
+            register_direct_kernels()
+        fn = KERNELS[op] = _view if _is_view(op) else _random if _is_random(op) else _compiled
+    return fn(op, *args, **kwargs)
+
+
+def _compiled(op, *args, **kwargs):
     return ops.dispatch(op, args, kwargs)
 
 
@@ -242,16 +240,10 @@ def _is_random(op) -> bool:
     return any(a.name == "generator" for a in op._schema.arguments) or op in (aten.native_dropout.default,)
 
 
-_generator: torch.Generator | None = None
-
-
 def generator() -> torch.Generator:
-    """The device's generator: a CPU generator, so a seed gives the numbers CPU eager gives."""
-    global _generator
-    if _generator is None:
-        _generator = torch.Generator()
-        _generator.manual_seed(torch.initial_seed())
-    return _generator
+    """The device draws from CPU's default generator: a script that seeds and draws in the same order
+    gets on neuron the very numbers CPU eager gets (dropout masks included)."""
+    return torch.default_generator
 
 
 def _random(op, *args, **kwargs):

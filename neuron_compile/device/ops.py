@@ -71,7 +71,7 @@ def _scalar_part(value):
 class _Leaves:
     """The tensors of one call, in argument order, and the storages they read."""
 
-    __slots__ = ("tensors", "datas", "slots", "host", "parts", "device_seen")
+    __slots__ = ("tensors", "datas", "slots", "host", "parts", "device_seen", "mixed")
 
     def __init__(self):
         self.tensors: list[torch.Tensor] = []
@@ -80,6 +80,7 @@ class _Leaves:
         self.host: list[torch.Tensor] = []  # 0-d CPU tensors (scalars, as CUDA takes them)
         self.parts: list = []
         self.device_seen = False
+        self.mixed = None  # a CPU tensor that is not a 0-d scalar
 
     def visit(self, value):
         if isinstance(value, torch.Tensor):
@@ -94,23 +95,22 @@ class _Leaves:
                         self.datas.append(storage._neuron)
                     except AttributeError:
                         raise RuntimeError("a neuron tensor without data reached an op") from None
-                data = self.datas[slot]
-                buffer = data.buffer
+                buffer = self.datas[slot].buffer
                 shape = value.shape
-                if (buffer is not None and buffer.shape == shape and value.storage_offset() == 0
+                if (buffer is not None and buffer.shape == shape and not value.storage_offset()
                         and value.is_contiguous()):
-                    part = (value.dtype, shape, slot)
+                    self.parts.append((value.dtype, shape, slot))
                 else:
-                    part = (value.dtype, shape, value.stride(), value.storage_offset(), slot,
-                            data.numel if buffer is None else buffer.shape)
+                    self.parts.append((value.dtype, shape, value.stride(), value.storage_offset(), slot,
+                                       self.datas[slot].numel if buffer is None else buffer.shape))
                 self.tensors.append(value)
-                self.parts.append(part)
                 return
             if value.dim() == 0 and not value.requires_grad:
                 self.host.append(value)
                 self.tensors.append(value)
                 self.parts.append(("host", value.dtype))
                 return
+            self.mixed = value
             self.tensors.append(value)
             self.parts.append(("cpu", value.dtype, value.shape))
             return
@@ -125,20 +125,21 @@ class _Leaves:
 
 def _leaves(args, kwargs) -> _Leaves:
     leaves = _Leaves()
+    visit = leaves.visit
     for value in args:
-        leaves.visit(value)
-    for name, value in kwargs.items():
-        leaves.parts.append(name)
-        leaves.visit(value)
+        visit(value)
+    if kwargs:
+        for name, value in kwargs.items():
+            leaves.parts.append(name)
+            visit(value)
     return leaves
 
 
 def check_same_device(op, leaves: _Leaves) -> None:
-    for value in leaves.tensors:
-        if value.device.type != "neuron" and not (value.dim() == 0 and not value.requires_grad):
-            raise MixedDeviceError(
-                f"Expected all tensors to be on the same device, but found at least two devices, neuron:0 and "
-                f"{value.device}! (when checking arguments for {op})")
+    if leaves.mixed is not None:
+        raise MixedDeviceError(
+            f"Expected all tensors to be on the same device, but found at least two devices, neuron:0 and "
+            f"{leaves.mixed.device}! (when checking arguments for {op})")
 
 
 # --- kernels ---------------------------------------------------------------------------------
@@ -146,19 +147,50 @@ def check_same_device(op, leaves: _Leaves) -> None:
 class OpKernel:
     """One op at one signature: which buffers feed the executable and what its results become."""
 
-    __slots__ = ("executable", "inputs", "fresh", "written", "returns", "name")
+    __slots__ = ("executable", "inputs", "fresh", "written", "returns", "name", "_run", "_direct")
 
     def __init__(self, executable, inputs, fresh, written, returns, name):
+        from ..compiler import FROM_XLA
+
         self.executable = executable
-        self.inputs = inputs  # per XLA parameter: ("slot", k) or ("host", k)
+        self.inputs = inputs  # per graph input: ("slot", k) or ("host", k)
         self.fresh = fresh  # per fresh output: (shape, dtype)
         self.written = written  # storage slots the op writes, in output order after the fresh ones
-        self.returns = returns  # how to rebuild the op's return value (see _returns)
+        self.returns = returns  # how to rebuild the op's return value (see _rebuild)
         self.name = name
+        plan = executable.plan
+        self._run = executable.xla.loaded.execute_sharded if executable.xla is not None else None
+        # the common case: every parameter a storage slot, every result straight from XLA, in order
+        direct = (self._run is not None and all(kind == "slot" for kind, _ in inputs)
+                  and all(kind == FROM_XLA and value == i for i, (kind, value) in enumerate(plan.outputs)))
+        self._direct = tuple(inputs[i][1] for i in plan.tensor_args) if direct else None
 
     def __call__(self, leaves: _Leaves):
-        executable = self.executable
-        plan = executable.plan
+        datas = leaves.datas
+        slots = self._direct
+        if slots is not None:
+            try:
+                params = [datas[i].buffer for i in slots]
+                results = self._run(params).disassemble_into_single_device_arrays()
+            except (AttributeError, TypeError, ValueError):  # a storage never written (buffer None)
+                results = None
+            if results is not None:
+                results = [r[0] for r in results]
+            else:
+                results = self._slow(leaves)
+        else:
+            results = self._slow(leaves)
+        fresh = [new_tensor(shape, dtype, buffer) for (shape, dtype), buffer in zip(self.fresh, results)]
+        if self.written:
+            for slot, buffer in zip(self.written, results[len(self.fresh):]):
+                if buffer is not None:
+                    datas[slot].set(buffer)
+        returns = self.returns
+        if returns[0] == "fresh":
+            return fresh[returns[1]]
+        return _rebuild(returns, fresh, leaves.tensors)
+
+    def _slow(self, leaves: _Leaves) -> list:
         params = []
         datas = leaves.datas
         for kind, index in self.inputs:
@@ -171,11 +203,7 @@ class OpKernel:
                 params.append(buffer)
             else:
                 params.append(_storage.host_to_buffer(leaves.host[index]))
-        results = run_executable(executable, params)
-        fresh = [new_tensor(shape, dtype, buffer) for (shape, dtype), buffer in zip(self.fresh, results)]
-        for slot, buffer in zip(self.written, results[len(self.fresh):]):
-            datas[slot].set(buffer)
-        return _rebuild(self.returns, fresh, leaves.tensors)
+        return run_executable(self.executable, params)
 
 
 def run_executable(executable, params: list) -> list:
@@ -194,7 +222,7 @@ def run_executable(executable, params: list) -> list:
         elif kind == FROM_ARG:
             out.append(params[value])
         elif kind == EMPTY:
-            out.append(_storage.host_to_buffer(torch.empty(value[0], dtype=value[1])))
+            out.append(None)  # a zero-size result holds nothing
         elif kind == CONSTANT:
             out.append(value)
         else:
@@ -219,9 +247,10 @@ def _rebuild(returns, fresh: list, tensors: list):
 
 def dispatch(op, args, kwargs):
     leaves = _leaves(args, kwargs)
-    if not leaves.device_seen:
-        raise RuntimeError(f"{op} reached the neuron device with no neuron tensor")
-    check_same_device(op, leaves)
+    if leaves.mixed is not None or not leaves.device_seen:
+        if not leaves.device_seen:
+            raise RuntimeError(f"{op} reached the neuron device with no neuron tensor")
+        check_same_device(op, leaves)
     key = (op, tuple(leaves.parts))
     kernel = _KERNELS.get(key)
     if kernel is not None:

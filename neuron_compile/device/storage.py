@@ -20,14 +20,12 @@ host's.
 from __future__ import annotations
 
 import functools
-import threading
 
 import numpy as np
 import torch
 
 from . import _torch_hooks
 
-_stats_lock = threading.Lock()
 _live_bytes = 0
 _peak_bytes = 0
 
@@ -44,17 +42,17 @@ class Data:
             self.set(buffer)
 
     def set(self, buffer) -> None:
+        # the counters are updated under the GIL, without a lock: this runs once per op result
         global _live_bytes, _peak_bytes
-        nbytes = self.numel * self.dtype.itemsize
-        with _stats_lock:
-            _live_bytes += nbytes - self.nbytes
-            _peak_bytes = max(_peak_bytes, _live_bytes)
+        nbytes = self.numel * self.dtype.itemsize if buffer is not None else 0
+        _live_bytes += nbytes - self.nbytes
+        if _live_bytes > _peak_bytes:
+            _peak_bytes = _live_bytes
         self.buffer, self.nbytes = buffer, nbytes
 
     def __del__(self):
         global _live_bytes
-        with _stats_lock:
-            _live_bytes -= self.nbytes
+        _live_bytes -= self.nbytes
 
 
 def memory_allocated() -> int:
@@ -67,8 +65,7 @@ def max_memory_allocated() -> int:
 
 def reset_peak_memory_stats() -> None:
     global _peak_bytes
-    with _stats_lock:
-        _peak_bytes = _live_bytes
+    _peak_bytes = _live_bytes
 
 
 def data_of(tensor: torch.Tensor) -> Data:

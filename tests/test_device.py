@@ -1,0 +1,267 @@
+"""The ``neuron`` device: eager ops on neuron tensors against CPU eager.
+
+Every test builds the same computation on CPU and on ``neuron`` and compares
+with ``torch.testing.assert_close``; aliasing tests check that a write through
+one view is seen through every other; counts (compiles, cache hits) are
+asserted where they are the point.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from neuron_compile.device import ops as device_ops
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def N(t):
+    return t.to("neuron")
+
+
+def test_seed_snippet_from_the_issue():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(10, 1).to("neuron")
+    x = torch.randn(1, 10, device="neuron")
+    out = model(x)
+    text = repr(out)
+    assert "device='neuron:0'" in text and "grad_fn=<AddmmBackward0>" in text, text
+    out.sum().backward()
+    assert model.weight.grad.device.type == "neuron"
+    # the same on CPU
+    torch.manual_seed(0)
+    ref_model = torch.nn.Linear(10, 1)
+    ref_x = torch.randn(1, 10)
+    ref = ref_model(ref_x)
+    ref.sum().backward()
+    assert_close(x.cpu(), ref_x)
+    assert_close(out.cpu(), ref)
+    assert_close(model.weight.grad.cpu(), ref_model.weight.grad)
+
+
+def test_device_module_api():
+    assert torch.neuron.is_available() and torch.neuron.device_count() == 1
+    assert torch.neuron.current_device() == 0
+    torch.neuron.synchronize()
+    assert torch.device("neuron").type == "neuron"
+    assert torch.empty(2, device="neuron:0").device == torch.device("neuron", 0)
+    with pytest.raises(RuntimeError, match="out of range"):
+        torch.empty(2, device="neuron:1")
+    before = torch.neuron.memory_allocated()
+    x = torch.ones(1024, device="neuron")
+    x.add_(1)
+    assert torch.neuron.memory_allocated() - before == 4096
+    assert torch.neuron.max_memory_allocated() >= torch.neuron.memory_allocated()
+    del x
+    torch.neuron.empty_cache()
+    assert torch.neuron.memory_allocated() == before
+
+
+def test_random_ops_give_cpu_numbers():
+    for make in (lambda d: torch.randn(3, 4, device=d), lambda d: torch.rand(5, device=d),
+                 lambda d: torch.randint(0, 10, (6,), device=d), lambda d: torch.empty(4, device=d).normal_(2, 3),
+                 lambda d: torch.empty(4, device=d).uniform_(-1, 1),
+                 lambda d: torch.nn.functional.dropout(torch.ones(8, 8, device=d), 0.5)):
+        torch.manual_seed(1234)
+        got = make("neuron").cpu()
+        torch.manual_seed(1234)
+        assert_close(got, make("cpu"))
+
+
+def test_views_and_in_place_ops_alias_like_eager():
+    for device in ("cpu", "neuron"):
+        x = torch.arange(12.0).reshape(3, 4).to(device)
+        row, col, t = x[0], x[:, 1], x.t()
+        x[0] += 1  # a write through a view changes the base and every view
+        col.mul_(2)
+        t[3, 2] = -5
+        x.view(-1)[5:7] = 9
+        u = x.unsqueeze(0).expand(2, 3, 4)
+        results = [x.clone(), row.clone(), col.clone(), t.contiguous(), u.sum(0)]
+        if device == "cpu":
+            ref = [r for r in results]
+        else:
+            for got, want in zip(results, ref):
+                assert_close(got.cpu(), want)
+            assert row._base is x and t._base is x
+
+
+def test_out_variants_promotion_zero_dim_and_empty():
+    a = torch.randn(3, 4)
+    b = torch.randn(4)
+    for device in ("cpu", "neuron"):
+        out = torch.empty(0, device=device)
+        torch.add(a.to(device), b.to(device), out=out)  # out= resized from 0 elements
+        ints = torch.arange(4, device=device)
+        promoted = ints * 0.5 + a.to(device)  # int64 * float -> float32
+        zero_dim = a.to(device).sum() * torch.tensor(2.0)  # a 0-d CPU tensor is a scalar, as with CUDA
+        empty = torch.empty(0, 4, device=device).sum(0)
+        results = [out, promoted, zero_dim, empty, torch.where(a.to(device) > 0, a.to(device), 0.0)]
+        if device == "cpu":
+            ref = results
+        else:
+            for got, want in zip(results, ref):
+                assert got.device.type == "neuron"
+                assert_close(got.cpu(), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32,
+                                   torch.bool, torch.float64])
+def test_dtypes_round_trip_and_compute(dtype):
+    x = (torch.randn(5, 3) * 4).to(dtype)
+    n = N(x)
+    assert n.dtype == dtype and n.device.type == "neuron"
+    assert_close(n.cpu(), x)
+    if dtype != torch.bool:
+        assert_close((n + n).cpu(), x + x)
+    assert_close(n.max().cpu(), x.max())
+
+
+def test_mixing_devices_raises_like_cuda():
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.randn(3, device="neuron") + torch.randn(3)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.nn.Linear(3, 2).to("neuron")(torch.randn(1, 3))
+
+
+def _step_all(optimizer_cls, kwargs, steps=3):
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
+    model.load_state_dict(ref.state_dict())
+    model.to("neuron")
+    opt_ref = optimizer_cls(ref.parameters(), **kwargs)
+    opt = optimizer_cls(model.parameters(), **kwargs)
+    for step in range(steps):
+        x = torch.randn(4, 6)
+        for m, o, inp in ((ref, opt_ref, x), (model, opt, N(x))):
+            o.zero_grad()
+            loss = m(inp).pow(2).mean()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+            o.step()
+    for p_ref, p in zip(ref.parameters(), model.parameters()):
+        assert p.device.type == "neuron"
+        assert_close(p.cpu(), p_ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name,kwargs", [
+    ("SGD", {"lr": 0.1, "momentum": 0.9}),
+    ("SGD", {"lr": 0.1, "foreach": False}),
+    ("Adam", {"lr": 0.01}),
+    ("Adam", {"lr": 0.01, "foreach": False}),
+    ("AdamW", {"lr": 0.01, "weight_decay": 0.1}),
+    ("RMSprop", {"lr": 0.01}),
+    ("Adagrad", {"lr": 0.1}),
+    ("Adamax", {"lr": 0.01}),
+    ("NAdam", {"lr": 0.01}),
+    ("RAdam", {"lr": 0.01}),
+])
+def test_optimizers_match_cpu(name, kwargs):
+    _step_all(getattr(torch.optim, name), kwargs)
+
+
+def test_save_load_and_state_dict_round_trips(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3).to("neuron")
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    buffer.seek(0)
+    on_cpu = torch.load(buffer, map_location="cpu", weights_only=True)
+    assert all(v.device.type == "cpu" for v in on_cpu.values())
+    assert_close(on_cpu["weight"], model.weight.detach().cpu())
+    path = tmp_path / "m.pt"
+    torch.save(model.state_dict(), path)
+    back = torch.load(path, weights_only=True)  # back on the device it was saved from
+    assert back["weight"].device.type == "neuron"
+    assert_close(back["weight"].cpu(), model.weight.detach().cpu())
+    other = torch.nn.Linear(4, 3).to("neuron")
+    other.load_state_dict(back)
+    assert_close(other(N(torch.ones(1, 4))).cpu(), model(N(torch.ones(1, 4))).cpu())
+    to_neuron = torch.load(io.BytesIO(_saved(torch.nn.Linear(2, 2).state_dict())), map_location="neuron")
+    assert to_neuron["weight"].device.type == "neuron"
+    cpu_model = torch.nn.Linear(4, 3)
+    cpu_model.load_state_dict(model.state_dict())
+    assert_close(cpu_model.weight, model.weight.detach().cpu())
+    assert model.to("cpu").weight.device.type == "cpu"
+
+
+def _saved(obj) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def test_no_grad_and_inference_mode():
+    w = torch.randn(3, 3, device="neuron", requires_grad=True)
+    with torch.no_grad():
+        y = w * 2
+    assert not y.requires_grad
+    with torch.inference_mode():
+        z = w @ w
+    assert not z.requires_grad
+    assert_close(z.cpu(), w.detach().cpu() @ w.detach().cpu())
+
+
+def test_autocast_runs_matmuls_in_bfloat16():
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    with torch.autocast("neuron", dtype=torch.bfloat16):
+        got = N(a) @ N(b)
+        kept = torch.softmax(N(a), -1)  # fp32 list: stays float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = a @ b
+    assert got.dtype == torch.bfloat16
+    assert kept.dtype == torch.float32
+    assert_close(got.cpu(), want)
+
+
+def test_an_op_that_does_not_lower_names_the_op_and_the_line(monkeypatch):
+    from neuron_compile import LoweringError
+
+    x = torch.randn(10, device="neuron")
+    with pytest.raises(LoweringError) as info:
+        torch.histc(x, bins=4)  # no StableHLO for histc
+    assert "aten.histc" in str(info.value) and "test_device.py" in str(info.value)
+    monkeypatch.setenv("NEURON_COMPILE_FALLBACK", "eager")
+    with pytest.warns(UserWarning, match="aten.histc"):
+        got = torch.histc(x, bins=4)
+    assert_close(got.cpu(), torch.histc(x.cpu(), bins=4))
+
+
+def test_a_new_process_compiles_nothing_for_a_model_it_ran_before(tmp_path):
+    script = textwrap.dedent("""
+        import json, torch
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1)).to("neuron")
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+        for step in range(2):
+            loss = model(torch.randn(4, 8, device="neuron")).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        from neuron_compile.report import COUNTERS
+        from neuron_compile.device.ops import COUNTS
+        print(json.dumps({"loss": loss.item(), "xla_compiles": COUNTERS["xla_compiles"],
+                          "lowerings": COUNTERS["lowerings"], "disk_hits": COUNTERS["disk_hits"],
+                          "ops": COUNTS["op_compiles"]}))
+    """)
+    env = dict(os.environ, NEURON_COMPILE_CACHE_DIR=str(tmp_path / "cache"))
+    runs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        import json
+
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert first["xla_compiles"] > 10 and first["lowerings"] == first["xla_compiles"]
+    assert second["xla_compiles"] == 0 and second["lowerings"] == 0, second
+    assert second["loss"] == first["loss"]
