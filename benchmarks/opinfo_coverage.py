@@ -46,6 +46,22 @@ table to ``opinfo_sequence.{md,json}``; forward only.
 
     nice -n 10 python benchmarks/opinfo_coverage.py --sequence --dtypes float32,int64 --resume
     nice -n 10 python benchmarks/opinfo_coverage.py --sequence --dtypes float32,int64 --buckets 0 --resume
+
+Device mode (``--device``, code in ``opinfo_device.py``): no torch.compile;
+each sample runs EAGERLY on the ``neuron`` device (every tensor of input, args
+and kwargs copied there, requires_grad kept; results back with ``.cpu()``) and
+is compared with CPU eager by ``compare_op``; backward compares the input
+gradients computed on the device. Statuses as above without graph-break; a
+crash names the ATen op the device was dispatching. Default dtypes float32 and
+int64 (forward) and float32 backward; workers run with
+NEURON_COMPILE_FALLBACK=error, the artifact cache as the environment sets it,
+and ``--ops-per-worker`` ops each. Raw records in ``opinfo_device.jsonl``,
+the table in ``opinfo_device.{md,json}``, set beside ``opinfo.json``'s
+compiled results (the ops that pass compiled but not on the device, by cause).
+
+    nice -n 10 python benchmarks/opinfo_coverage.py --device --max-samples 2 --resume   # all, resumable
+    python benchmarks/opinfo_coverage.py --device --ops add,softmax --raw /tmp/d.jsonl --table-to /tmp/d
+    python benchmarks/opinfo_coverage.py --device --table       # rebuild opinfo_device.{md,json} only
 """
 
 from __future__ import annotations
@@ -68,6 +84,7 @@ RESULTS = HERE / "results"
 # across invocations on one machine; --raw puts them elsewhere.
 RAW = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "neuron_compile" / "opinfo.jsonl"
 RAW_SEQUENCE = RAW.with_name("opinfo_sequence.jsonl")  # --sequence's records: never mixed with RAW's
+RAW_DEVICE = RAW.with_name("opinfo_device.jsonl")  # --device's records
 
 STATUSES = ("pass", "mismatch", "does-not-lower", "xla-rejects", "graph-break", "crash")
 DTYPES = ("float32", "bfloat16", "int64", "bool")
@@ -622,20 +639,34 @@ def load_raw(path: Path, *more: Path, mode: str | None = None) -> tuple[dict, se
     return samples, done
 
 
+def _device_module():
+    """benchmarks/opinfo_device.py (--device), importable however this file was loaded."""
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    import opinfo_device
+
+    return opinfo_device
+
+
 def supervise(names, args, raw: Path) -> None:
-    """Feed ops to worker processes; a dead or stuck worker costs one sample (a crash), then restarts."""
+    """Feed ops to worker processes; a dead or stuck worker costs one sample (a crash), then restarts.
+    A worker that exits cleanly with ops left (a device worker after --ops-per-worker) is followed by the next."""
     raw.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     if args.buckets is not None:
         env["NEURON_COMPILE_BUCKETS"] = args.buckets
     mode = sequence_direction(env.get("NEURON_COMPILE_BUCKETS", "128")) if args.sequence else ""
+    if args.device:
+        mode = _device_module().device_mode(args.dtypes, args.backward)
+        env["NEURON_COMPILE_FALLBACK"] = "error"  # an op that does not lower must fail, not run on the host
     samples, done = load_raw(raw, mode=mode)
     todo = [n for n in names if n not in done] if args.resume else list(names)
     skip = {f"{op}|{key}" for op, recs in samples.items() for key in recs if key != "notes"} if args.resume else set()
     # samples that killed or hung a worker: a restarted sequence worker must not replay them
     no_replay = {f"{op}|{key}" for op, recs in samples.items() for key, rec in recs.items()
                  if key != "notes" and rec["status"] == "crash" and rec.get("seconds") is None}
-    env.setdefault("NEURON_COMPILE_CACHE", "0")
+    if not args.device:  # the device compiles one op per signature: its artifact cache stays as set
+        env.setdefault("NEURON_COMPILE_CACHE", "0")
     env["PYTHONPATH"] = str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")
     started = time.time()
     total = len(todo)
@@ -645,6 +676,8 @@ def supervise(names, args, raw: Path) -> None:
                    "--max-samples", str(args.max_samples), "--ops", ",".join(todo)]
             if not args.backward:
                 cmd.append("--no-backward")
+            if args.device:
+                cmd += ["--device", "--ops-per-worker", str(args.ops_per_worker)]
             # per supervisor: runs of both bucketing settings (or chunks) may share one raw file
             skip_file = raw.with_name(f"{raw.stem}.{os.getpid()}.skip")
             skip_file.write_text("\n".join(sorted(skip)))
@@ -914,38 +947,54 @@ def write_passing(summary: dict, path: Path) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ops", default="", help="comma-separated op names or globs (default: all of op_db)")
-    p.add_argument("--dtypes", default="float32,bfloat16,int64,bool")
+    p.add_argument("--dtypes", default=None, help="default float32,bfloat16,int64,bool (--device: float32,int64)")
     p.add_argument("--max-samples", type=int, default=4)
     p.add_argument("--no-backward", dest="backward", action="store_false")
     p.add_argument("--chunk", default="", help="i/n: run the i-th of n equal slices of the op list")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds per sample before the worker is killed")
     p.add_argument("--raw", default="", help=f"JSONL file of raw results (appended to; default {RAW}, "
-                                             f"with --sequence {RAW_SEQUENCE})")
+                                             f"with --sequence {RAW_SEQUENCE}, with --device {RAW_DEVICE})")
     p.add_argument("--also", default="", help="more JSONL files to read into the tables (comma-separated)")
     p.add_argument("--resume", action="store_true", help="skip ops and samples already in --raw")
     p.add_argument("--table", action="store_true", help="only rebuild the tables from --raw")
     p.add_argument("--table-to", default=str(RESULTS),
-                   help="folder for opinfo.md and opinfo.json (--sequence: opinfo_sequence.md and .json)")
+                   help="folder for opinfo.md and opinfo.json (--sequence: opinfo_sequence.md and .json, "
+                        "--device: opinfo_device.md and .json)")
     p.add_argument("--sequence", action="store_true",
                    help="each op's samples through one compiled function, no reset between them (forward only)")
     p.add_argument("--buckets", default=None,
                    help="NEURON_COMPILE_BUCKETS for the workers (0: bucketing off), recorded in --sequence's job "
                         "(single-sample graphs are static: bucketing has no effect on them)")
+    p.add_argument("--device", action="store_true",
+                   help="each sample eagerly on the neuron device against CPU eager, no torch.compile "
+                        "(opinfo_device.py; table opinfo_device.md and .json)")
+    p.add_argument("--ops-per-worker", type=int, default=40,
+                   help="--device: ops per worker process before the next one starts (frees its executables)")
     p.add_argument("--write-passing", default="", help="write the ops whose float32 samples all pass (the CI pin)")
     p.add_argument("--note", default="", help="a sentence for the table's header (how the run was made)")
+    p.add_argument("--incomplete", default="", help="--device: say in the table's header what did not finish")
     p.add_argument("--verbose", action="store_true")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--skip-file", default="", help=argparse.SUPPRESS)
     p.add_argument("--no-replay-file", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.dtypes is None:
+        args.dtypes = "float32,int64" if args.device else "float32,bfloat16,int64,bool"
     args.dtypes = [d for d in args.dtypes.split(",") if d]
+    if args.device and args.sequence:
+        p.error("--device and --sequence are separate modes")
 
+    if args.worker and args.device:
+        skip = set(Path(args.skip_file).read_text().split("\n")) if args.skip_file else set()
+        _device_module().worker(args.ops.split(","), args.dtypes, args.max_samples, args.backward, skip,
+                                args.ops_per_worker)
+        return 0
     if args.worker:
         skip = set(Path(args.skip_file).read_text().split("\n")) if args.skip_file else set()
         no_replay = set(Path(args.no_replay_file).read_text().split("\n")) if args.no_replay_file else set()
         worker(args.ops.split(","), args.dtypes, args.max_samples, args.backward, skip, args.sequence, no_replay)
         return 0
-    raw = Path(args.raw or (RAW_SEQUENCE if args.sequence else RAW))
+    raw = Path(args.raw or (RAW_SEQUENCE if args.sequence else RAW_DEVICE if args.device else RAW))
     if not args.table:
         names = all_op_names()
         if args.ops:
@@ -963,6 +1012,13 @@ def main(argv=None) -> int:
             "note": "fullgraph=True, torch._dynamo.reset() per sample, float32 tolerance rtol=atol=1e-4"
                     + (f"; {args.note}" if args.note else "")}
     more = [Path(p) for p in args.also.split(",") if p]
+    if args.device:
+        meta["note"] = ("eager on the neuron device against CPU eager, no torch.compile, float32 tolerance "
+                        "rtol=atol=1e-4" + (f"; {args.note}" if args.note else ""))
+        if args.incomplete:
+            meta["incomplete"] = args.incomplete
+        _device_module().table(raw, more, Path(args.table_to), meta)
+        return 0
     if args.sequence:
         meta["note"] = ("fullgraph=True, one compiled function per op and dtype, no reset between samples, "
                         "float32 tolerance rtol=atol=1e-4" + (f"; {args.note}" if args.note else ""))
