@@ -225,15 +225,20 @@ def test_autocast_runs_matmuls_in_bfloat16():
 
 def test_an_op_that_does_not_lower_names_the_op_and_the_line(monkeypatch):
     from neuron_compile import LoweringError
+    from torch.nn.functional import embedding_bag
 
-    x = torch.randn(10, device="neuron")
+    indices, offsets, weight = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9]), torch.tensor([0, 4]), torch.randn(10, 3)
+    monkeypatch.setenv("NEURON_COMPILE_FALLBACK", "error")
     with pytest.raises(LoweringError) as info:
-        torch.histc(x, bins=4)  # no StableHLO for histc
-    assert "aten.histc" in str(info.value) and "test_device.py" in str(info.value)
+        embedding_bag(N(indices), N(weight), N(offsets), padding_idx=2)  # Torch-MLIR has no StableHLO for it
+    assert "aten.embedding_bag.padding_idx" in str(info.value)
+    assert "test_device.py" in str(info.value) and "embedding_bag(N(indices)" in str(info.value)
     monkeypatch.setenv("NEURON_COMPILE_FALLBACK", "eager")
-    with pytest.warns(UserWarning, match="aten.histc"):
-        got = torch.histc(x, bins=4)
-    assert_close(got.cpu(), torch.histc(x.cpu(), bins=4))
+    device_ops._HOST_OPS.clear()
+    device_ops._WARNED.clear()
+    with pytest.warns(UserWarning, match="embedding_bag"):
+        got = embedding_bag(N(indices), N(weight), N(offsets), padding_idx=2)
+    assert_close(got.cpu(), embedding_bag(indices, weight, offsets, padding_idx=2))
 
 
 def test_a_new_process_compiles_nothing_for_a_model_it_ran_before(tmp_path):
@@ -265,3 +270,30 @@ def test_a_new_process_compiles_nothing_for_a_model_it_ran_before(tmp_path):
     assert first["xla_compiles"] > 10 and first["lowerings"] == first["xla_compiles"]
     assert second["xla_compiles"] == 0 and second["lowerings"] == 0, second
     assert second["loss"] == first["loss"]
+
+
+@pytest.mark.slow
+def test_gpt2_trains_five_steps_eagerly_with_cpu_losses():
+    transformers = pytest.importorskip("transformers", reason="transformers is a test extra")
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=64,
+                                  bos_token_id=0, eos_token_id=0)  # dropout on: masks drawn as on CPU
+    torch.manual_seed(0)
+    ref = transformers.GPT2LMHeadModel(cfg)
+    model = transformers.GPT2LMHeadModel(cfg)
+    model.load_state_dict(ref.state_dict())
+    model.to("neuron")
+    assert model.lm_head.weight is model.transformer.wte.weight  # .to("neuron") keeps tied weights tied
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 256, (2, 32))
+    for step in range(5):
+        losses = []
+        for m, o, inp in ((ref, opt_ref, ids), (model, opt, N(ids))):
+            torch.manual_seed(100 + step)
+            loss = m(inp, labels=inp).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+            o.step()
+            o.zero_grad()
+            losses.append(loss.item())
+        assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-5)

@@ -34,10 +34,10 @@ def register() -> None:
         return  # another backend owns PrivateUse1 in this process: leave it alone
     _torch_hooks.setup_backend(module)
     _library = _torch_hooks.fallback_library(_fallback)
+    _torch_hooks.save_through_cpu()
+    _torch_hooks.load_onto_device()
+    _torch_hooks.keep_parameters_on_conversion()
     _registered = True
-    from . import autocast
-
-    autocast.register()
 
 
 def _fallback(op, *args, **kwargs):

@@ -76,3 +76,91 @@ def fallback_library(handler) -> torch.library.Library:
 def exclude_autocast():
     """A guard under which autocast kernels call through to the backend (as C++ autocast kernels do)."""
     return torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1))
+
+
+def save_through_cpu() -> None:
+    """``torch.save`` a neuron tensor as PyTorch saves an XLA one: a CPU copy plus the device it came
+    from, rebuilt by ``torch._utils._rebuild_device_tensor_from_cpu_tensor`` (which honours
+    ``map_location`` and is allowed under ``weights_only=True``). torch takes that path only for
+    tensors without a storage; ours have one (it carries the PJRT buffer)."""
+    original = torch.Tensor._reduce_ex_internal
+    if getattr(original, "_neuron", False):
+        return
+
+    def _reduce_ex_internal(self, proto):
+        if self.device.type == NAME:
+            return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
+                    (self.cpu(), self.dtype, str(self.device), self.requires_grad))
+        return original(self, proto)
+
+    _reduce_ex_internal._neuron = True
+    torch.Tensor._reduce_ex_internal = _reduce_ex_internal
+
+
+class _AutocastLibrary:
+    """Autocast kernels for ``AutocastPrivateUse1``, over a fallthrough for every other op."""
+
+    def __init__(self):
+        self._fallthrough = torch.library.Library("_", "IMPL")
+        self._fallthrough.fallback(torch.library.fallthrough_kernel, AUTOCAST_KEY)
+        self._kernels = torch.library.Library("aten", "IMPL")
+
+    def impl(self, op, fn, key):
+        self._kernels.impl(op, fn, key)
+
+
+def autocast_library() -> _AutocastLibrary:
+    return _AutocastLibrary()
+
+
+def load_onto_device() -> None:
+    """``torch.load(..., map_location="neuron")``: restore a storage onto the device by copying its bytes
+    into a neuron tensor. torch's generic path makes ``torch.UntypedStorage(n, device="neuron")``, which
+    needs a C++ allocator we do not have (it segfaults)."""
+    import torch.serialization as serialization
+
+    def tag(obj):
+        return None  # what we save is a CPU copy (save_through_cpu): torch's own tags apply
+
+    def restore(obj, location):
+        if not str(location).startswith(NAME):
+            return None
+        index = torch.device(location).index
+        if index not in (None, 0):
+            raise RuntimeError(f"cannot load onto {location}: there is 1 neuron device (neuron:0); "
+                               "use map_location to pick another")
+        host = torch.empty(0, dtype=torch.uint8).set_(obj.cpu() if obj.device.type != "cpu" else obj)
+        return host.to(NAME).untyped_storage()
+
+    serialization.register_package(5, tag, restore)
+
+
+def keep_parameters_on_conversion() -> None:
+    """``module.to("neuron")`` (and back) keeps each Parameter object, as ``.to("cuda")`` does.
+
+    torch moves a parameter in place (``param.data = ...``) only between CPU, CUDA and a few other
+    "dense" backends (``_has_compatible_shallow_copy_type``); for PrivateUse1 it makes a new Parameter
+    per module, which unties tied weights (GPT-2's ``lm_head`` and ``wte``) and strands optimizers
+    built before the move. For conversions that touch the device we turn on torch's swap path
+    (``torch.__future__.set_swap_module_params_on_conversion``) for the duration of the call.
+    """
+    original = torch.nn.Module.to
+    if getattr(original, "_neuron", False):
+        return
+
+    def to(self, *args, **kwargs):
+        device = torch._C._nn._parse_to(*args, **kwargs)[0]
+        involved = device is not None and device.type == NAME
+        if not involved and device is not None:
+            involved = any(p.device.type == NAME for p in self.parameters())
+        if not involved or torch.__future__.get_swap_module_params_on_conversion():
+            return original(self, *args, **kwargs)
+        torch.__future__.set_swap_module_params_on_conversion(True)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            torch.__future__.set_swap_module_params_on_conversion(False)
+
+    to._neuron = True
+    to.__doc__ = original.__doc__
+    torch.nn.Module.to = to

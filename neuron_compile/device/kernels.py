@@ -48,14 +48,17 @@ def register_direct_kernels() -> None:
         if _is_view(op):
             continue
         _direct.impl(op, functools.partial(handle, op), _torch_hooks.PRIVATE_KEY)
+    from . import autocast
+
+    autocast.register()  # only neuron tensors reach autocast kernels: none exists before this first op
 
 
 def handle(op, *args, **kwargs):
     """The PrivateUse1 fallback: every op without a kernel registered for ``neuron``."""
+    if _direct is None:
+        register_direct_kernels()
     fn = KERNELS.get(op)
     if fn is None:
-        if _direct is None:
-            register_direct_kernels()
         fn = KERNELS[op] = _view if _is_view(op) else _random if _is_random(op) else _compiled
     return fn(op, *args, **kwargs)
 

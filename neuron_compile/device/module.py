@@ -113,3 +113,16 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
 
 def _get_device_index(device=None, optional=False) -> int:
     return 0
+
+
+class device:
+    """``with torch.neuron.device(0):`` (there is one device; anything else is an error)."""
+
+    def __init__(self, device):
+        set_device(device if device is not None else 0)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

@@ -28,6 +28,7 @@ runs on host copies with one warning per op.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import warnings
 
@@ -95,7 +96,10 @@ class _Leaves:
                         self.datas.append(storage._neuron)
                     except AttributeError:
                         raise RuntimeError("a neuron tensor without data reached an op") from None
-                buffer = self.datas[slot].buffer
+                data = self.datas[slot]
+                if data.dtype is not value.dtype:
+                    _storage.retype(data, value.dtype)
+                buffer = data.buffer
                 shape = value.shape
                 if (buffer is not None and buffer.shape == shape and not value.storage_offset()
                         and value.is_contiguous()):
@@ -273,6 +277,8 @@ def to_host(value):
     if not (isinstance(value, torch.Tensor) and value.device.type == "neuron"):
         return value
     data = _storage.data_of(value)
+    if data.dtype is not value.dtype:
+        _storage.retype(data, value.dtype)
     COUNTS["host_copies"] += 1
     if data.buffer is None:
         flat = torch.zeros(data.numel, dtype=data.dtype)
@@ -395,6 +401,23 @@ class ResizeOuts:
         return dispatch(op, args, kwargs)
 
 
+def user_line() -> str:
+    """The innermost frame of the user's code (outside torch and neuron_compile) that led to this op."""
+    import sys
+
+    frame = sys._getframe(1)
+    ours = (os.sep + "torch" + os.sep, os.sep + "neuron_compile" + os.sep, "<frozen", os.sep + "jax" + os.sep)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not any(part in path for part in ours):
+            import linecache
+
+            code = linecache.getline(path, frame.f_lineno).strip()
+            return f"{path}:{frame.f_lineno} in {frame.f_code.co_name}: {code}"
+        frame = frame.f_back
+    return "<unknown>"
+
+
 def _compile(op, traced) -> OpKernel | None:
     from ..capture.options import Options
     from ..compiler import compile_graph
@@ -407,13 +430,17 @@ def _compile(op, traced) -> OpKernel | None:
     try:
         executable = compile_graph(traced.gm, report=report, options=options)
     except LoweringError as exc:
+        line = user_line()
         if options.fallback == "eager":
             if str(op) not in _WARNED:
                 _WARNED.add(str(op))
-                warnings.warn(f"neuron: {op} does not lower ({exc.args[0].splitlines()[0]}); it runs on the "
-                              "host (fallback='eager')", stacklevel=4)
+                warnings.warn(f"neuron: {op} does not lower (called at {line}); it runs on the host from now on "
+                              "(fallback='eager')", stacklevel=2)
             _HOST_OPS.add(op)
             return None
+        if exc.source is None:
+            exc.source = line
+        exc.args = (f"{exc.args[0]}\nThe eager op {op} was called at {line}",) + exc.args[1:]
         raise
     record(report)
     COUNTS["op_compiles"] += 1

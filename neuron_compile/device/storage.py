@@ -150,3 +150,16 @@ def buffer_to_host(buffer, dtype: torch.dtype) -> torch.Tensor:
 
 def zeros_buffer(numel: int, dtype: torch.dtype):
     return host_to_buffer(torch.zeros(numel, dtype=dtype))
+
+
+def retype(data: Data, dtype: torch.dtype) -> None:
+    """Reinterpret a storage's bytes as ``dtype`` (``torch.load`` rebuilds float tensors on the uint8
+    storages it restored)."""
+    nbytes = data.numel * data.dtype.itemsize
+    if data.buffer is None:
+        data.dtype, data.numel = dtype, nbytes // dtype.itemsize
+        return
+    host = buffer_to_host(data.buffer, data.dtype).reshape(-1).view(torch.uint8)
+    usable = host[: nbytes // dtype.itemsize * dtype.itemsize]
+    data.dtype, data.numel = dtype, nbytes // dtype.itemsize
+    data.set(host_to_buffer(usable.view(dtype)))

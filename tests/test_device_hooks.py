@@ -1,0 +1,56 @@
+"""The private torch APIs the neuron device rests on (``neuron_compile.device._torch_hooks``).
+
+Each test exercises one of them directly, so a torch upgrade that changes it
+fails here, by name, before it fails somewhere deep in a model.
+"""
+
+from __future__ import annotations
+
+import io
+
+import torch
+
+from neuron_compile.device import _torch_hooks
+
+
+def test_privateuse1_is_renamed_neuron_with_its_module():
+    assert torch._C._get_privateuse1_backend_name() == "neuron"
+    assert torch.neuron.device_count() == 1
+    assert hasattr(torch.Tensor, "is_neuron") and hasattr(torch.nn.Module, "neuron")
+
+
+def test_create_empty_tensor_gives_a_plain_neuron_tensor_whose_storage_carries_attributes():
+    t = _torch_hooks.empty_tensor((2, 3), torch.float32)
+    assert type(t) is torch.Tensor and t.device == torch.device("neuron", 0) and t.stride() == (3, 1)
+    t.untyped_storage()._probe = 7
+    assert t.detach().untyped_storage()._probe == 7
+
+
+def test_meta_redispatch_of_a_view_shares_the_storage():
+    t = _torch_hooks.empty_tensor((4, 6), torch.float32)
+    v = _torch_hooks.meta_redispatch(torch.ops.aten.as_strided.default, t, (3, 2), (1, 6), 5)
+    assert v.device.type == "neuron" and v.untyped_storage()._cdata == t.untyped_storage()._cdata
+    assert (v.shape, v.stride(), v.storage_offset()) == ((3, 2), (1, 6), 5)
+
+
+def test_op_overload_redispatch_and_exclude_guard_exist():
+    assert callable(torch.ops.aten.add.Tensor.redispatch)
+    with _torch_hooks.exclude_autocast():
+        pass
+    assert "AutocastPrivateUse1" in dir(torch._C.DispatchKey)
+
+
+def test_reduce_ex_internal_is_ours_and_torch_still_routes_pickling_through_it():
+    assert getattr(torch.Tensor._reduce_ex_internal, "_neuron", False)
+    buffer = io.BytesIO()
+    torch.save(torch.arange(3.0).to("neuron"), buffer)
+    buffer.seek(0)
+    assert torch.load(buffer, map_location="cpu", weights_only=True).tolist() == [0.0, 1.0, 2.0]
+
+
+def test_module_to_keeps_parameter_objects():
+    layer = torch.nn.Linear(2, 2)
+    weight = layer.weight
+    layer.to("neuron")
+    assert layer.weight is weight and weight.device.type == "neuron"
+    assert not torch.__future__.get_swap_module_params_on_conversion()
