@@ -24,8 +24,17 @@ state), ``reset()``, ``LoweringError``.
 from ._version import __version__  # cache_key puts it in every key
 
 from . import report as _report
-from .lowering import LoweringError
 from .report import COUNTERS, CompileReport, compile_reports, format_table
+
+
+def __getattr__(name):
+    # ``import torch`` imports this package (the neuron device's entry point): the lowering loads
+    # only when asked for
+    if name == "LoweringError":
+        from .lowering import LoweringError
+
+        return LoweringError
+    raise AttributeError(f"module 'neuron_compile' has no attribute {name!r}")
 
 
 def reset() -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
 import torch
 
 from . import _torch_hooks
@@ -137,6 +136,8 @@ def host_to_buffer(tensor: torch.Tensor):
 
 def buffer_to_host(buffer, dtype: torch.dtype) -> torch.Tensor:
     """A CPU tensor with a copy of a PJRT buffer's contents."""
+    import numpy as np
+
     with _put_parts()[4](True):
         array, did_copy = buffer._single_device_array_to_np_array_did_copy()
     if not did_copy or not array.flags.writeable:
