@@ -111,25 +111,6 @@ def _empty_strided(op, size, stride, dtype=None, layout=None, device=None, pin_m
 
 # --- moving data -----------------------------------------------------------------------------
 
-def _whole(tensor: torch.Tensor, data) -> bool:
-    """``tensor`` covers its whole storage, contiguously from element 0."""
-    return tensor.storage_offset() == 0 and tensor.is_contiguous() and tensor.numel() == data.numel
-
-
-def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """``dst.copy_(src)`` for a neuron ``dst`` and a CPU ``src`` (broadcast and cast like copy_)."""
-    if dst.numel() == 0:
-        return
-    host = src.detach().to(dst.dtype).expand(dst.shape).contiguous()
-    buffer = _storage.host_to_buffer(host)
-    ops.COUNTS["host_copies"] += 1
-    data = _storage.data_of(dst)
-    if _whole(dst, data):
-        data.set(buffer)
-    else:
-        ops.dispatch(aten.copy_.default, (dst, new_tensor(dst.shape, dst.dtype, buffer)), {})
-
-
 @kernel(aten.copy_.default)
 def _copy(op, dst, src, non_blocking=False):
     dst_neuron, src_neuron = dst.device.type == "neuron", src.device.type == "neuron"
@@ -139,12 +120,12 @@ def _copy(op, dst, src, non_blocking=False):
         data, source = _storage.data_of(dst), _storage.data_of(src)
         # buffers are immutable: a whole-storage copy of an equal tensor shares the buffer
         if (source.buffer is not None and src.dtype == dst.dtype and src.shape == dst.shape
-                and _whole(dst, data) and _whole(src, source) and source.buffer.shape == src.shape):
+                and ops.whole(dst, data) and ops.whole(src, source) and source.buffer.shape == src.shape):
             data.set(source.buffer)
             return dst
         return ops.dispatch(op, (dst, src), {})
     if dst_neuron:
-        copy_into(dst, src)
+        ops.copy_into(dst, src)
         return dst
     dst.copy_(ops.to_host(src))
     return dst
@@ -159,7 +140,7 @@ def _copy_from(op, src, dst, non_blocking=False):
 def _copy_from_and_resize(op, src, dst):
     if dst.shape != src.shape:
         if dst.device.type == "neuron":
-            resize_(dst, src.shape)
+            ops.resize_(dst, src.shape)
         else:
             dst.resize_(src.shape)
     return _copy(aten.copy_.default, dst, src)
@@ -187,30 +168,9 @@ def _item(op, x):
 
 # --- storage surgery -------------------------------------------------------------------------
 
-def resize_(tensor: torch.Tensor, size, memory_format=None) -> torch.Tensor:
-    size = tuple(size)
-    data = _storage.data_of(tensor)
-    stride = torch.empty(size, device="meta", memory_format=memory_format or torch.contiguous_format).stride()
-    offset = tensor.storage_offset()
-    needed = _storage.storage_extent(size, stride, offset)
-    if needed > data.numel:
-        # growing keeps the old elements first, as resize_ does
-        old = ops.to_host(tensor.as_strided((data.numel,), (1,), 0)) if data.buffer is not None else None
-        data.numel = needed
-        if old is not None:
-            grown = torch.zeros(needed, dtype=data.dtype)
-            grown[: old.numel()] = old
-            data.set(_storage.host_to_buffer(grown))
-        else:
-            data.set(None)
-    _torch_hooks.meta_redispatch(aten.set_.source_Storage_storage_offset, tensor, tensor.untyped_storage(),
-                                 offset, size, stride)
-    return tensor
-
-
 @kernel(aten.resize_.default)
 def _resize(op, tensor, size, memory_format=None):
-    return resize_(tensor, size, memory_format)
+    return ops.resize_(tensor, size, memory_format)
 
 
 @kernel(aten.set_.source_Tensor, aten.set_.source_Storage, aten.set_.source_Storage_storage_offset)
@@ -263,7 +223,7 @@ def _random(op, *args, **kwargs):
         host = torch.empty(target.shape, dtype=target.dtype)
         rest = [ops.to_host(a) for a in args[1:]]
         op(host, *rest, **kwargs)
-        copy_into(target, host)
+        ops.copy_into(target, host)
         return target
     return ops.run_on_host(op, args, kwargs)
 

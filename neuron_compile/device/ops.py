@@ -35,6 +35,7 @@ import warnings
 import torch
 from torch.utils._pytree import tree_map
 
+from . import _torch_hooks
 from . import storage as _storage
 from .storage import Data, new_tensor
 
@@ -292,8 +293,6 @@ def to_host(value):
 
 def run_on_host(op, args, kwargs):
     """Run ``op`` on host copies; write back what it wrote, return its results on the device."""
-    from .kernels import copy_into
-
     COUNTS["host_ops"] += 1
     host_args, host_kwargs = tree_map(to_host, (args, kwargs))
     with torch.no_grad():
@@ -305,8 +304,6 @@ def run_on_host(op, args, kwargs):
     for position in written:
         dst, src = flat_dev[position], flat_host[position]
         if dst.shape != src.shape:
-            from .kernels import resize_
-
             resize_(dst, src.shape)
         copy_into(dst, src)
     host_to_dev = {id(h): d for h, d in zip(flat_host, flat_dev)}
@@ -369,6 +366,48 @@ def _ordered_values(op, args, kwargs):
     return list(args) + list(kwargs.values())
 
 
+# --- writing into neuron tensors ---------------------------------------------------------
+
+def whole(tensor: torch.Tensor, data) -> bool:
+    """``tensor`` covers its whole storage, contiguously from element 0."""
+    return tensor.storage_offset() == 0 and tensor.is_contiguous() and tensor.numel() == data.numel
+
+
+def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)`` for a neuron ``dst`` and a CPU ``src`` (broadcast and cast like copy_)."""
+    if dst.numel() == 0:
+        return
+    host = src.detach().to(dst.dtype).expand(dst.shape).contiguous()
+    buffer = _storage.host_to_buffer(host)
+    COUNTS["host_copies"] += 1
+    data = _storage.data_of(dst)
+    if whole(dst, data):
+        data.set(buffer)
+    else:
+        dispatch(aten.copy_.default, (dst, new_tensor(dst.shape, dst.dtype, buffer)), {})
+
+
+def resize_(tensor: torch.Tensor, size, memory_format=None) -> torch.Tensor:
+    size = tuple(size)
+    data = _storage.data_of(tensor)
+    stride = torch.empty(size, device="meta", memory_format=memory_format or torch.contiguous_format).stride()
+    offset = tensor.storage_offset()
+    needed = _storage.storage_extent(size, stride, offset)
+    if needed > data.numel:
+        # growing keeps the old elements first, as resize_ does
+        old = to_host(tensor.as_strided((data.numel,), (1,), 0)) if data.buffer is not None else None
+        data.numel = needed
+        if old is not None:
+            grown = torch.zeros(needed, dtype=data.dtype)
+            grown[: old.numel()] = old
+            data.set(_storage.host_to_buffer(grown))
+        else:
+            data.set(None)
+    _torch_hooks.meta_redispatch(aten.set_.source_Storage_storage_offset, tensor, tensor.untyped_storage(),
+                                 offset, size, stride)
+    return tensor
+
+
 # --- building a kernel -----------------------------------------------------------------------
 
 def _build(op, args, kwargs, leaves: _Leaves) -> OpKernel | None:
@@ -394,8 +433,6 @@ class ResizeOuts:
         self.sizes = sizes
 
     def __call__(self, op, args, kwargs, leaves):
-        from .kernels import resize_
-
         for position, shape in self.sizes.items():
             resize_(leaves.tensors[position], shape)
         return dispatch(op, args, kwargs)
