@@ -297,3 +297,46 @@ def test_gpt2_trains_five_steps_eagerly_with_cpu_losses():
             o.zero_grad()
             losses.append(loss.item())
         assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-5)
+
+
+# (function, new compiles for 4 new values): 0 where the value reaches the executable as an input,
+# 4 where it is baked in (one kernel per value: pow's exponent, clamp's bound, a fill value...)
+FLOAT_CASES = {
+    "mul-div-sub": (lambda x, y, v: x * v + y / v - v, 0),
+    "alpha": (lambda x, y, v: x.add(y, alpha=v), 0),
+    "ema": (lambda x, y, v: x.clone().mul_(v).add_(y, alpha=1 - v), 0),
+    "rdiv": (lambda x, y, v: v / (x.abs() + 1), 0),
+    "0d": (lambda x, y, v: x.sum() * v, 0),
+    "addcdiv": (lambda x, y, v: torch.addcdiv(x, y, x.abs() + 1, value=-v), 0),
+    "pow": (lambda x, y, v: torch.pow(x.abs(), v), 4),
+    "clamp": (lambda x, y, v: x.clamp(min=v - 1), 4),
+    "rsub": (lambda x, y, v: v - x, 4),
+    "lerp": (lambda x, y, v: torch.lerp(x, y, v), 4),
+    "full": (lambda x, y, v: torch.full((3, 1), v, device=x.device) * x, 4),
+    "leaky_relu": (lambda x, y, v: torch.nn.functional.leaky_relu(x, v), 4),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FLOAT_CASES))
+def test_changing_float_arguments_are_right_and_compile_once(case):
+    fn, expected = FLOAT_CASES[case]
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    xn, yn = N(x), N(y)
+    fn(xn, yn, 0.35)
+    compiles = device_ops.COUNTS["op_compiles"]
+    for v in (0.123, 0.77, -0.45, 1e-3, 0.35):  # learning rates, bias corrections...
+        assert_close(fn(xn, yn, v).cpu(), fn(x, y, v))
+    assert device_ops.COUNTS["op_compiles"] - compiles == expected
+
+
+def test_an_adam_step_with_changing_bias_corrections_compiles_nothing_after_the_first():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4).to("neuron")
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    compiles = []
+    for step in range(4):
+        model(torch.randn(2, 8, device="neuron")).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        compiles.append(device_ops.COUNTS["op_compiles"])
+    assert compiles[1] == compiles[2] == compiles[3], compiles

@@ -38,6 +38,7 @@ from torch.utils._pytree import tree_map
 from . import _torch_hooks
 from . import storage as _storage
 from .storage import Data, new_tensor
+from .trace import runtime_float
 
 log = logging.getLogger("neuron_compile")
 aten = torch.ops.aten
@@ -73,7 +74,7 @@ def _scalar_part(value):
 class _Leaves:
     """The tensors of one call, in argument order, and the storages they read."""
 
-    __slots__ = ("tensors", "datas", "slots", "host", "parts", "device_seen", "mixed")
+    __slots__ = ("tensors", "datas", "slots", "host", "parts", "device_seen", "mixed", "floats")
 
     def __init__(self):
         self.tensors: list[torch.Tensor] = []
@@ -83,6 +84,7 @@ class _Leaves:
         self.parts: list = []
         self.device_seen = False
         self.mixed = None  # a CPU tensor that is not a 0-d scalar
+        self.floats: list[float] = []  # runtime float arguments (trace.runtime_float), in order
 
     def visit(self, value):
         if isinstance(value, torch.Tensor):
@@ -125,7 +127,14 @@ class _Leaves:
                 self.visit(item)
             self.parts.append(("]",))
             return
+        if runtime_float(value):
+            self.parts.append(_FLOAT)
+            self.floats.append(value)
+            return
         self.parts.append(_scalar_part(value))
+
+
+_FLOAT = ("f",)
 
 
 def _leaves(args, kwargs) -> _Leaves:
@@ -166,7 +175,7 @@ class OpKernel:
         plan = executable.plan
         self._run = executable.xla.loaded.execute_sharded if executable.xla is not None else None
         # the common case: every parameter a storage slot, every result straight from XLA, in order
-        direct = (self._run is not None and all(kind == "slot" for kind, _ in inputs)
+        direct = (self._run is not None and all(entry[0] == "slot" for entry in inputs)
                   and all(kind == FROM_XLA and value == i for i, (kind, value) in enumerate(plan.outputs)))
         self._direct = tuple(inputs[i][1] for i in plan.tensor_args) if direct else None
 
@@ -198,7 +207,8 @@ class OpKernel:
     def _slow(self, leaves: _Leaves) -> list:
         params = []
         datas = leaves.datas
-        for kind, index in self.inputs:
+        for entry in self.inputs:
+            kind, index = entry[0], entry[1]
             if kind == "slot":
                 data = datas[index]
                 buffer = data.buffer
@@ -206,9 +216,25 @@ class OpKernel:
                     buffer = _storage.zeros_buffer(data.numel, data.dtype)
                     data.set(buffer)
                 params.append(buffer)
-            else:
+            elif kind == "host":
                 params.append(_storage.host_to_buffer(leaves.host[index]))
+            else:
+                params.append(_scalar_buffer(leaves.floats[index], entry[2]))
         return run_executable(self.executable, params)
+
+
+_SCALARS: dict = {}
+
+
+def _scalar_buffer(value: float, dtype: torch.dtype):
+    """A 0-d buffer holding a runtime float (the last few hundred are kept: a learning rate recurs)."""
+    key = (value, dtype)
+    buffer = _SCALARS.get(key)
+    if buffer is None:
+        if len(_SCALARS) > 512:
+            _SCALARS.clear()
+        buffer = _SCALARS[key] = _storage.host_to_buffer(torch.tensor(value, dtype=dtype))
+    return buffer
 
 
 def run_executable(executable, params: list) -> list:
@@ -421,7 +447,32 @@ def _build(op, args, kwargs, leaves: _Leaves) -> OpKernel | None:
         return None
     if traced.resized:
         return ResizeOuts(traced.resized)
-    return _compile(op, traced)
+    kernel = _compile(op, traced)
+    if kernel is not None and traced.by_value:
+        return ByValue(kernel, leaves.floats)
+    return kernel
+
+
+class ByValue:
+    """At this signature the op's float arguments could not become inputs: one kernel per value."""
+
+    __slots__ = ("kernels",)
+
+    def __init__(self, kernel: OpKernel, floats: list):
+        self.kernels = {tuple(map(repr, floats)): kernel}
+
+    def __call__(self, op, args, kwargs, leaves):
+        key = tuple(map(repr, leaves.floats))
+        kernel = self.kernels.get(key)
+        if kernel is None:
+            from .trace import trace_op
+
+            with _LOCK:
+                traced = trace_op(op, args, kwargs, leaves, _written_positions(op, args, kwargs), bake_floats=True)
+                kernel = self.kernels[key] = _compile(op, traced)
+            if kernel is None:
+                return run_on_host(op, args, kwargs)
+        return kernel(leaves)
 
 
 class ResizeOuts:

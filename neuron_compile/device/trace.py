@@ -12,6 +12,7 @@ contents of every storage the op wrote.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -27,11 +28,12 @@ class OpTraceError(RuntimeError):
 @dataclass
 class Traced:
     gm: torch.fx.GraphModule
-    inputs: list  # per graph input: ("slot", k) or ("host", k)
+    inputs: list  # per graph input: ("slot", k), ("host", k) or ("float", k, dtype)
     fresh: list  # per fresh output: (shape, dtype)
     written: list  # slots written, in output order after the fresh outputs
     returns: tuple  # how the op's result is rebuilt (ops._rebuild)
     resized: dict | None = None  # out= arguments the op resizes: leaf -> shape (then no graph)
+    by_value: bool = False  # its float arguments are baked in: one kernel per value
 
 
 def out_resizes(op, args, kwargs, leaves, written_positions: list[int]) -> dict:
@@ -53,15 +55,26 @@ def out_resizes(op, args, kwargs, leaves, written_positions: list[int]) -> dict:
     return {i: tuple(metas[i].shape) for i in written_positions if metas[i].shape != leaves.tensors[i].shape}
 
 
-def _replace_tensors(args, kwargs, fn):
-    """args and kwargs with every tensor replaced by ``fn(i)``, i counting tensors as ``ops._Leaves`` does."""
+def runtime_float(value) -> bool:
+    """A Python float argument that becomes an input of the executable instead of a constant in it
+    (learning rates, bias corrections: values that change from call to call). Integral values (1.0,
+    2.0...) and non-finite ones stay constants: they often select a different computation."""
+    return type(value) is float and math.isfinite(value) and not value.is_integer()
+
+
+def _replace_tensors(args, kwargs, fn, floats=None):
+    """args and kwargs with every tensor replaced by ``fn(i)``, i counting tensors as ``ops._Leaves``
+    does, and (with ``floats``) the k-th runtime float by ``floats[k]``."""
     counter = iter(range(1 << 30))
+    float_counter = iter(range(1 << 30))
 
     def visit(value):
         if isinstance(value, torch.Tensor):
             return fn(next(counter))
         if isinstance(value, (list, tuple)):
             return type(value)(visit(v) for v in value)
+        if floats is not None and runtime_float(value):
+            return floats[next(float_counter)]
         return value
 
     new_args = [visit(v) for v in args]
@@ -69,7 +82,7 @@ def _replace_tensors(args, kwargs, fn):
     return new_args, new_kwargs
 
 
-def trace_op(op, args, kwargs, leaves, written_positions: list[int]) -> Traced:
+def trace_op(op, args, kwargs, leaves, written_positions: list[int], bake_floats: bool = False) -> Traced:
     resized = out_resizes(op, args, kwargs, leaves, written_positions)
     if resized:
         return Traced(None, [], [], [], ("const", None), resized)
@@ -145,7 +158,7 @@ def trace_op(op, args, kwargs, leaves, written_positions: list[int]) -> Traced:
             else:
                 flat = base.reshape(-1) if base.dim() != 1 else base
                 views.append(aten.as_strided.default(flat, part[1], part[2], part[3]))
-        new_args, new_kwargs = _replace_tensors(args, kwargs, lambda i: views[i])
+        new_args, new_kwargs = _replace_tensors(args, kwargs, lambda i: views[i], structure["floats"])
         result = op(*new_args, **new_kwargs)
         fresh_values = []
         structure["returns"] = _describe(result, views, fresh_values)
@@ -153,20 +166,137 @@ def trace_op(op, args, kwargs, leaves, written_positions: list[int]) -> Traced:
         written = tuple(work[i].view(bases[i].shape) if i in work else bases[i] for i in written_slots)
         return tuple(fresh_values) + written
 
-    try:
-        gm = make_fx(torch.func.functionalize(run, remove="mutations_and_views"),
-                     decomposition_table=decomposition_table(), tracing_mode="fake")(*example)
-    except (DataDependentOutputException, DynamicOutputShapeException) as exc:
-        raise OpTraceError(f"{type(exc).__name__}: {exc}") from exc
-    except RuntimeError as exc:
-        if "data-dependent" in str(exc) or "Data dependent" in str(exc) or "unbacked" in str(exc):
-            raise OpTraceError(str(exc)) from exc
-        raise
-    for shape, _ in structure["fresh"]:
-        if not all(isinstance(d, int) for d in shape):
-            raise OpTraceError(f"its result has the data-dependent shape {shape}")
-    _drop_input_copies(gm)
-    return Traced(gm, inputs, structure["fresh"], [inputs[i][1] for i in written_slots], structure["returns"])
+    def trace(floats):
+        structure["floats"] = floats
+        try:
+            gm = make_fx(torch.func.functionalize(run, remove="mutations_and_views"),
+                         decomposition_table=decomposition_table(), tracing_mode="fake")(*example)
+        except (DataDependentOutputException, DynamicOutputShapeException) as exc:
+            raise OpTraceError(f"{type(exc).__name__}: {exc}") from exc
+        except RuntimeError as exc:
+            if "data-dependent" in str(exc) or "Data dependent" in str(exc) or "unbacked" in str(exc):
+                raise OpTraceError(str(exc)) from exc
+            raise
+        for shape, _ in structure["fresh"]:
+            if not all(isinstance(d, int) for d in shape):
+                raise OpTraceError(f"its result has the data-dependent shape {shape}")
+        _drop_input_copies(gm)
+        return gm
+
+    values = list(leaves.floats)
+    by_value = False
+    if bake_floats:
+        by_value = bool(values)
+        gm = trace(values or None)
+    elif values:
+        # trace at two stand-in values near the real ones: where the graphs differ only by those values,
+        # in places that take a runtime scalar, the value becomes an input; anything else bakes it in
+        first = [v * (1 + 0.0137 * (k + 1)) for k, v in enumerate(values)]
+        second = [v * (1 + 0.0291 * (k + 1)) for k, v in enumerate(values)]
+        gm = trace(first)
+        sites = _float_sites(gm, trace(second), first, second)
+        if sites is None:
+            by_value = True
+            gm = trace(values)
+        else:
+            inputs = inputs + _floats_to_inputs(gm, sites)
+    else:
+        gm = trace(None)
+    return Traced(gm, inputs, structure["fresh"], [inputs[i][1] for i in written_slots], structure["returns"],
+                  by_value=by_value)
+
+
+# ops whose second operand may be a 0-d tensor in place of a Python scalar, with the same result
+# (a wrapped scalar computes in the tensor's dtype, as a 0-d tensor of that dtype does)
+_SCALAR_SITES = {aten.mul.Tensor, aten.add.Tensor, aten.sub.Tensor, aten.div.Tensor}
+
+
+def _float_sites(gm, other, first: list, second: list):
+    """Where graph ``gm`` (traced at ``first``) holds the k-th float and ``other`` (at ``second``) is
+    otherwise identical: a list of (node, arg position, k), or None if the graphs differ elsewhere or a
+    value sits where a tensor cannot replace it."""
+    nodes, other_nodes = list(gm.graph.nodes), list(other.graph.nodes)
+    if len(nodes) != len(other_nodes):
+        return None
+    index = {n: i for i, n in enumerate(nodes)}
+    other_index = {n: i for i, n in enumerate(other_nodes)}
+    sites = []
+
+    def same(a, b, node, position):
+        if isinstance(a, torch.fx.Node) or isinstance(b, torch.fx.Node):
+            return isinstance(a, torch.fx.Node) and isinstance(b, torch.fx.Node) and index[a] == other_index[b]
+        if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+            return (type(a) is type(b) and len(a) == len(b)
+                    and all(same(x, y, node, None) for x, y in zip(a, b)))
+        if type(a) is float and type(b) is float and a != b:
+            for k, (x, y) in enumerate(zip(first, second)):
+                if a == x and b == y and position is not None:
+                    sites.append((node, position, k))
+                    return True
+            return False
+        return type(a) is type(b) and a == b
+
+    for node, twin in zip(nodes, other_nodes):
+        if node.op != twin.op or node.target != twin.target or node.kwargs.keys() != twin.kwargs.keys():
+            return None
+        if len(node.args) != len(twin.args):
+            return None
+        for position, (a, b) in enumerate(zip(node.args, twin.args)):
+            if not same(a, b, node, position):
+                return None
+        for name in node.kwargs:
+            if not same(node.kwargs[name], twin.kwargs[name], node, name if name == "alpha" else None):
+                return None
+    for node, position, _ in sites:
+        if position == "alpha":  # add/sub(x, y, alpha=v) -> add/sub(x, mul(y, v)): torch-mlir's own lowering
+            other = node.args[1] if len(node.args) > 1 else None
+            val = other.meta.get("val") if isinstance(other, torch.fx.Node) else None
+            out = node.meta.get("val")
+            if (node.target not in (aten.add.Tensor, aten.sub.Tensor) or not isinstance(val, torch.Tensor)
+                    or not isinstance(out, torch.Tensor) or val.dtype != out.dtype or not val.is_floating_point()):
+                return None
+            continue
+        operand = node.args[1 - position] if position in (0, 1) and len(node.args) >= 2 else None
+        val = operand.meta.get("val") if isinstance(operand, torch.fx.Node) else None
+        if node.target not in _SCALAR_SITES or not isinstance(val, torch.Tensor) or not val.is_floating_point():
+            return None
+        if position == 0 and node.target is not aten.mul.Tensor:
+            return None  # scalar - tensor, scalar / tensor, scalar + alpha * tensor: keep the value
+    return sites
+
+
+def _floats_to_inputs(gm, sites) -> list:
+    """Replace each float site by a 0-d placeholder of its tensor operand's dtype; returns the new inputs."""
+    graph = gm.graph
+    last = [n for n in graph.nodes if n.op == "placeholder"][-1]
+    made: dict = {}
+    inputs = []
+    for node, position, k in sites:
+        operand = node.args[1] if position == "alpha" else node.args[1 - position]
+        dtype = operand.meta["val"].dtype
+        if (k, dtype) not in made:
+            with graph.inserting_after(last):
+                placeholder = graph.placeholder(f"scalar_{k}_{str(dtype).removeprefix('torch.')}")
+            placeholder.meta["val"] = operand.meta["val"].new_empty((), dtype=dtype)
+            made[(k, dtype)] = last = placeholder
+            inputs.append(("float", k, dtype))
+        if position == "alpha":
+            with graph.inserting_before(node):
+                scaled = graph.call_function(aten.mul.Tensor, (operand, made[(k, dtype)]))
+            val = operand.meta["val"]
+            with val.fake_mode:
+                scaled.meta["val"] = val * made[(k, dtype)].meta["val"]
+            node.args = (node.args[0], scaled) + tuple(node.args[2:])
+            node.kwargs = {name: v for name, v in node.kwargs.items() if name != "alpha"}
+            continue
+        args = list(node.args)
+        args[position] = made[(k, dtype)]
+        if position == 0:  # tensor first: mul and add commute
+            args = [args[1], args[0]] + args[2:]
+        node.args = tuple(args)
+    graph.lint()
+    gm.recompile()
+    return inputs
 
 
 def _describe(result, views: list, fresh: list):
