@@ -54,3 +54,15 @@ def test_module_to_keeps_parameter_objects():
     layer.to("neuron")
     assert layer.weight is weight and weight.device.type == "neuron"
     assert not torch.__future__.get_swap_module_params_on_conversion()
+
+
+def test_printing_formats_from_one_cpu_copy_and_compiles_nothing():
+    from neuron_compile.device import ops
+
+    x = torch.randn(3, 3).to("neuron").requires_grad_(True) * 2
+    compiles = ops.COUNTS["op_compiles"]
+    text = repr(x)
+    assert getattr(torch._tensor_str._tensor_str, "_neuron", False)
+    assert "device='neuron:0'" in text and "grad_fn=<MulBackward0>" in text
+    assert ops.COUNTS["op_compiles"] == compiles
+    assert repr(x.detach().cpu()).split("]]")[0] == text.split("]]")[0]

@@ -37,6 +37,7 @@ def register() -> None:
     _torch_hooks.save_through_cpu()
     _torch_hooks.load_onto_device()
     _torch_hooks.keep_parameters_on_conversion()
+    _torch_hooks.print_through_cpu()
     _registered = True
 
 

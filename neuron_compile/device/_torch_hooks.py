@@ -13,7 +13,11 @@ it):
 * ``OpOverload.redispatch`` to the Meta key: view ops change metadata only;
 * ``torch._C._construct_storage_from_data_pointer``: a storage with a unique,
   never dereferenced address, so ``data_ptr()`` tells tensors apart;
-* the dispatcher's keyset and exclude guards, to run autocast kernels.
+* the dispatcher's keyset and exclude guards, to run autocast kernels;
+* ``Tensor._reduce_ex_internal`` (``torch.save`` through a CPU copy, as for
+  XLA), ``torch.serialization.register_package`` (``map_location="neuron"``),
+  ``torch._tensor_str._tensor_str`` (printing from one CPU copy, as for XLA),
+  and ``nn.Module.to`` run with torch's swap path (tied weights stay tied).
 """
 
 from __future__ import annotations
@@ -164,3 +168,22 @@ def keep_parameters_on_conversion() -> None:
     to._neuron = True
     to.__doc__ = original.__doc__
     torch.nn.Module.to = to
+
+
+def print_through_cpu() -> None:
+    """Format a neuron tensor's values from one CPU copy, as torch does for XLA: printing runs a dozen
+    ops (abs, isfinite, masked_select...) on the tensor, each of which would be compiled for the device.
+    The suffixes (``device='neuron:0'``, ``grad_fn=...``) still come from the neuron tensor."""
+    import torch._tensor_str as tensor_str
+
+    original = tensor_str._tensor_str
+    if getattr(original, "_neuron", False):
+        return
+
+    def _tensor_str(self, indent):
+        if self.device.type == NAME:
+            self = self.detach().cpu()
+        return original(self, indent)
+
+    _tensor_str._neuron = True
+    tensor_str._tensor_str = _tensor_str
