@@ -1,0 +1,861 @@
+"""The eager ``neuron`` device against CPU eager and the raw PJRT floor, side by side in one run.
+
+Four measurements, each a ratio against its peer:
+
+1. Per-op dispatch of a small cached op: ``a + b`` on 16-float neuron tensors,
+   already compiled (warm), against CPU eager ``a + b`` on the same sizes and
+   against the raw PJRT execute floor: the same add written as StableHLO text,
+   compiled with ``runtime.executor.XlaExecutable.compile`` and run with
+   ``exe.run_buffers([buf_a, buf_b])`` on PJRT buffers made once. Target:
+   neuron at most 1.5x the floor. Each path runs ``--iters`` times per round,
+   ``--repeats`` rounds, the rounds of all paths interleaved so that load from
+   other jobs falls on each alike; the median round's per-call time is
+   reported. The pieces of neuron's per-op path are timed alone in the same
+   rounds (its own executable run raw, ``run_executable``, the signature, the
+   output tensor, ``ops.dispatch`` called directly), and a cProfile of the warm
+   loop lists the Python functions the time goes to.
+2. A 256x256 float32 matmul on neuron against the raw PJRT execute of the same
+   ``dot_general`` (target at most 1.1x), CPU eager for reference. CPU eager
+   runs at torch's default thread count and at one thread, and the faster is
+   the peer: on cores shared with other jobs the default loses most of its
+   time waiting for a descheduled thread.
+3. An eager GPT-2 style training step (2 layers, 128 wide, 4 heads, vocabulary
+   1000, batch 2x64, dropout off, random weights from a ``GPT2Config``):
+   forward, ``loss.backward()``, ``AdamW.step()``, ``zero_grad()``, then
+   ``loss.item()``. ``--warmup`` steps compile the ops, then the median of
+   ``--steps`` steps, on neuron and on CPU eager (target: neuron at most 1.5x
+   CPU). The default AdamW hands its ops Python floats that change every step
+   (bias corrections, step sizes); ``AdamW(capturable=True)``, which keeps them
+   on the device as tensors, is a second neuron row. Ops compiled
+   (``ops.COUNTS['op_compiles']``) are reported for warm-up and steady steps
+   (steady steps should compile nothing), and one steady step is profiled.
+4. Cold start: the same model and default AdamW for ``--cold-steps`` training
+   steps in a NEW Python process with an empty cache folder
+   (``NEURON_COMPILE_CACHE_DIR``), then a second NEW process on the cache the
+   first left, and a CPU eager process for reference: wall time of each
+   process, its first step, and the warm process's compile counters
+   (``neuron_compile.report.COUNTERS``: it should lower and compile nothing),
+   with where each process's steps spent their time (per-op tracing, the
+   compile_graph stages, the rest). The processes import a snapshot of the
+   sources the cache key fingerprints, so edits made while the benchmark runs
+   cannot turn the warm run into misses.
+
+The benchmark makes its own cache folders (a fresh one for this process, one
+per cold/warm pair) and removes them. A measurement that fails records the
+first line of its error in its table cell and the run goes on. Writes
+benchmarks/results/device.{md,json}.
+
+    python benchmarks/bench_device.py            # the full run (about 7 minutes on 2 shared cores)
+    python benchmarks/bench_device.py --quick    # a smoke run: fewer iterations and steps (about 3 minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+GPT2 = dict(n_layer=2, n_embd=128, n_head=4, vocab_size=1000, n_positions=128,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+BATCH, TOKENS = 2, 64
+
+
+def _error(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:200]
+
+
+def _rounds(fn, iters: int, repeats: int, warmup: int | None = None) -> dict:
+    """Per-call seconds of each of ``repeats`` rounds of ``iters`` calls (after warm-up calls)."""
+    for _ in range(warmup if warmup is not None else max(10, iters // 10)):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        times.append((time.perf_counter() - start) / iters)
+    return {"median_s": statistics.median(times), "min_s": min(times), "rounds_s": times}
+
+
+def _measure(results: dict, name: str, make):
+    """``results[name] = make()``, or the error's first line: one failure never stops the run."""
+    try:
+        results[name] = make()
+    except Exception as exc:  # the device is under development: record it and go on
+        results[name] = {"error": _error(exc)}
+        print(f"{name}: {results[name]['error']}", file=sys.stderr, flush=True)
+    return results[name]
+
+
+@contextlib.contextmanager
+def _threads(n: int):
+    """torch's intra-op threads set to ``n`` for a block. On cores shared with other jobs torch's
+    default (one thread a core) can lose most of its time waiting for a descheduled thread, so CPU
+    eager runs both ways and its peer is the faster."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def _cpu_rows(name: str) -> list[tuple[str, int]]:
+    """(row name, threads) for the CPU eager rows: torch's default thread count, and one thread."""
+    import torch
+
+    default = torch.get_num_threads()
+    rows = [(f"{name} ({default} thread{'s' if default > 1 else ''})", default)]
+    return rows + ([(f"{name} (1 thread)", 1)] if default > 1 else [])
+
+
+def _best_cpu(cells: dict, prefix: str):
+    """The fastest CPU eager row of a section: the peer the ratios divide by."""
+    timed = [c for n, c in cells.items() if n.startswith(prefix) and isinstance(c, dict) and "median_s" in c]
+    return min(timed, key=lambda c: c["median_s"]) if timed else None
+
+
+def _ty(shape) -> str:
+    return "tensor<" + "x".join(map(str, shape)) + "xf32>"
+
+
+def _raw_add(n: int):
+    from runtime.executor import XlaExecutable
+
+    t = _ty((n,))
+    return XlaExecutable.compile(f"func.func @main(%a: {t}, %b: {t}) -> {t} {{\n"
+                                 f"  %0 = stablehlo.add %a, %b : {t}\n"
+                                 f"  return %0 : {t}\n}}")
+
+
+def _raw_dot(n: int):
+    from runtime.executor import XlaExecutable
+
+    t = _ty((n, n))
+    return XlaExecutable.compile(f"func.func @main(%a: {t}, %b: {t}) -> {t} {{\n"
+                                 f"  %0 = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0] : ({t}, {t}) -> {t}\n"
+                                 f"  return %0 : {t}\n}}")
+
+
+def _op_compiles() -> int:
+    from neuron_compile.device import ops
+
+    return ops.COUNTS["op_compiles"]
+
+
+# ---- 1. per-op dispatch ------------------------------------------------------------------------
+
+def _threads_of(fn):
+    threads = getattr(fn, "threads", None)
+    return _threads(threads) if threads else contextlib.nullcontext()
+
+
+def _group(makers: dict, iters: int, repeats: int) -> dict:
+    """Time several paths with their rounds interleaved (path 1, path 2, ..., path 1, ...), so load
+    that comes and goes on shared cores falls on every path alike. ``makers[name]()`` sets a path up
+    and returns the call to time; a path whose setup or call fails records its error and drops out."""
+    out: dict = {}
+    fns: dict = {}
+    for name, make in makers.items():
+        try:
+            fn = make()
+            with _threads_of(fn):
+                for _ in range(max(10, iters // 10)):  # warm-up calls
+                    fn()
+            fns[name] = fn
+        except Exception as exc:
+            out[name] = {"error": _error(exc)}
+            print(f"{name}: {out[name]['error']}", file=sys.stderr, flush=True)
+    rounds: dict = {name: [] for name in fns}
+    compiles = _op_compiles()
+    for _ in range(repeats):
+        for name, fn in list(fns.items()):
+            try:
+                with _threads_of(fn):
+                    start = time.perf_counter()
+                    for _ in range(iters):
+                        fn()
+                    rounds[name].append((time.perf_counter() - start) / iters)
+            except Exception as exc:
+                out[name] = {"error": _error(exc)}
+                del fns[name]
+    for name, times in rounds.items():
+        if name in fns and times:
+            out[name] = {"median_s": statistics.median(times), "min_s": min(times), "rounds_s": times}
+    out_order = {name: out[name] for name in makers if name in out}
+    out_order["_op_compiles_while_timed"] = _op_compiles() - compiles
+    return out_order
+
+
+def per_op(iters: int, repeats: int) -> dict:
+    import torch
+
+    from neuron_compile.device.storage import host_to_buffer
+
+    torch.manual_seed(0)
+    a_cpu, b_cpu = torch.randn(16), torch.randn(16)
+
+    def neuron():
+        a, b = a_cpu.to("neuron"), b_cpu.to("neuron")
+        torch.testing.assert_close((a + b).cpu(), a_cpu + b_cpu)
+        return lambda: a + b
+
+    def floor():
+        exe = _raw_add(16)
+        buffers = [host_to_buffer(a_cpu), host_to_buffer(b_cpu)]
+        return lambda: exe.run_buffers(buffers)
+
+    paths = {"neuron a + b": neuron, "CPU eager a + b": lambda: (lambda: a_cpu + b_cpu),
+             "raw PJRT execute (floor)": floor}
+    paths.update(per_op_pieces(a_cpu, b_cpu))
+    timed = _group(paths, iters, repeats)
+    pieces = {name: timed.pop(name) for name in list(timed) if name.startswith("piece: ")}
+    out: dict = {"paths": timed, "pieces": {name.removeprefix("piece: "): cell for name, cell in pieces.items()}}
+    _measure(out, "profile", lambda: profile_add(a_cpu, b_cpu, iters * 2))
+    return out
+
+
+def per_op_pieces(a_cpu, b_cpu) -> dict:
+    """Neuron's per-op path taken apart: a setup per piece (internals of ops.py: they may move)."""
+    import torch
+
+    from neuron_compile.device import ops
+    from neuron_compile.device.storage import new_tensor
+
+    op = torch.ops.aten.add.Tensor
+    state: dict = {}
+
+    def setup():
+        if not state:
+            a, b = a_cpu.to("neuron"), b_cpu.to("neuron")
+            a + b  # compiled (or already warm)
+            leaves = ops._leaves((a, b), {})
+            kernel = ops._KERNELS[(op, tuple(leaves.parts))]
+            if any(kind != "slot" for kind, _ in kernel.inputs):
+                raise RuntimeError(f"add's kernel takes host inputs: {kernel.inputs}")
+            params = [leaves.datas[index].buffer for _, index in kernel.inputs]
+            exe = kernel.executable
+            xla_args = [params[i] for i in exe.plan.tensor_args]
+            state.update(a=a, b=b, kernel=kernel, params=params, exe=exe, xla_args=xla_args,
+                         result=exe.xla.run_buffers(xla_args)[0], fresh=kernel.fresh[0])
+        return state
+
+    def piece(make):
+        return lambda: make(setup())
+
+    kernels = ops._KERNELS
+    pieces = {
+        "neuron's own add executable, raw run_buffers": lambda s: (lambda: s["exe"].xla.run_buffers(s["xla_args"])),
+        "ops.run_executable (plan + run_buffers)": lambda s: (lambda: ops.run_executable(s["exe"], s["params"])),
+        "signature: ops._leaves + key + dict lookup":
+            lambda s: (lambda: kernels.get((op, tuple(ops._leaves((s["a"], s["b"]), {}).parts)))),
+        "storage.new_tensor for the output": lambda s: (lambda: new_tensor(*s["fresh"], s["result"])),
+        "OpKernel call (leaves made, run, output tensor)":
+            lambda s: (lambda: s["kernel"](ops._leaves((s["a"], s["b"]), {}))),
+        "ops.dispatch called directly": lambda s: (lambda: ops.dispatch(op, (s["a"], s["b"]), {})),
+        "torch.ops.aten.add.Tensor(a, b)": lambda s: (lambda: op(s["a"], s["b"])),
+        "a + b": lambda s: (lambda: s["a"] + s["b"]),
+    }
+    return {f"piece: {name}": piece(make) for name, make in pieces.items()}
+
+
+def profile_add(a_cpu, b_cpu, calls: int, top: int = 20) -> dict:
+    """cProfile of ``calls`` warm ``a + b``: the Python functions by own time, in us per op."""
+    import cProfile
+
+    a, b = a_cpu.to("neuron"), b_cpu.to("neuron")
+    for _ in range(100):
+        a + b
+
+    def loop():
+        for _ in range(calls):
+            a + b
+
+    profiler = cProfile.Profile()
+    start = time.perf_counter()
+    profiler.runcall(loop)
+    wall = time.perf_counter() - start
+    return {"calls": calls, "profiled_us_per_op": wall / calls * 1e6, "top": _profile_rows(profiler, calls, top)}
+
+
+def _profile_rows(profiler, calls: int, top: int, scale: float = 1e6) -> list[dict]:
+    """The profile's functions by own time, per call of what was profiled (in us, or ms with scale=1e3)."""
+    import pstats
+
+    rows = []
+    for (path, line, func), (_, ncalls, tottime, cumtime, _) in pstats.Stats(profiler).stats.items():
+        rows.append({"function": f"{func} ({Path(path).name}:{line})" if line else func,
+                     "calls_per_op": ncalls / calls, "own_per_op": tottime / calls * scale,
+                     "cum_per_op": cumtime / calls * scale})
+    rows.sort(key=lambda r: -r["own_per_op"])
+    return rows[:top]
+
+
+# ---- 2. matmul ---------------------------------------------------------------------------------
+
+def matmul(n: int, iters: int, repeats: int) -> dict:
+    import torch
+
+    from neuron_compile.device.storage import host_to_buffer
+
+    torch.manual_seed(0)
+    a_cpu, b_cpu = torch.randn(n, n), torch.randn(n, n)
+
+    def neuron():
+        a, b = a_cpu.to("neuron"), b_cpu.to("neuron")
+        torch.testing.assert_close((a @ b).cpu(), a_cpu @ b_cpu, rtol=1e-4, atol=1e-4)
+        return lambda: a @ b
+
+    def floor():
+        exe = _raw_dot(n)
+        buffers = [host_to_buffer(a_cpu), host_to_buffer(b_cpu)]
+        return lambda: exe.run_buffers(buffers)
+
+    def cpu(threads):
+        def make():
+            def run():
+                return a_cpu @ b_cpu
+            run.threads = threads  # _group runs its rounds under _threads(threads)
+            return run
+        return make
+
+    paths = {"neuron a @ b": neuron, "raw PJRT execute (floor)": floor}
+    for name, threads in _cpu_rows("CPU eager a @ b"):
+        paths[name] = cpu(threads)
+    with torch.no_grad():
+        return _group(paths, iters, repeats)
+
+
+# ---- 3. training step --------------------------------------------------------------------------
+
+def build_gpt2():
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(**GPT2))
+    ids = torch.randint(0, GPT2["vocab_size"], (BATCH, TOKENS))
+    return model, ids
+
+
+def make_step(device: str, capturable: bool = False):
+    import torch
+
+    model, ids = build_gpt2()
+    model.to(device).train()
+    ids = ids.to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=capturable) if capturable else \
+        torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step() -> float:
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.item()
+
+    return step
+
+
+def train(device: str, warmup: int, steps: int, capturable: bool = False, profile: bool = True) -> dict:
+    from neuron_compile.device import ops
+
+    step = make_step(device, capturable)
+    counts0 = dict(ops.COUNTS)
+    warm_s, losses = [], []
+    for _ in range(warmup):
+        start = time.perf_counter()
+        losses.append(step())
+        warm_s.append(time.perf_counter() - start)
+    counts1 = dict(ops.COUNTS)
+    step_s = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        losses.append(step())
+        step_s.append(time.perf_counter() - start)
+    counts2 = dict(ops.COUNTS)
+    if device == "neuron" and profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        start = time.perf_counter()
+        profiler.runcall(step)
+        profiled = time.perf_counter() - start
+        profile = {"profiled_step_ms": profiled * 1e3, "top": _profile_rows(profiler, 1, 15, scale=1e3)}
+    counts3 = dict(ops.COUNTS)
+    out = {"step_s": statistics.median(step_s), "median_s": statistics.median(step_s), "steps_s": step_s,
+           "warmup_s": warm_s, "losses": losses}
+    if device == "neuron":
+        out["op_compiles_warmup"] = counts1["op_compiles"] - counts0["op_compiles"]
+        out["op_compiles_steady"] = counts2["op_compiles"] - counts1["op_compiles"]
+        out["op_compiles_total"] = counts2["op_compiles"]
+        # every cached op the steady steps ran (views and factories have kernels of their own and are not counted)
+        out["compiled_ops_per_step"] = (counts2["op_cache_hits"] - counts1["op_cache_hits"]
+                                        + out["op_compiles_steady"]) / steps
+        out["host_ops_per_step"] = (counts2["host_ops"] - counts1["host_ops"]) / steps
+        out["host_copies_per_step"] = (counts2["host_copies"] - counts1["host_copies"]) / steps
+        if profile:
+            out["profile"] = dict(profile, op_compiles=counts3["op_compiles"] - counts2["op_compiles"])
+    return out
+
+
+def train_all(warmup: int, steps: int) -> dict:
+    out: dict = {}
+
+    def cpu(threads):
+        with _threads(threads):
+            return train("cpu", warmup, steps)
+
+    for name, threads in _cpu_rows("CPU eager, AdamW"):
+        _measure(out, name, lambda threads=threads: cpu(threads))
+    _measure(out, "neuron, AdamW", lambda: train("neuron", warmup, steps))
+    _measure(out, "neuron, AdamW(capturable=True)", lambda: train("neuron", warmup, steps, capturable=True))
+    return out
+
+
+# ---- 4. cold start -----------------------------------------------------------------------------
+
+def worker(device: str, steps: int, result: str) -> int:
+    """One fresh process: import torch, build the model, ``steps`` training steps; timings and counters."""
+    started = time.perf_counter()
+    out: dict = {"device": device}
+    try:
+        import torch  # noqa: F401  (registers the neuron device)
+
+        import neuron_compile.report as report
+        from neuron_compile.device import ops
+
+        out["import_s"] = time.perf_counter() - started
+        traced = {"ops": 0, "s": 0.0}
+        if device == "neuron":  # time the per-op traces (make_fx): a cache hit still traces to find its key
+            from neuron_compile.device import trace
+
+            trace_op = trace.trace_op
+
+            def timed_trace(*args, **kwargs):
+                start = time.perf_counter()
+                try:
+                    return trace_op(*args, **kwargs)
+                finally:
+                    traced["ops"] += 1
+                    traced["s"] += time.perf_counter() - start
+
+            trace.trace_op = timed_trace
+        step = make_step(device)
+        out["build_s"] = time.perf_counter() - started - out["import_s"]
+        out["steps_s"] = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            step()
+            out["steps_s"].append(time.perf_counter() - start)
+        out["counters"] = dict(report.COUNTERS)
+        out["op_counts"] = dict(ops.COUNTS)
+        out["trace"] = traced
+        stages: dict = {}
+        for rep in report.compile_reports():
+            for stage, seconds in rep.stages.items():
+                stages[stage] = stages.get(stage, 0.0) + seconds
+        out["compile_stages_s"] = stages
+        from neuron_compile.cache_key import source_fingerprint
+
+        out["source_fingerprint"] = source_fingerprint()[:16]
+        out["neuron_compile_from"] = str(Path(report.__file__).parent)
+    except Exception as exc:
+        out["error"] = _error(exc)
+    out["in_process_s"] = time.perf_counter() - started
+    Path(result).write_text(json.dumps(out))
+    return 0
+
+
+def _snapshot(into: str) -> str:
+    """A copy of the sources the cache key hashes (neuron_compile, passes, runtime), taken once.
+
+    The cache key includes a fingerprint of these sources, and they are edited
+    while benchmarks run: the cold and the warm process import this copy, so
+    both run, and key, the same code.
+    """
+    for package in ("neuron_compile", "passes", "runtime"):
+        shutil.copytree(ROOT / package, Path(into) / package, ignore=shutil.ignore_patterns("__pycache__"))
+    return into
+
+
+def _run_worker(device: str, steps: int, cache_dir: str, sources: str) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        result = f.name
+    path = os.pathsep.join(filter(None, [sources, os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, NEURON_COMPILE_CACHE_DIR=cache_dir, PYTHONPATH=path)
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, __file__, "--worker", device, "--cold-steps", str(steps),
+                           "--result", result], env=env, capture_output=True, text=True, timeout=1800)
+    wall = time.perf_counter() - start
+    try:
+        out = json.loads(Path(result).read_text() or "{}")
+    except (OSError, json.JSONDecodeError):
+        out = {}
+    finally:
+        Path(result).unlink(missing_ok=True)
+    out["wall_s"] = wall
+    if proc.returncode != 0 and "error" not in out:
+        lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+        out["error"] = f"exit {proc.returncode}: {lines[-1] if lines else ''}"[:200]
+    return out
+
+
+def cold_start(steps: int, pairs: int) -> dict:
+    runs: dict = {"neuron, empty cache": [], "neuron, warm cache": [], "CPU eager": []}
+    sources = tempfile.mkdtemp(prefix="bench_device_src_")
+    try:
+        _snapshot(sources)
+        for _ in range(pairs):
+            for names in (("neuron, empty cache", "neuron, warm cache"), ("CPU eager",)):
+                cache = tempfile.mkdtemp(prefix="bench_device_cold_")  # a fresh one per pair
+                try:
+                    for name in names:
+                        runs[name].append(_run_worker("cpu" if name == "CPU eager" else "neuron", steps, cache,
+                                                      sources))
+                finally:
+                    shutil.rmtree(cache, ignore_errors=True)
+            print("cold start:", json.dumps({k: v[-1].get("wall_s") for k, v in runs.items()}), file=sys.stderr,
+                  flush=True)
+    finally:
+        shutil.rmtree(sources, ignore_errors=True)
+    return runs
+
+
+# ---- the report --------------------------------------------------------------------------------
+
+def _machine() -> tuple[str, dict]:
+    import jax
+
+    from neuron_compile.cli.bench import machine, machine_line
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True).stdout.strip()
+    except OSError:
+        commit = ""
+    today = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    try:
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "neuron_compile", "passes", "runtime"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+    except OSError:
+        dirty = ""
+    tree = " with uncommitted changes under neuron_compile/ (the working tree as it was)" if dirty else ""
+    info = dict(machine(), jax=jax.__version__, date=today, commit=commit, uncommitted=bool(dirty))
+    return f"{machine_line()}, jax {jax.__version__}. Run {today} on commit {commit}{tree}", info
+
+
+def _us(cell) -> str:
+    if not isinstance(cell, dict):
+        return "-"
+    if "error" in cell:
+        return cell["error"]
+    return f"{cell['median_s'] * 1e6:.1f}"
+
+
+def _ratio(cell, peer) -> str:
+    try:
+        return f"{cell['median_s'] / peer['median_s']:.2f}"
+    except (KeyError, TypeError, ZeroDivisionError):
+        return "-"
+
+
+def _verdict(ratio: str, target: float) -> str:
+    try:
+        return "met" if float(ratio) <= target else "missed"
+    except ValueError:
+        return "-"
+
+
+def _median_of(runs: list, pick):
+    values = []
+    for run in runs:
+        try:
+            value = pick(run)
+        except (KeyError, IndexError, TypeError):
+            continue
+        if value is not None:
+            values.append(value)
+    return statistics.median(values) if values else None
+
+
+def report(res: dict, args) -> str:
+    from tabulate import tabulate
+
+    header, _ = _machine()
+    quick = " --quick" if args.quick else ""
+    lines = ["# The eager neuron device against CPU eager and the raw PJRT floor", "",
+             f"Machine: {header}.", "",
+             f"Rerun: `python benchmarks/bench_device.py{quick}` (iterations {args.iters} x {args.repeats} rounds per "
+             f"op path, {args.mm_iters} x {args.repeats} per matmul path; training: {args.warmup} warm-up + "
+             f"{args.steps} steady steps; cold start: {args.cold_steps} steps per process, {args.pairs} "
+             f"cold/warm pair(s)). Times are the median round (steps: the median step); ratios divide medians.", ""]
+    summary = []
+
+    # 1. per op
+    p = res.get("per_op", {})
+    paths = p.get("paths", {}) if isinstance(p, dict) else {}
+    floor, cpu = paths.get("raw PJRT execute (floor)"), paths.get("CPU eager a + b")
+    lines += ["## 1. Per-op dispatch: `a + b` on 16 floats, warm", "",
+              "Target: neuron at most 1.5x the raw PJRT execute of the same add (StableHLO compiled with "
+              "`XlaExecutable.compile`, `run_buffers` on buffers made once).", ""]
+    rows = [[name, _us(cell), f"{cell['min_s'] * 1e6:.1f}" if isinstance(cell, dict) and "min_s" in cell else "-",
+             _ratio(cell, floor), _ratio(cell, cpu)] for name, cell in paths.items() if not name.startswith("_")]
+    lines.append(tabulate(rows, headers=["path", "us per op (median)", "us (best round)", "/ raw floor",
+                                         "/ CPU eager"], tablefmt="github"))
+    neuron = paths.get("neuron a + b", {})
+    if "_op_compiles_while_timed" in paths:
+        lines += ["", f"Ops compiled while the rounds ran: {paths['_op_compiles_while_timed']} (0 means the add was "
+                  "warm throughout). The rounds of these paths and of the pieces below are interleaved."]
+    r = _ratio(neuron, floor)
+    summary.append(["per-op `a + b`, 16 floats (us)", _us(neuron), "raw PJRT execute", _us(floor), r, "<= 1.5",
+                    _verdict(r, 1.5)])
+
+    pieces = p.get("pieces", {}) if isinstance(p, dict) else {}
+    if pieces:
+        lines += ["", "Neuron's per-op path taken apart, each piece timed alone (internals of neuron_compile/device/ops.py, "
+                  "as they are at this commit):", ""]
+        if "error" in pieces:
+            lines.append(f"- {pieces['error']}")
+        else:
+            rows = [[name, _us(cell), _ratio(cell, floor)] for name, cell in pieces.items()]
+            lines.append(tabulate(rows, headers=["piece", "us per call", "/ raw floor"], tablefmt="github"))
+    prof = p.get("profile", {}) if isinstance(p, dict) else {}
+    if prof:
+        lines += [""]
+        if "error" in prof:
+            lines.append(f"cProfile: {prof['error']}")
+        else:
+            lines += [f"cProfile of {prof['calls']} warm `a + b` ({prof['profiled_us_per_op']:.1f} us per op under "
+                      "the profiler, which inflates Python calls): functions by own time. cProfile sees no "
+                      "C++ the interpreter reaches without a Python-level builtin call: the dispatcher's path to "
+                      "the Python fallback counts in `loop`, and jaxlib's nanobind methods (`execute_sharded`, "
+                      "`disassemble_into_single_device_arrays`) count in their caller's own time.", ""]
+            rows = [[r["function"], f"{r['calls_per_op']:g}", f"{r['own_per_op']:.2f}", f"{r['cum_per_op']:.2f}"]
+                    for r in prof["top"]]
+            lines.append(tabulate(rows, headers=["function", "calls per op", "own us per op", "cumulative us per op"],
+                                  tablefmt="github"))
+
+    # 2. matmul
+    m = res.get("matmul", {})
+    floor = m.get("raw PJRT execute (floor)") if isinstance(m, dict) else None
+    lines += ["", f"## 2. Matmul: {args.n}x{args.n} float32, warm", "",
+              "Target: neuron at most 1.1x the raw PJRT execute of the same `dot_general`. CPU eager (MKL) for "
+              "reference, at torch's default thread count and at one thread; '/ CPU eager' divides by the faster.",
+              ""]
+    if isinstance(m, dict) and "error" in m:
+        lines.append(f"- {m['error']}")
+    else:
+        best = _best_cpu(m, "CPU eager")
+        rows = [[name, _us(cell), f"{cell['min_s'] * 1e6:.1f}" if isinstance(cell, dict) and "min_s" in cell else "-",
+                 _ratio(cell, floor), _ratio(cell, best)] for name, cell in m.items() if not name.startswith("_")]
+        lines.append(tabulate(rows, headers=["path", "us per matmul (median)", "us (best round)", "/ raw floor",
+                                             "/ CPU eager"], tablefmt="github"))
+    neuron = m.get("neuron a @ b", {}) if isinstance(m, dict) else {}
+    r = _ratio(neuron, floor)
+    summary.append([f"matmul {args.n}x{args.n} (us)", _us(neuron), "raw PJRT execute", _us(floor), r, "<= 1.1",
+                    _verdict(r, 1.1)])
+
+    # 3. training
+    t = res.get("train", {})
+    lines += ["", "## 3. Eager GPT-2 training step", "",
+              f"GPT2Config({', '.join(f'{k}={v}' for k, v in GPT2.items())}), random weights (seed 0), batch "
+              f"{BATCH}x{TOKENS}, AdamW(lr=1e-3): forward, `loss.backward()`, `step()`, `zero_grad()`, `loss.item()`. "
+              "Target: neuron at most 1.5x CPU eager. Ops compiled: `ops.COUNTS['op_compiles']` during warm-up and "
+              "during the steady steps (the process's memory cache is shared: the capturable row reuses the "
+              "forward and backward kernels the row above compiled). Compiled ops per step: the dispatches that "
+              "went through the op cache. CPU eager runs at torch's default thread count and at one thread; "
+              "'/ CPU eager' divides by the faster.", ""]
+    cpu = _best_cpu(t, "CPU eager") if isinstance(t, dict) else None
+    cpu_step = cpu
+    rows = []
+    for name, cell in (t.items() if isinstance(t, dict) else []):
+        if not isinstance(cell, dict) or "error" in cell:
+            rows.append([name, (cell or {}).get("error", "-")] + ["-"] * 7)
+            continue
+        step = {"median_s": cell["step_s"]}
+        first_loss = cell["losses"][0] if cell.get("losses") else None
+        cpu_loss = cpu["losses"][0] if isinstance(cpu, dict) and cpu.get("losses") else None
+        rows.append([name, f"{cell['step_s'] * 1e3:.1f}", _ratio(step, cpu_step),
+                     " / ".join(f"{s:.2f}" for s in cell["warmup_s"]),
+                     cell.get("op_compiles_warmup", "-"), cell.get("op_compiles_steady", "-"),
+                     f"{cell['compiled_ops_per_step']:.0f}" if "compiled_ops_per_step" in cell else "-",
+                     f"{abs(first_loss - cpu_loss):.1e}" if first_loss is not None and cpu_loss is not None else "-",
+                     f"{cell['losses'][-1]:.4f}" if cell.get("losses") else "-"])
+    lines.append(tabulate(rows, headers=["run", "step ms (median)", "/ CPU eager", "warm-up steps s",
+                                         "ops compiled in warm-up", "ops compiled in steady steps",
+                                         "compiled ops per step", "first loss - CPU's", "last loss"],
+                          tablefmt="github"))
+    for name in ("neuron, AdamW", "neuron, AdamW(capturable=True)"):
+        cell = t.get(name) if isinstance(t, dict) else None
+        step = {"median_s": cell["step_s"]} if isinstance(cell, dict) and "step_s" in cell else cell
+        r = _ratio(step, cpu_step)
+        summary.append([f"GPT-2 train step, {name.split(', ', 1)[1]} (ms)",
+                        f"{cell['step_s'] * 1e3:.1f}" if isinstance(cell, dict) and "step_s" in cell else
+                        (cell or {}).get("error", "-"), "CPU eager",
+                        f"{cpu['step_s'] * 1e3:.1f}" if cpu_step else "-", r, "<= 1.5", _verdict(r, 1.5)])
+    total = next((c.get("op_compiles_total") for c in (t.values() if isinstance(t, dict) else [])
+                  if isinstance(c, dict) and "op_compiles_total" in c), None)
+    if total is not None:
+        last = t.get("neuron, AdamW(capturable=True)", {})
+        lines += ["", f"Ops compiled in this process by the end: "
+                  f"{last.get('op_compiles_total', total) if isinstance(last, dict) else total} (per-op and matmul "
+                  "sections included)."]
+    for name, cell in (t.items() if isinstance(t, dict) else []):
+        prof = cell.get("profile") if isinstance(cell, dict) else None
+        if not prof:
+            continue
+        lines += ["", f"cProfile of one steady step, {name} ({prof['profiled_step_ms']:.0f} ms under the profiler, "
+                  f"{prof['op_compiles']} ops compiled in it): functions by own time, ms.", ""]
+        rows = [[r["function"], f"{r['calls_per_op']:g}", f"{r['own_per_op']:.1f}", f"{r['cum_per_op']:.1f}"]
+                for r in prof["top"]]
+        lines.append(tabulate(rows, headers=["function", "calls", "own ms", "cumulative ms"], tablefmt="github"))
+
+    # 4. cold start
+    c = res.get("cold", {})
+    lines += ["", "## 4. Cold start: a new process, empty cache against warm cache", "",
+              f"Each process: `import torch`, build the model, {args.cold_steps} training steps (default AdamW). "
+              "Wall: the whole process as the parent saw it (Python start and imports included). Medians over "
+              f"{args.pairs} pair(s); counters from the last pair.", ""]
+    rows = []
+    cold_wall = None
+    if isinstance(c, dict) and "error" in c:
+        lines.append(f"- {c['error']}")
+        c = {}
+    for name, runs in c.items():
+        errors = [run["error"] for run in runs if "error" in run]
+        wall = _median_of(runs, lambda r: r["wall_s"] if "error" not in r else None)
+        if name == "neuron, empty cache":
+            cold_wall = wall
+        last = runs[-1] if runs else {}
+        counters = last.get("counters", {})
+        rows.append([name, f"{wall:.1f}" if wall else (errors[0] if errors else "-"),
+                     f"{wall / cold_wall:.2f}" if wall and cold_wall else "-",
+                     _fmt(_median_of(runs, lambda r: r["import_s"])),
+                     _fmt(_median_of(runs, lambda r: r["steps_s"][0])),
+                     _fmt(_median_of(runs, lambda r: r["steps_s"][-1])),
+                     counters.get("lowerings", "-") if name != "CPU eager" else "-",
+                     counters.get("xla_compiles", "-") if name != "CPU eager" else "-",
+                     ", ".join(f"{k}={v}" for k, v in sorted(counters.items())
+                               if k not in ("lowerings", "xla_compiles")) if name != "CPU eager" else "-",
+                     errors[0] if errors and wall else ""])
+    lines.append(tabulate(rows, headers=["process", "wall s", "/ empty cache", "import torch s", "first step s",
+                                         "last step s", "lowerings", "xla_compiles", "other counters", "error"],
+                          tablefmt="github"))
+    prints = {run.get("source_fingerprint") for runs in c.values() for run in runs if run.get("source_fingerprint")}
+    where = {run.get("neuron_compile_from") for runs in c.values() for run in runs if run.get("neuron_compile_from")}
+    if prints:
+        lines += ["", f"The processes import a copy of neuron_compile, passes and runtime taken when this section "
+                  f"started (the cache key hashes those sources, which are edited while benchmarks run): source "
+                  f"fingerprint{'s' if len(prints) > 1 else ''} {', '.join(sorted(prints))}"
+                  f"{' (the same in every process)' if len(prints) == 1 else ' (they differ: the warm row is void)'}"
+                  f"{'; imported from a snapshot' if all('bench_device_src_' in w for w in where) else ''}."]
+    for name, runs in c.items():
+        last = runs[-1] if runs else {}
+        if "trace" not in last or name == "CPU eager":
+            continue
+        stages = sorted(last.get("compile_stages_s", {}).items(), key=lambda kv: -kv[1])
+        steps = sum(last.get("steps_s", []))
+        inside = last["trace"]["s"] + sum(v for _, v in stages)
+        lines += ["", f"- {name} (last pair), where the {steps:.1f} s of its steps go: tracing {last['trace']['ops']} op signatures "
+                  f"{last['trace']['s']:.1f} s; compile_graph stages " + ", ".join(f"{k} {v:.1f} s" for k, v in stages[:6])
+                  + f"; the rest (running the ops, Python) {steps - inside:.1f} s."]
+    warm = c.get("neuron, warm cache", []) if isinstance(c, dict) else []
+    warm_wall = _median_of(warm, lambda r: r["wall_s"] if "error" not in r else None)
+    r = f"{warm_wall / cold_wall:.2f}" if warm_wall and cold_wall else "-"
+    summary.append(["cold start, new process (s)", _fmt(warm_wall), "empty cache", _fmt(cold_wall), r,
+                    "warm compiles 0", _warm_verdict(warm)])
+
+    head = ["## Summary", "", tabulate(summary, headers=["measurement", "neuron", "peer", "peer's", "ratio",
+                                                          "target", "verdict"], tablefmt="github"), ""]
+    at = lines.index("## 1. Per-op dispatch: `a + b` on 16 floats, warm")
+    lines[at:at] = head
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(value, digits: int = 2) -> str:
+    return f"{value:.{digits}f}" if isinstance(value, (int, float)) else "-"
+
+
+def _warm_verdict(warm: list) -> str:
+    if not warm or "counters" not in warm[-1]:
+        return "-"
+    counters = warm[-1]["counters"]
+    return "met" if not counters.get("xla_compiles") and not counters.get("lowerings") else "missed"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run: fewer iterations and steps")
+    parser.add_argument("--iters", type=int, help="calls per round, per-op paths (default 5000; quick 300)")
+    parser.add_argument("--mm-iters", type=int, help="calls per round, matmul paths (default 300; quick 30)")
+    parser.add_argument("--repeats", type=int, help="rounds per path (default 9; quick 3)")
+    parser.add_argument("--n", type=int, default=256, help="matmul size")
+    parser.add_argument("--warmup", type=int, help="training warm-up steps (default 3; quick 2)")
+    parser.add_argument("--steps", type=int, help="steady training steps timed (default 10; quick 3)")
+    parser.add_argument("--cold-steps", type=int, help="training steps per cold-start process (default 3; quick 2)")
+    parser.add_argument("--pairs", type=int, help="cold/warm process pairs (default 3; quick 1)")
+    parser.add_argument("--skip", default="", help="comma-separated sections to skip: per_op,matmul,train,cold")
+    parser.add_argument("--out", default=str(HERE / "results" / "device"))
+    parser.add_argument("--worker", choices=["neuron", "cpu"], help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    defaults = dict(iters=(300, 5000), mm_iters=(30, 300), repeats=(3, 9), warmup=(2, 3), steps=(3, 10),
+                    cold_steps=(2, 3), pairs=(1, 3))
+    for name, (quick, full) in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
+    if args.worker:
+        return worker(args.worker, args.cold_steps, args.result)
+
+    # this process's compiles go to a cache folder of its own, removed at the end
+    own_cache = tempfile.mkdtemp(prefix="bench_device_")
+    os.environ["NEURON_COMPILE_CACHE_DIR"] = own_cache
+    sys.path.insert(0, str(ROOT))
+    skip = set(filter(None, args.skip.split(",")))
+    res: dict = {}
+    started = time.perf_counter()
+    try:
+        import torch  # noqa: F401
+
+        sections = [("per_op", lambda: per_op(args.iters, args.repeats)),
+                    ("matmul", lambda: matmul(args.n, args.mm_iters, args.repeats)),
+                    ("train", lambda: train_all(args.warmup, args.steps)),
+                    ("cold", lambda: cold_start(args.cold_steps, args.pairs))]
+        for name, run in sections:
+            if name in skip:
+                continue
+            t0 = time.perf_counter()
+            _measure(res, name, run)
+            print(f"{name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(own_cache, ignore_errors=True)
+    _, info = _machine()
+    text = report(res, args)
+    print(text)
+    Path(args.out + ".md").write_text(text)
+    Path(args.out + ".json").write_text(json.dumps(
+        {"machine": info, "args": vars(args), "total_s": time.perf_counter() - started, "results": res},
+        indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
