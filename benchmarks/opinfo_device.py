@@ -3,10 +3,13 @@
 ``python benchmarks/opinfo_coverage.py --device ...`` (or this file, the same
 options): no ``torch.compile``. Each sample's tensors (input, args, kwargs,
 recursively through lists, tuples and dicts) are copied to ``"neuron"``
-(``requires_grad`` kept: the device copies are the leaves), the op is called
-there (each ATen op it reaches is traced and compiled per signature by
-``neuron_compile.device``), the results come back with ``.cpu()`` and are
-compared with CPU eager's by ``opinfo_coverage.compare_op`` (non-unique outputs
+(``requires_grad`` kept: the device copies are the leaves; ``HOST_ARGS``, the
+arguments PyTorch wants on the host for any device, stay there; a factory's
+``device="cpu"`` becomes ``"neuron"``), the op is
+called there (each ATen op it reaches is traced and compiled per signature by
+``neuron_compile.device``) after the same ``torch.manual_seed`` as the CPU run
+(the device draws from CPU's generator), the results come back with ``.cpu()``
+and are compared with CPU eager's by ``opinfo_coverage.compare_op`` (non-unique outputs
 judged as in the other modes). Backward (float32, ops that support autograd):
 the input gradients of ``sum(out * w)`` over the float outputs, ``w`` fixed
 random weights (the compiled mode's loss; a plain ``.sum()`` makes the
@@ -57,6 +60,11 @@ RAW_DEVICE = RAW.with_name("opinfo_device.jsonl")
 DEVICE_JOBS = ("float32 forward", "float32 backward", "int64 forward")
 DEVICE_STATUSES = tuple(s for s in STATUSES if s != "graph-break")
 _ATEN_IN_TEXT = re.compile(r"aten(?:::|\.)[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)?")
+# c10's "convolution_overrideable not implemented", raised below the Python kernels
+_NOT_IMPLEMENTED = re.compile(r"^([a-z_][a-z0-9_]*) not implemented")
+# Tensor arguments PyTorch requires on the host whatever the input's device (a CUDA run keeps them on CPU
+# too): op -> positions among the sample's args.
+HOST_ARGS = {"tensor_split": (0,)}
 
 
 def device_mode(dtypes, backward: bool) -> str:
@@ -90,6 +98,9 @@ def _aten_op(exc: BaseException) -> str:
         m = _ATEN_IN_TEXT.search(str(e))
         if m:
             return m.group(0).replace("aten::", "aten.")
+        m = _NOT_IMPLEMENTED.match(str(e).strip())
+        if m:
+            return f"aten.{m.group(1)}"
     return ""
 
 
@@ -107,6 +118,26 @@ def _classify(exc: BaseException) -> tuple[str, str, str]:
             return "xla-rejects", _first_line(e), aten
     inner = innermost_exception(exc)
     return "crash", f"{type(inner).__name__}: {_first_line(inner)}", aten
+
+
+def _device_kwargs(sample) -> None:
+    """A factory's ``device=`` of the sample's device (cpu) becomes neuron: what OpInfo generates for a device."""
+    import torch
+
+    device = sample.kwargs.get("device")
+    if device is not None and torch.device(device).type == "cpu":
+        sample.kwargs = {**sample.kwargs, "device": "neuron"}
+
+
+def _device_tensors(op, sample, tensors: list) -> list:
+    """The sample's tensor leaves (``_split``'s order) on neuron, except those in ``HOST_ARGS``."""
+    from torch.utils._pytree import tree_flatten
+
+    keep = set()
+    for position in HOST_ARGS.get(op.name, ()):
+        if position < len(sample.args):
+            keep.update(id(t) for t in tree_flatten(sample.args[position])[0])
+    return [t if id(t) in keep else _to_device(t) for t in tensors]
 
 
 def _to_device(obj):
@@ -134,7 +165,7 @@ def _to_cpu(obj, seen: list):
             return x.cpu()
         return x
 
-    return tree_map(one, obj)
+    return tree_map(one, obj, is_leaf=lambda x: isinstance(x, torch.Size))  # a Size stays a Size, not a tuple
 
 
 class _Failed(Exception):
@@ -156,14 +187,21 @@ def _on_device(step: str, fn):
 
 
 def run_forward(op, sample, dtype_name, shape_only) -> dict:
+    """The op on CPU, then on neuron; the same seed before each (the device draws from CPU's generator)."""
+    import torch
+
     tensors, rebuild = _split(sample)
     fn = _make_fn(op, rebuild)
     try:
+        torch.manual_seed(0)
         ref = fn(*[t.clone() for t in tensors])
     except Exception as exc:
         return dict(status="eager-error", error=_first_line(exc))
     try:
-        inputs = _on_device("moving the sample to neuron", lambda: [_to_device(t) for t in tensors])
+        inputs = _on_device("moving the sample to neuron", lambda: _device_tensors(op, sample, tensors))
+        _device_kwargs(sample)
+        fn = _make_fn(op, _split(sample)[1])
+        torch.manual_seed(0)
         out = _on_device("", lambda: fn(*inputs))
         devices: list = []
         got = _on_device("reading the result back (.cpu())", lambda: _to_cpu(out, devices))
@@ -199,6 +237,7 @@ def run_backward(op, sample, shape_only) -> dict:
 
     try:
         inputs = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
+        torch.manual_seed(0)
         leaves = float_outputs(fn(*inputs))
         wanted = [t for t in inputs if t.requires_grad]
         if not leaves or not wanted:
@@ -208,7 +247,10 @@ def run_backward(op, sample, shape_only) -> dict:
     except Exception as exc:
         return dict(status="eager-error", error=_first_line(exc))
     try:
-        dev = _on_device("moving the sample to neuron", lambda: [_to_device(t) for t in tensors])
+        dev = _on_device("moving the sample to neuron", lambda: _device_tensors(op, sample, tensors))
+        _device_kwargs(sample)
+        fn = _make_fn(op, _split(sample)[1])
+        torch.manual_seed(0)
         out = _on_device("forward", lambda: fn(*dev))
         leaves = float_outputs(out)
         wanted = [t for t in dev if t.requires_grad]
@@ -297,6 +339,8 @@ def _failure_cause(rec) -> str:
     if rec["status"] == "mismatch":
         error = re.sub(r"\d+(\.\d+)?(e[-+]?\d+)?", "N", error)
         error = error.split(" Greatest")[0][:120]
+    elif rec["status"] == "does-not-lower":  # SSA names and constants of one graph
+        error = re.sub(r"value = -?\d+", "value = N", re.sub(r"%\d+", "%N", error))
     return f"{rec['status']}: {error[:160]}"
 
 
@@ -396,8 +440,11 @@ def _cell(text: str, limit: int = 200) -> str:
 
 
 def _op_list(hits, limit=12, cause="") -> str:
-    """Ops with the ATen op each failed in, where the cause does not name it already."""
+    """Ops with the ATen op each failed in, where the cause does not name it already (once when they share it)."""
     names = []
+    atens = {h.get("aten") or "" for h in hits}
+    if len(atens) == 1 and len({h["op"] for h in hits}) > 1 and next(iter(atens)) and next(iter(atens)) not in cause:
+        return f"all in {next(iter(atens))}: " + _op_list([{**h, "aten": ""} for h in hits], limit)
     for h in hits:
         label = h["op"] + (f" ({h['aten']})" if h.get("aten") and h["aten"] not in cause else "")
         if label not in names:
