@@ -43,7 +43,9 @@ from .trace import runtime_float
 log = logging.getLogger("neuron_compile")
 aten = torch.ops.aten
 
-COUNTS = {"op_compiles": 0, "op_cache_hits": 0, "host_ops": 0, "host_copies": 0}
+# op_compiles: kernels built by tracing (their executables may still come from the artifact cache);
+# index_hits: kernels found in the persistent op index (no tracing); op_cache_hits: calls served from memory
+COUNTS = {"op_compiles": 0, "index_hits": 0, "op_cache_hits": 0, "host_ops": 0, "host_copies": 0}
 
 _KERNELS: dict = {}
 _LOCK = threading.RLock()
@@ -437,20 +439,75 @@ def resize_(tensor: torch.Tensor, size, memory_format=None) -> torch.Tensor:
 # --- building a kernel -----------------------------------------------------------------------
 
 def _build(op, args, kwargs, leaves: _Leaves) -> OpKernel | None:
+    from ..capture.options import Options
+    from . import index
     from .trace import OpTraceError, trace_op
 
+    options = Options.resolve()
+    parts = tuple(leaves.parts)
+    name = index.entry_name(op, parts)
+    entry = index.load(options, name)
+    if entry is not None:
+        kernel = _from_index(op, args, kwargs, leaves, entry, options)
+        if kernel is not _MISSING:
+            return kernel
     try:
         traced = trace_op(op, args, kwargs, leaves, _written_positions(op, args, kwargs))
     except OpTraceError as exc:  # data-dependent shapes or non-tensor results: the host answers
         log.debug("%s runs on the host: %s", op, exc)
         _HOST_OPS.add(op)
+        index.store(options, name, {"kind": "host"})
         return None
     if traced.resized:
+        index.store(options, name, {"kind": "resize", "sizes": traced.resized})
         return ResizeOuts(traced.resized)
-    kernel = _compile(op, traced)
+    if traced.by_value:
+        index.store(options, name, {"kind": "by_value"})
+        name = index.entry_name(op, parts, tuple(map(repr, leaves.floats)))
+    kernel = _compile(op, traced, options, name)
     if kernel is not None and traced.by_value:
         return ByValue(kernel, leaves.floats)
     return kernel
+
+
+_MISSING = object()
+
+
+def _from_index(op, args, kwargs, leaves, entry: dict, options):
+    """The kernel an index entry describes (its executable from the artifact cache), or _MISSING."""
+    from . import index
+    from .trace import trace_op
+
+    kind = entry["kind"]
+    if kind == "host":
+        _HOST_OPS.add(op)
+        return None
+    if kind == "resize":
+        return ResizeOuts(entry["sizes"])
+    by_value = kind == "by_value"
+    if by_value:
+        entry = index.load(options, index.entry_name(op, tuple(leaves.parts), tuple(map(repr, leaves.floats))))
+        if entry is None or entry["kind"] != "kernel":
+            return _MISSING
+    from ..compiler import cached_executable
+    from ..report import CompileReport, record
+
+    report = CompileReport(graph=f"eager.{op}", kind="eager")
+
+    def rebuild():  # the artifact was evicted: trace again, and compile_graph's path takes over
+        return trace_op(op, args, kwargs, leaves, _written_positions(op, args, kwargs), bake_floats=by_value).gm
+
+    try:
+        executable = cached_executable(entry["front"], entry["plan"], entry["signature"], rebuild,
+                                       report=report, options=options)
+    except Exception as exc:  # the entry no longer fits what tracing gives: build as if it were absent
+        log.debug("device op index entry for %s does not fit (%s): tracing again", op, exc)
+        return _MISSING
+    record(report)
+    COUNTS["index_hits"] += 1
+    kernel = OpKernel(executable, entry["inputs"], entry["fresh"], entry["written"], entry["returns"],
+                      f"eager.{op}")
+    return ByValue(kernel, leaves.floats) if by_value else kernel
 
 
 class ByValue:
@@ -468,8 +525,11 @@ class ByValue:
             from .trace import trace_op
 
             with _LOCK:
+                from . import index
+
                 traced = trace_op(op, args, kwargs, leaves, _written_positions(op, args, kwargs), bake_floats=True)
-                kernel = self.kernels[key] = _compile(op, traced)
+                kernel = self.kernels[key] = _compile(
+                    op, traced, index_name=index.entry_name(op, tuple(leaves.parts), key))
             if kernel is None:
                 return run_on_host(op, args, kwargs)
         return kernel(leaves)
@@ -506,13 +566,14 @@ def user_line() -> str:
     return "<unknown>"
 
 
-def _compile(op, traced) -> OpKernel | None:
+def _compile(op, traced, options=None, index_name: str | None = None) -> OpKernel | None:
     from ..capture.options import Options
     from ..compiler import compile_graph
     from ..lowering import LoweringError
     from ..report import CompileReport, record
+    from . import index
 
-    options = Options.resolve()
+    options = options or Options.resolve()
     name = f"eager.{op}"
     report = CompileReport(graph=name, kind="eager")
     try:
@@ -532,4 +593,8 @@ def _compile(op, traced) -> OpKernel | None:
         raise
     record(report)
     COUNTS["op_compiles"] += 1
+    if index_name is not None and executable.front is not None:
+        index.store(options, index_name, {
+            "kind": "kernel", "front": executable.front, "plan": executable.plan, "signature": executable.signature,
+            "inputs": traced.inputs, "fresh": traced.fresh, "written": traced.written, "returns": traced.returns})
     return OpKernel(executable, traced.inputs, traced.fresh, traced.written, traced.returns, name)
