@@ -310,7 +310,7 @@ FLOAT_CASES = {
     "addcdiv": (lambda x, y, v: torch.addcdiv(x, y, x.abs() + 1, value=-v), 0),
     "pow": (lambda x, y, v: torch.pow(x.abs(), v), 4),
     "clamp": (lambda x, y, v: x.clamp(min=v - 1), 4),
-    "rsub": (lambda x, y, v: v - x, 4),
+    "rsub": (lambda x, y, v: v - x, 0),  # rsub.Tensor gets a wrapped number: a 0-d input
     "lerp": (lambda x, y, v: torch.lerp(x, y, v), 4),
     "full": (lambda x, y, v: torch.full((3, 1), v, device=x.device) * x, 4),
     "leaky_relu": (lambda x, y, v: torch.nn.functional.leaky_relu(x, v), 4),
@@ -340,3 +340,43 @@ def test_an_adam_step_with_changing_bias_corrections_compiles_nothing_after_the_
         opt.zero_grad()
         compiles.append(device_ops.COUNTS["op_compiles"])
     assert compiles[1] == compiles[2] == compiles[3], compiles
+
+
+def test_convolutions_forward_and_backward():
+    torch.manual_seed(0)
+    for conv, x, w in ((torch.nn.functional.conv1d, torch.randn(2, 3, 9), torch.randn(4, 3, 3)),
+                       (torch.nn.functional.conv2d, torch.randn(2, 3, 9, 9), torch.randn(4, 3, 3, 3)),
+                       (torch.nn.functional.conv_transpose2d, torch.randn(2, 3, 5, 5), torch.randn(3, 4, 3, 3))):
+        b = torch.randn(w.shape[1] if conv is torch.nn.functional.conv_transpose2d else w.shape[0])
+        grads = []
+        for device in ("cpu", "neuron"):
+            leaves = [t.detach().to(device).requires_grad_(True) for t in (x, w, b)]
+            out = conv(*leaves, stride=2, padding=1)
+            (out * out).sum().backward()
+            grads.append([out.detach().cpu()] + [t.grad.cpu() for t in leaves])
+        for got, want in zip(grads[1], grads[0]):
+            assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", ["transposed-to", "zero-size", "wrapped-number", "factory", "non-blocking",
+                                  "no-meta-kernel", "empty-strided"])
+def test_corner_cases_the_opinfo_sweep_found(case):
+    x = torch.randn(5, 3)
+    if case == "transposed-to":  # a non-contiguous CPU tensor moved to the device (torch makes it contiguous)
+        got, want = x.t().to("neuron"), x.t()
+    elif case == "zero-size":
+        got, want = torch.nan_to_num(torch.zeros(1, 0, 3, device="neuron")), torch.zeros(1, 0, 3)
+    elif case == "wrapped-number":  # remainder.Scalar reaches us as remainder.Tensor with a Python int
+        i = torch.tensor([[0, 1], [2, 2], [1, 0], [0, 0], [2, 1]])
+        got, want = torch.take_along_dim(N(x), N(i), 1), torch.take_along_dim(x, i, 1)
+    elif case == "factory":  # no tensor argument at all
+        got, want = torch.triu_indices(4, 3, 1, device="neuron"), torch.triu_indices(4, 3, 1)
+    elif case == "non-blocking":
+        got, want = N(x).to("cpu", non_blocking=True), x
+    elif case == "no-meta-kernel":  # _cummax_helper has only CPU and CUDA kernels: the host runs it
+        got, want = torch.cummax(N(x), 0).values, torch.cummax(x, 0).values
+    else:
+        got = torch.empty_strided((2, 3), (1, 2), device="neuron").fill_(3.0)
+        want = torch.full((2, 3), 3.0)
+        assert got.stride() == (1, 2)
+    assert_close(got.cpu(), want)

@@ -48,6 +48,11 @@ def register_direct_kernels() -> None:
         if _is_view(op):
             continue
         _direct.impl(op, functools.partial(handle, op), _torch_hooks.PRIVATE_KEY)
+    # their CompositeExplicitAutograd kernels only raise "not implemented" for backends like ours
+    # _to_copy's composite pins host memory for non_blocking copies to the CPU (a C++ allocator we lack)
+    for op in (aten.convolution_overrideable.default, aten.convolution_backward_overrideable.default,
+               aten._to_copy.default):
+        _direct.impl(op, functools.partial(handle, op), _torch_hooks.PRIVATE_KEY)
     from . import autocast
 
     autocast.register()  # only neuron tensors reach autocast kernels: none exists before this first op
@@ -59,12 +64,38 @@ def handle(op, *args, **kwargs):
         register_direct_kernels()
     fn = KERNELS.get(op)
     if fn is None:
-        fn = KERNELS[op] = _view if _is_view(op) else _random if _is_random(op) else _compiled
+        fn = KERNELS[op] = _view if _is_view(op) else _random if _is_random(op) else _compiled_for(op)
     return fn(op, *args, **kwargs)
 
 
 def _compiled(op, *args, **kwargs):
     return ops.dispatch(op, args, kwargs)
+
+
+def _compiled_for(op):
+    """``_compiled``, or for ops with Tensor arguments a kernel that first turns Python numbers in them
+    back into tensors: torch hands a Python kernel a wrapped number (``remainder(x, 4)`` calls
+    ``remainder.Tensor(x, wrapped 4)``) as the number itself."""
+    positions = tuple(i for i, a in enumerate(op._schema.arguments)
+                      if not a.kwarg_only and isinstance(a.type, torch.TensorType))
+    if not positions:
+        return _compiled
+
+    def compiled(op, *args, **kwargs):
+        for i in positions:
+            if i < len(args) and type(args[i]) in (int, float, bool):
+                args = _unwrap_number(args, i)
+        return ops.dispatch(op, args, kwargs)
+
+    return compiled
+
+
+def _unwrap_number(args: tuple, position: int) -> tuple:
+    value = args[position]
+    reference = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    # the dtype eager computes a tensor-and-wrapped-number op in: a 0-d tensor of it behaves the same
+    dtype = torch.result_type(reference, value) if reference is not None else torch.tensor(value).dtype
+    return args[:position] + (torch.tensor(value, dtype=dtype),) + args[position + 1:]
 
 
 @functools.lru_cache(maxsize=None)
@@ -104,7 +135,7 @@ def _empty(op, size, dtype=None, layout=None, device=None, pin_memory=None, memo
 def _empty_strided(op, size, stride, dtype=None, layout=None, device=None, pin_memory=None):
     check_device(device)
     size, stride = tuple(size), tuple(stride)
-    if stride == torch.empty(size, device="meta").stride():
+    if stride == _storage.contiguous_strides(size):
         return new_tensor(size, _dtype(dtype))
     return new_tensor(size, _dtype(dtype), stride=stride)
 
@@ -186,6 +217,30 @@ def _set_empty(op, tensor):
     _torch_hooks.meta_redispatch(op, tensor)
     tensor.untyped_storage()._neuron = _storage.Data(tensor.dtype, 0)
     return tensor
+
+
+# --- convolution: PyTorch sends an unknown backend's convolutions to the *_overrideable ops ---
+
+@kernel(aten.convolution_overrideable.default)
+def _convolution(op, *args):
+    return ops.dispatch(aten.convolution.default, args, {})
+
+
+@kernel(aten.convolution_backward_overrideable.default)
+def _convolution_backward(op, grad_output, input, weight, stride, padding, dilation, transposed, output_padding,
+                          groups, output_mask):
+    bias_sizes = [weight.shape[1] * groups if transposed else weight.shape[0]]
+    return ops.dispatch(aten.convolution_backward.default,
+                        (grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+                         output_padding, groups, output_mask), {})
+
+
+@kernel(aten._conj.default, aten._neg_view.default)
+def _lazy_bit_view(op, x):
+    # CPU marks a conj/neg bit on a view; their Meta kernels crash on our tensors: the value instead
+    # (its own storage: a write through it does not reach x)
+    physical = aten.conj_physical.default if op is aten._conj.default else aten.neg.default
+    return ops.dispatch(physical, (x,), {})
 
 
 @kernel(aten.view.dtype)

@@ -281,8 +281,8 @@ def _rebuild(returns, fresh: list, tensors: list):
 def dispatch(op, args, kwargs):
     leaves = _leaves(args, kwargs)
     if leaves.mixed is not None or not leaves.device_seen:
-        if not leaves.device_seen:
-            raise RuntimeError(f"{op} reached the neuron device with no neuron tensor")
+        if not leaves.device_seen:  # a factory (triu_indices...): made on the host, then moved
+            return _factory_on_host(op, args, kwargs)
         check_same_device(op, leaves)
     key = (op, tuple(leaves.parts))
     kernel = _KERNELS.get(key)
@@ -345,6 +345,14 @@ def run_on_host(op, args, kwargs):
         return value
 
     return tree_map(back, result)
+
+
+def _factory_on_host(op, args, kwargs):
+    kwargs = dict(kwargs)
+    if "device" in kwargs:
+        kwargs["device"] = torch.device("cpu")
+    result = op(*args, **kwargs)
+    return tree_map(lambda v: from_host(v) if isinstance(v, torch.Tensor) else v, result)
 
 
 def from_host(value: torch.Tensor) -> torch.Tensor:
@@ -418,7 +426,8 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
 def resize_(tensor: torch.Tensor, size, memory_format=None) -> torch.Tensor:
     size = tuple(size)
     data = _storage.data_of(tensor)
-    stride = torch.empty(size, device="meta", memory_format=memory_format or torch.contiguous_format).stride()
+    stride = (_storage.contiguous_strides(size) if memory_format in (None, torch.contiguous_format, torch.preserve_format)
+              else torch.empty(size, device="meta", memory_format=memory_format).stride())
     offset = tensor.storage_offset()
     needed = _storage.storage_extent(size, stride, offset)
     if needed > data.numel:

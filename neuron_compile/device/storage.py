@@ -76,6 +76,14 @@ def data_of(tensor: torch.Tensor) -> Data:
                            "neuron_compile's device") from None
 
 
+def contiguous_strides(shape) -> tuple:
+    strides, step = [], 1
+    for size in reversed(tuple(shape)):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
 def storage_extent(shape, stride, offset: int = 0) -> int:
     """Elements a storage needs to hold a tensor of this size, stride and offset."""
     if any(s == 0 for s in shape):
@@ -92,7 +100,8 @@ def new_tensor(shape, dtype: torch.dtype, buffer=None, stride=None, offset: int 
     else:
         numel = storage_extent(shape, stride, offset)
         tensor = _torch_hooks.empty_tensor((numel,), dtype)
-        tensor.set_(tensor.untyped_storage(), offset, shape, stride)
+        _torch_hooks.meta_redispatch(torch.ops.aten.set_.source_Storage_storage_offset, tensor,
+                                     tensor.untyped_storage(), offset, shape, stride)
     tensor.untyped_storage()._neuron = Data(dtype, numel, buffer)
     return tensor
 

@@ -83,7 +83,12 @@ def _replace_tensors(args, kwargs, fn, floats=None):
 
 
 def trace_op(op, args, kwargs, leaves, written_positions: list[int], bake_floats: bool = False) -> Traced:
-    resized = out_resizes(op, args, kwargs, leaves, written_positions)
+    try:
+        resized = out_resizes(op, args, kwargs, leaves, written_positions)
+    except NotImplementedError as exc:
+        if "no fake impl or Meta kernel" in str(exc):  # e.g. _cummax_helper: CPU's kernel is all there is
+            raise OpTraceError(str(exc).splitlines()[0]) from exc
+        raise
     if resized:
         return Traced(None, [], [], [], ("const", None), resized)
     from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
@@ -176,6 +181,10 @@ def trace_op(op, args, kwargs, leaves, written_positions: list[int], bake_floats
         except RuntimeError as exc:
             if "data-dependent" in str(exc) or "Data dependent" in str(exc) or "unbacked" in str(exc):
                 raise OpTraceError(str(exc)) from exc
+            raise
+        except NotImplementedError as exc:
+            if "no fake impl or Meta kernel" in str(exc):  # e.g. _cummax_helper: CPU's kernel is all there is
+                raise OpTraceError(str(exc).splitlines()[0]) from exc
             raise
         for shape, _ in structure["fresh"]:
             if not all(isinstance(d, int) for d in shape):
