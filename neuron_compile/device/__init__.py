@@ -11,7 +11,9 @@ torch-mlir and the compiler load on the first op.
 * ``kernels``: factories, copies, views, ``resize_``/``set_``, random ops;
 * ``ops``: every other op, traced once per signature (``trace``) and compiled
   by ``compiler.compile_graph``: the compiled path's decompositions, lowering,
-  passes, artifact cache and executor;
+  passes, artifact cache and executor; ``opkernel`` holds a call's signature
+  and the compiled kernel, ``index`` the persistent op index (a new process
+  skips tracing);
 * ``autocast``: ``torch.autocast("neuron")`` kernels.
 """
 

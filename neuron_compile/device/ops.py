@@ -37,15 +37,13 @@ from torch.utils._pytree import tree_map
 
 from . import _torch_hooks
 from . import storage as _storage
-from .storage import Data, new_tensor
-from .trace import runtime_float
+from .opkernel import COUNTS, Leaves, OpKernel, check_same_device, leaves_of
+from .storage import new_tensor
 
 log = logging.getLogger("neuron_compile")
 aten = torch.ops.aten
 
-# op_compiles: kernels built by tracing (their executables may still come from the artifact cache);
-# index_hits: kernels found in the persistent op index (no tracing); op_cache_hits: calls served from memory
-COUNTS = {"op_compiles": 0, "index_hits": 0, "op_cache_hits": 0, "host_ops": 0, "host_copies": 0}
+
 
 _KERNELS: dict = {}
 _LOCK = threading.RLock()
@@ -54,232 +52,10 @@ _WARNED: set[str] = set()
 _HOST_OPS: set = set()
 
 
-class MixedDeviceError(RuntimeError):
-    pass
-
-
-# --- signatures ------------------------------------------------------------------------------
-
-def _scalar_part(value):
-    if isinstance(value, float):
-        return (float, repr(value))
-    if isinstance(value, (bool, int, str, type(None), torch.dtype, torch.device, torch.layout,
-                          torch.memory_format)):
-        return (type(value), value)
-    if isinstance(value, complex):
-        return (complex, repr(value))
-    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        raise NotImplementedError("symbolic scalars reach the neuron device only through torch.compile")
-    return (type(value), repr(value))
-
-
-class _Leaves:
-    """The tensors of one call, in argument order, and the storages they read."""
-
-    __slots__ = ("tensors", "datas", "slots", "host", "parts", "device_seen", "mixed", "floats")
-
-    def __init__(self):
-        self.tensors: list[torch.Tensor] = []
-        self.datas: list[Data] = []  # one per storage slot
-        self.slots: dict[int, int] = {}  # storage identity -> slot
-        self.host: list[torch.Tensor] = []  # 0-d CPU tensors (scalars, as CUDA takes them)
-        self.parts: list = []
-        self.device_seen = False
-        self.mixed = None  # a CPU tensor that is not a 0-d scalar
-        self.floats: list[float] = []  # runtime float arguments (trace.runtime_float), in order
-
-    def visit(self, value):
-        if isinstance(value, torch.Tensor):
-            if value.device.type == "neuron":
-                self.device_seen = True
-                storage = value.untyped_storage()
-                ident = storage._cdata
-                slot = self.slots.get(ident)
-                if slot is None:
-                    slot = self.slots[ident] = len(self.datas)
-                    try:
-                        self.datas.append(storage._neuron)
-                    except AttributeError:
-                        raise RuntimeError("a neuron tensor without data reached an op") from None
-                data = self.datas[slot]
-                if data.dtype is not value.dtype:
-                    _storage.retype(data, value.dtype)
-                buffer = data.buffer
-                shape = value.shape
-                if (buffer is not None and buffer.shape == shape and not value.storage_offset()
-                        and value.is_contiguous()):
-                    self.parts.append((value.dtype, shape, slot))
-                else:
-                    self.parts.append((value.dtype, shape, value.stride(), value.storage_offset(), slot,
-                                       self.datas[slot].numel if buffer is None else buffer.shape))
-                self.tensors.append(value)
-                return
-            if value.dim() == 0 and not value.requires_grad:
-                self.host.append(value)
-                self.tensors.append(value)
-                self.parts.append(("host", value.dtype))
-                return
-            self.mixed = value
-            self.tensors.append(value)
-            self.parts.append(("cpu", value.dtype, value.shape))
-            return
-        if isinstance(value, (list, tuple)):
-            self.parts.append(("[",))
-            for item in value:
-                self.visit(item)
-            self.parts.append(("]",))
-            return
-        if runtime_float(value):
-            self.parts.append(_FLOAT)
-            self.floats.append(value)
-            return
-        self.parts.append(_scalar_part(value))
-
-
-_FLOAT = ("f",)
-
-
-def _leaves(args, kwargs) -> _Leaves:
-    leaves = _Leaves()
-    visit = leaves.visit
-    for value in args:
-        visit(value)
-    if kwargs:
-        for name, value in kwargs.items():
-            leaves.parts.append(name)
-            visit(value)
-    return leaves
-
-
-def check_same_device(op, leaves: _Leaves) -> None:
-    if leaves.mixed is not None:
-        raise MixedDeviceError(
-            f"Expected all tensors to be on the same device, but found at least two devices, neuron:0 and "
-            f"{leaves.mixed.device}! (when checking arguments for {op})")
-
-
-# --- kernels ---------------------------------------------------------------------------------
-
-class OpKernel:
-    """One op at one signature: which buffers feed the executable and what its results become."""
-
-    __slots__ = ("executable", "inputs", "fresh", "written", "returns", "name", "_run", "_direct")
-
-    def __init__(self, executable, inputs, fresh, written, returns, name):
-        from ..compiler import FROM_XLA
-
-        self.executable = executable
-        self.inputs = inputs  # per graph input: ("slot", k) or ("host", k)
-        self.fresh = fresh  # per fresh output: (shape, dtype)
-        self.written = written  # storage slots the op writes, in output order after the fresh ones
-        self.returns = returns  # how to rebuild the op's return value (see _rebuild)
-        self.name = name
-        plan = executable.plan
-        self._run = executable.xla.loaded.execute_sharded if executable.xla is not None else None
-        # the common case: every parameter a storage slot, every result straight from XLA, in order
-        direct = (self._run is not None and all(entry[0] == "slot" for entry in inputs)
-                  and all(kind == FROM_XLA and value == i for i, (kind, value) in enumerate(plan.outputs)))
-        self._direct = tuple(inputs[i][1] for i in plan.tensor_args) if direct else None
-
-    def __call__(self, leaves: _Leaves):
-        datas = leaves.datas
-        slots = self._direct
-        if slots is not None:
-            try:
-                params = [datas[i].buffer for i in slots]
-                results = self._run(params).disassemble_into_single_device_arrays()
-            except (AttributeError, TypeError, ValueError):  # a storage never written (buffer None)
-                results = None
-            if results is not None:
-                results = [r[0] for r in results]
-            else:
-                results = self._slow(leaves)
-        else:
-            results = self._slow(leaves)
-        fresh = [new_tensor(shape, dtype, buffer) for (shape, dtype), buffer in zip(self.fresh, results)]
-        if self.written:
-            for slot, buffer in zip(self.written, results[len(self.fresh):]):
-                if buffer is not None:
-                    datas[slot].set(buffer)
-        returns = self.returns
-        if returns[0] == "fresh":
-            return fresh[returns[1]]
-        return _rebuild(returns, fresh, leaves.tensors)
-
-    def _slow(self, leaves: _Leaves) -> list:
-        params = []
-        datas = leaves.datas
-        for entry in self.inputs:
-            kind, index = entry[0], entry[1]
-            if kind == "slot":
-                data = datas[index]
-                buffer = data.buffer
-                if buffer is None:  # never written (torch.empty): its contents are unspecified; zeros
-                    buffer = _storage.zeros_buffer(data.numel, data.dtype)
-                    data.set(buffer)
-                params.append(buffer)
-            elif kind == "host":
-                params.append(_storage.host_to_buffer(leaves.host[index]))
-            else:
-                params.append(_scalar_buffer(leaves.floats[index], entry[2]))
-        return run_executable(self.executable, params)
-
-
-_SCALARS: dict = {}
-
-
-def _scalar_buffer(value: float, dtype: torch.dtype):
-    """A 0-d buffer holding a runtime float (the last few hundred are kept: a learning rate recurs)."""
-    key = (value, dtype)
-    buffer = _SCALARS.get(key)
-    if buffer is None:
-        if len(_SCALARS) > 512:
-            _SCALARS.clear()
-        buffer = _SCALARS[key] = _storage.host_to_buffer(torch.tensor(value, dtype=dtype))
-    return buffer
-
-
-def run_executable(executable, params: list) -> list:
-    """``compiler.Executable`` on PJRT buffers (its plan picks the parameters and places the results)."""
-    from ..compiler import CONSTANT, EMPTY, FROM_ARG, FROM_XLA
-
-    plan = executable.plan
-    if executable.xla is not None:
-        results = executable.xla.run_buffers([params[i] for i in plan.tensor_args])
-    else:
-        results = []
-    out = []
-    for kind, value in plan.outputs:
-        if kind == FROM_XLA:
-            out.append(results[value])
-        elif kind == FROM_ARG:
-            out.append(params[value])
-        elif kind == EMPTY:
-            out.append(None)  # a zero-size result holds nothing
-        elif kind == CONSTANT:
-            out.append(value)
-        else:
-            raise NotImplementedError(f"an eager op's graph returned a view ({kind})")
-    return out
-
-
-def _rebuild(returns, fresh: list, tensors: list):
-    kind, value = returns
-    if kind == "fresh":
-        return fresh[value]
-    if kind == "arg":
-        return tensors[value]
-    if kind == "tuple":
-        return tuple(_rebuild(r, fresh, tensors) for r in value)
-    if kind == "list":
-        return [_rebuild(r, fresh, tensors) for r in value]
-    return value  # "const"
-
-
 # --- dispatch --------------------------------------------------------------------------------
 
 def dispatch(op, args, kwargs):
-    leaves = _leaves(args, kwargs)
+    leaves = leaves_of(args, kwargs)
     if leaves.mixed is not None or not leaves.device_seen:
         if not leaves.device_seen:  # a factory (triu_indices...): made on the host, then moved
             return _factory_on_host(op, args, kwargs)
@@ -397,11 +173,6 @@ def _written_positions(op, args, kwargs) -> list[int]:
     return positions
 
 
-def _ordered_values(op, args, kwargs):
-    """The call's arguments in schema order (how ``_leaves`` visits them: positional, then kwargs as given)."""
-    return list(args) + list(kwargs.values())
-
-
 # --- writing into neuron tensors ---------------------------------------------------------
 
 def whole(tensor: torch.Tensor, data) -> bool:
@@ -447,7 +218,7 @@ def resize_(tensor: torch.Tensor, size, memory_format=None) -> torch.Tensor:
 
 # --- building a kernel -----------------------------------------------------------------------
 
-def _build(op, args, kwargs, leaves: _Leaves) -> OpKernel | None:
+def _build(op, args, kwargs, leaves: Leaves) -> OpKernel | None:
     from ..capture.options import Options
     from . import index
     from .trace import OpTraceError, trace_op

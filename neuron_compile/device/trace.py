@@ -31,7 +31,7 @@ class Traced:
     inputs: list  # per graph input: ("slot", k), ("host", k) or ("float", k, dtype)
     fresh: list  # per fresh output: (shape, dtype)
     written: list  # slots written, in output order after the fresh outputs
-    returns: tuple  # how the op's result is rebuilt (ops._rebuild)
+    returns: tuple  # how the op's result is rebuilt (opkernel.rebuild)
     resized: dict | None = None  # out= arguments the op resizes: leaf -> shape (then no graph)
     by_value: bool = False  # its float arguments are baked in: one kernel per value
 
@@ -63,7 +63,7 @@ def runtime_float(value) -> bool:
 
 
 def _replace_tensors(args, kwargs, fn, floats=None):
-    """args and kwargs with every tensor replaced by ``fn(i)``, i counting tensors as ``ops._Leaves``
+    """args and kwargs with every tensor replaced by ``fn(i)``, i counting tensors as ``opkernel.Leaves``
     does, and (with ``floats``) the k-th runtime float by ``floats[k]``."""
     counter = iter(range(1 << 30))
     float_counter = iter(range(1 << 30))
