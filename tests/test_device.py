@@ -359,7 +359,7 @@ def test_convolutions_forward_and_backward():
 
 
 @pytest.mark.parametrize("case", ["transposed-to", "zero-size", "wrapped-number", "factory", "non-blocking",
-                                  "no-meta-kernel", "empty-strided"])
+                                  "no-meta-kernel", "empty-strided", "masked-write", "masked-select"])
 def test_corner_cases_the_opinfo_sweep_found(case):
     x = torch.randn(5, 3)
     if case == "transposed-to":  # a non-contiguous CPU tensor moved to the device (torch makes it contiguous)
@@ -373,6 +373,14 @@ def test_corner_cases_the_opinfo_sweep_found(case):
         got, want = torch.triu_indices(4, 3, 1, device="neuron"), torch.triu_indices(4, 3, 1)
     elif case == "non-blocking":
         got, want = N(x).to("cpu", non_blocking=True), x
+    elif case == "masked-write":  # x[mask] = v: eager's index_put_ reaches the graph as _index_put_impl
+        got, want = N(x), x.clone()
+        got[got > 0] = 0.5
+        want[want > 0] = 0.5
+        got[:, 1][got[:, 1] < 0] += 2
+        want[:, 1][want[:, 1] < 0] += 2
+    elif case == "masked-select":  # a data-dependent shape: the host answers
+        got, want = N(x)[N(x) > 0], x[x > 0]
     elif case == "no-meta-kernel":  # _cummax_helper has only CPU and CUDA kernels: the host runs it
         got, want = torch.cummax(N(x), 0).values, torch.cummax(x, 0).values
     else:

@@ -200,6 +200,12 @@ def _index_put(x: torch.Tensor, indices, values: torch.Tensor, accumulate: bool 
     return _index_put_wrapped(x, indices, values, accumulate)
 
 
+@_ours(aten._index_put_impl.default)
+def _index_put_impl(x: torch.Tensor, indices, values: torch.Tensor, accumulate: bool = False, unsafe: bool = False):
+    # an eager x[mask] = v on the neuron device reaches its graph as index_put_'s implementation
+    return _index_put(x, indices, values, accumulate)
+
+
 def _python_remainder(a: torch.Tensor, b: torch.Tensor):
     # torch-mlir lowers remainder as a truncated fmod (stablehlo.remainder), while
     # PyTorch's remainder takes the divisor's sign (Python's %): OpInfo remainder and

@@ -235,6 +235,16 @@ def _convolution_backward(op, grad_output, input, weight, stride, padding, dilat
                          output_padding, groups, output_mask), {})
 
 
+@kernel(aten._index_put_impl_.default, aten.index_put_.default, aten.index_put.default)
+def _index_put(op, x, indices, values, *args, **kwargs):
+    # x[mask] = values with one value per selected element: how many there are depends on the mask's
+    # data, so the host writes them; a value broadcast over the mask is a select, compiled as one
+    masks = [i for i in indices if i is not None and i.dtype in (torch.bool, torch.uint8)]
+    if masks and (len(indices) != 1 or values.dim() > x.dim() - masks[0].dim()):
+        return ops.run_on_host(op, (x, indices, values) + args, kwargs)
+    return ops.dispatch(op, (x, indices, values) + args, kwargs)
+
+
 @kernel(aten._conj.default, aten._neg_view.default)
 def _lazy_bit_view(op, x):
     # CPU marks a conj/neg bit on a view; their Meta kernels crash on our tensors: the value instead
