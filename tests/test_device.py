@@ -388,3 +388,17 @@ def test_corner_cases_the_opinfo_sweep_found(case):
         want = torch.full((2, 3), 3.0)
         assert got.stride() == (1, 2)
     assert_close(got.cpu(), want)
+
+
+@pytest.mark.slow
+def test_gpt2_greedy_generate_gives_cpu_tokens():
+    transformers = pytest.importorskip("transformers", reason="transformers is a test extra")
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=128, n_positions=32,
+                                  bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    ids = torch.randint(1, 128, (1, 6))
+    want = model.generate(ids, max_new_tokens=3, do_sample=False)
+    got = model.to("neuron").generate(N(ids), max_new_tokens=3, do_sample=False)
+    assert got.device.type == "neuron"
+    assert got.cpu().tolist() == want.tolist()
