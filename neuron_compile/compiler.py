@@ -31,11 +31,11 @@ import torch.fx
 from runtime.artifact import Artifact, portable_stablehlo
 from runtime.cache import ArtifactCache, CacheResult, CompileCache, MemoryCache
 from runtime.cache_key import CacheKey
-from runtime.executor import PersistentBuffers, XlaExecutable, platform_description, to_tensor
+from runtime.executor import DEVICE_ADAPTERS, PersistentBuffers, XlaExecutable, platform_description, to_tensor
 
 from .cache_key import fx_cache_key, input_signature, output_signature, stablehlo_cache_key
 from .dump import GraphDump, pass_file_name
-from .capture.graph_rewrites import fold_one_hot_sums, zero_size_values_to_constants
+from .capture.graph_rewrites import device_arguments_to_cpu, fold_one_hot_sums, zero_size_values_to_constants
 from .output_views import find_output_views, make_view
 from .lowering import drop_error_checks, lower_to_stablehlo
 from .report import COUNTERS, CompileReport
@@ -136,6 +136,9 @@ class Executable:
     # enough to find it again with no FX graph at hand (``cached_executable``)
     front: CacheKey | None = field(repr=False, default=None)
     signature: list | None = field(repr=False, default=None)
+    # how XLA results become tensors: CPU tensors sharing the buffer, or a device's tensors
+    to_tensor: object = field(repr=False, default=to_tensor)
+    device: str = "cpu"  # where its inputs and outputs live
 
     def __call__(self, args: list) -> list:
         plan = self.plan
@@ -149,13 +152,14 @@ class Executable:
             # AOTAutograd's boxed convention lets a compiled graph steal its argument list:
             # dropping it lets saved activations die as soon as XLA is done with them
             args.clear()
-            results = [to_tensor(a) for a in self.xla.run_buffers(buffers)]
+            convert = self.to_tensor
+            results = [convert(a) for a in self.xla.run_buffers(buffers)]
             del buffers
         else:
             results = []
         passed.reverse()
         outs = [results[value] if kind == FROM_XLA else passed.pop() if kind == FROM_ARG
-                else torch.empty(value[0], dtype=value[1]) if kind == EMPTY else value
+                else torch.empty(value[0], dtype=value[1], device=self.device) if kind == EMPTY else value
                 for kind, value in plan.outputs]
         if plan.has_views:
             for index, (kind, value) in enumerate(plan.outputs):
@@ -166,9 +170,10 @@ class Executable:
 
 def prepare_graph(gm: torch.fx.GraphModule) -> GraphPlan:
     """Rewrite AOTAutograd's graph in place for XLA and plan it: drop what XLA never sees (linalg
-    error checks, scalars, unused inputs, passthrough outputs), fold one-hot sums and make zero-size
-    values constants."""
+    error checks, scalars, unused inputs, passthrough outputs, device arguments), fold one-hot sums and
+    make zero-size values constants."""
     drop_error_checks(gm)
+    device_arguments_to_cpu(gm)
     fold_one_hot_sums(gm)
     zero_size_values_to_constants(gm)
     return plan_graph(gm)
@@ -183,16 +188,26 @@ def op_counts(gm: torch.fx.GraphModule) -> dict[str, int]:
     return counts
 
 
+def _result_converter(gm: torch.fx.GraphModule) -> dict:
+    """Results come back on the device the graph's inputs are on (a registered device, or the CPU)."""
+    for node in gm.graph.nodes:
+        val = node.meta.get("val") if node.op == "placeholder" else None
+        if isinstance(val, torch.Tensor) and val.device.type in DEVICE_ADAPTERS:
+            return {"to_tensor": DEVICE_ADAPTERS[val.device.type].to_tensor, "device": val.device.type}
+    return {}
+
+
 def compile_graph(gm: torch.fx.GraphModule, *, report: CompileReport, options) -> Executable:
     """Compile one static, decomposed FX graph into an ``Executable``."""
     dump = GraphDump(options.dump_dir, report.graph) if options.dump_dir else None
+    convert = _result_converter(gm)
     plan = prepare_graph(gm)
     report.nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
     report.ops = op_counts(gm)
     if dump:
         dump.write("00-fx-graph.py", gm.print_readable(print_output=False, include_stride=True))
     if plan.num_xla_outputs == 0:
-        return Executable(plan, None, report)
+        return Executable(plan, None, report, **convert)
     cache = compile_cache(options)
     if cache is None:
         # lower, passes, compile: no key, no artifact
@@ -210,7 +225,7 @@ def compile_graph(gm: torch.fx.GraphModule, *, report: CompileReport, options) -
                           _fits(signature, plan), report, dump)
     if dump:
         dump.write_json("report.json", report.as_dict())
-    return Executable(plan, xla, report, front=front, signature=signature)
+    return Executable(plan, xla, report, front=front, signature=signature, **convert)
 
 
 def cached_executable(front: CacheKey, plan: GraphPlan, signature: list, rebuild, *, report: CompileReport,

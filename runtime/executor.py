@@ -142,8 +142,24 @@ def platform_description() -> dict:
 
 _to_dlpack = torch._C._to_dlpack
 
+# Devices whose tensors already live in this client's buffers (the ``neuron`` device registers itself):
+# device type -> an adapter with ``to_buffer(tensor)`` (the tensor's own PJRT buffer, no copy) and
+# ``to_tensor(array)`` (a device tensor holding an XLA result). Graphs whose inputs are on such a
+# device take their buffers as they are and return device tensors.
+DEVICE_ADAPTERS: dict = {}
+
+
+def register_device_adapter(device_type: str, adapter) -> None:
+    DEVICE_ADAPTERS[device_type] = adapter
+
 
 def _to_buffer(tensor: torch.Tensor):
+    if tensor.device.type != "cpu":
+        adapter = DEVICE_ADAPTERS.get(tensor.device.type)
+        if adapter is None:
+            raise RuntimeError(f"a {tensor.device} tensor reached the XLA executor: only CPU tensors and "
+                               f"tensors of {sorted(DEVICE_ADAPTERS) or 'no device'} can be its inputs")
+        return adapter.to_buffer(tensor)
     if tensor.requires_grad:
         tensor = tensor.detach()
     if not tensor.is_contiguous():
@@ -232,6 +248,8 @@ class PersistentBuffers:
         self._entries: dict[int, tuple] = {}
 
     def get(self, position: int, tensor: torch.Tensor):
+        if tensor.device.type != "cpu":  # a device tensor is its buffer: nothing to convert or keep
+            return _to_buffer(tensor)
         entry = self._entries.get(position)
         if entry is not None:
             ref, version, pointer, buffer = entry

@@ -402,3 +402,31 @@ def test_gpt2_greedy_generate_gives_cpu_tokens():
     got = model.to("neuron").generate(N(ids), max_new_tokens=3, do_sample=False)
     assert got.device.type == "neuron"
     assert got.cpu().tolist() == want.tolist()
+
+
+def test_torch_compile_on_device_tensors_trains_with_no_host_copy():
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    model.load_state_dict(ref.state_dict())
+    model.to("neuron")
+    compiled_ref, compiled = torch.compile(ref, backend="neuron"), torch.compile(model, backend="neuron")
+    opt_ref, opt = torch.optim.SGD(ref.parameters(), lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        x = torch.randn(5, 4)
+        xn = N(x)
+        copies = device_ops.COUNTS["host_copies"]
+        out = compiled(xn)
+        loss = out.pow(2).mean()
+        loss.backward()  # ReLU's backward makes a scalar_tensor on device=neuron inside the graph
+        assert device_ops.COUNTS["host_copies"] == copies  # buffers in, buffers out
+        assert out.device.type == "neuron" and model[0].weight.grad.device.type == "neuron"
+        opt.step()
+        opt.zero_grad()
+        ref_loss = compiled_ref(x).pow(2).mean()
+        ref_loss.backward()
+        opt_ref.step()
+        opt_ref.zero_grad()
+        assert_close(loss.cpu(), ref_loss.detach())
+    for p, p_ref in zip(model.parameters(), ref.parameters()):
+        assert_close(p.cpu(), p_ref)

@@ -263,3 +263,25 @@ def zero_size_values_to_constants(gm: torch.fx.GraphModule) -> int:
         graph.eliminate_dead_code()
         gm.recompile()
     return replaced
+
+
+def device_arguments_to_cpu(gm: torch.fx.GraphModule) -> int:
+    """``device=neuron:0`` arguments (factories in a graph over neuron tensors: ReLU's backward makes a
+    ``scalar_tensor`` on the inputs' device) become ``cpu``: XLA has one device, and Torch-MLIR does not
+    legalize a non-CPU device. Returns how many arguments changed."""
+    changed = 0
+
+    def to_cpu(value):
+        nonlocal changed
+        if isinstance(value, torch.device) and value.type not in ("cpu", "meta"):
+            changed += 1
+            return torch.device("cpu")
+        return value
+
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            node.args = torch.fx.node.map_aggregate(node.args, to_cpu)
+            node.kwargs = torch.fx.node.map_aggregate(node.kwargs, to_cpu)
+    if changed:
+        gm.recompile()
+    return changed

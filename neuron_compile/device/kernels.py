@@ -53,9 +53,12 @@ def register_direct_kernels() -> None:
     for op in (aten.convolution_overrideable.default, aten.convolution_backward_overrideable.default,
                aten._to_copy.default):
         _direct.impl(op, functools.partial(handle, op), _torch_hooks.PRIVATE_KEY)
+    from runtime.executor import register_device_adapter
+
     from . import autocast
 
     autocast.register()  # only neuron tensors reach autocast kernels: none exists before this first op
+    register_device_adapter(_torch_hooks.NAME, _storage.ExecutorAdapter)
 
 
 def handle(op, *args, **kwargs):
