@@ -256,7 +256,7 @@ def test_a_new_process_compiles_nothing_for_a_model_it_ran_before(tmp_path):
         from neuron_compile.device.ops import COUNTS
         print(json.dumps({"loss": loss.item(), "xla_compiles": COUNTERS["xla_compiles"],
                           "lowerings": COUNTERS["lowerings"], "disk_hits": COUNTERS["disk_hits"],
-                          "ops": COUNTS["op_compiles"]}))
+                          "traced": COUNTS["op_compiles"], "index_hits": COUNTS["index_hits"]}))
     """)
     env = dict(os.environ, NEURON_COMPILE_CACHE_DIR=str(tmp_path / "cache"))
     runs = []
@@ -269,6 +269,8 @@ def test_a_new_process_compiles_nothing_for_a_model_it_ran_before(tmp_path):
     first, second = runs
     assert first["xla_compiles"] > 10 and first["lowerings"] == first["xla_compiles"]
     assert second["xla_compiles"] == 0 and second["lowerings"] == 0, second
+    # the persistent op index: no op is even traced again
+    assert second["traced"] == 0 and second["index_hits"] == first["traced"], (first, second)
     assert second["loss"] == first["loss"]
 
 
