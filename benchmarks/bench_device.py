@@ -234,7 +234,7 @@ def per_op_pieces(a_cpu, b_cpu) -> dict:
     """Neuron's per-op path taken apart: a setup per piece (internals of ops.py: they may move)."""
     import torch
 
-    from neuron_compile.device import ops
+    from neuron_compile.device import opkernel, ops
     from neuron_compile.device.storage import new_tensor
 
     op = torch.ops.aten.add.Tensor
@@ -244,7 +244,7 @@ def per_op_pieces(a_cpu, b_cpu) -> dict:
         if not state:
             a, b = a_cpu.to("neuron"), b_cpu.to("neuron")
             a + b  # compiled (or already warm)
-            leaves = ops._leaves((a, b), {})
+            leaves = ops.leaves_of((a, b), {})
             kernel = ops._KERNELS[(op, tuple(leaves.parts))]
             if any(kind != "slot" for kind, _ in kernel.inputs):
                 raise RuntimeError(f"add's kernel takes host inputs: {kernel.inputs}")
@@ -261,12 +261,12 @@ def per_op_pieces(a_cpu, b_cpu) -> dict:
     kernels = ops._KERNELS
     pieces = {
         "neuron's own add executable, raw run_buffers": lambda s: (lambda: s["exe"].xla.run_buffers(s["xla_args"])),
-        "ops.run_executable (plan + run_buffers)": lambda s: (lambda: ops.run_executable(s["exe"], s["params"])),
-        "signature: ops._leaves + key + dict lookup":
-            lambda s: (lambda: kernels.get((op, tuple(ops._leaves((s["a"], s["b"]), {}).parts)))),
+        "opkernel.run_executable (plan + run_buffers)": lambda s: (lambda: opkernel.run_executable(s["exe"], s["params"])),
+        "signature: ops.leaves_of + key + dict lookup":
+            lambda s: (lambda: kernels.get((op, tuple(ops.leaves_of((s["a"], s["b"]), {}).parts)))),
         "storage.new_tensor for the output": lambda s: (lambda: new_tensor(*s["fresh"], s["result"])),
         "OpKernel call (leaves made, run, output tensor)":
-            lambda s: (lambda: s["kernel"](ops._leaves((s["a"], s["b"]), {}))),
+            lambda s: (lambda: s["kernel"](ops.leaves_of((s["a"], s["b"]), {}))),
         "ops.dispatch called directly": lambda s: (lambda: ops.dispatch(op, (s["a"], s["b"]), {})),
         "torch.ops.aten.add.Tensor(a, b)": lambda s: (lambda: op(s["a"], s["b"])),
         "a + b": lambda s: (lambda: s["a"] + s["b"]),
@@ -563,8 +563,8 @@ def _machine() -> tuple[str, dict]:
 
 
 def _us(cell) -> str:
-    if not isinstance(cell, dict):
-        return "-"
+    if not isinstance(cell, dict) or ("median_s" not in cell and "error" not in cell):
+        return "-"  # a skipped section
     if "error" in cell:
         return cell["error"]
     return f"{cell['median_s'] * 1e6:.1f}"

@@ -129,7 +129,7 @@ def check_same_device(op, leaves: Leaves) -> None:
 class OpKernel:
     """One op at one signature: which buffers feed the executable and what its results become."""
 
-    __slots__ = ("executable", "inputs", "fresh", "written", "returns", "name", "_run", "_direct")
+    __slots__ = ("executable", "inputs", "fresh", "written", "returns", "name", "_run", "_direct", "_count")
 
     def __init__(self, executable, inputs, fresh, written, returns, name):
         from ..compiler import FROM_XLA
@@ -146,6 +146,7 @@ class OpKernel:
         direct = (self._run is not None and all(entry[0] == "slot" for entry in inputs)
                   and all(kind == FROM_XLA and value == i for i, (kind, value) in enumerate(plan.outputs)))
         self._direct = tuple(inputs[i][1] for i in plan.tensor_args) if direct else None
+        self._count = plan.num_xla_outputs
 
     def __call__(self, leaves: Leaves):
         datas = leaves.datas
@@ -153,7 +154,7 @@ class OpKernel:
         if slots is not None:
             try:
                 params = [datas[i].buffer for i in slots]
-                results = self._run(params).disassemble_into_single_device_arrays()
+                results = self._run(params).disassemble_prefix_into_single_device_arrays(self._count)
             except (AttributeError, TypeError, ValueError):  # a storage never written (buffer None)
                 results = None
             if results is not None:
