@@ -432,3 +432,17 @@ def test_torch_compile_on_device_tensors_trains_with_no_host_copy():
         assert_close(loss.cpu(), ref_loss.detach())
     for p, p_ref in zip(model.parameters(), ref.parameters()):
         assert_close(p.cpu(), p_ref)
+
+
+@pytest.mark.parametrize("name", ["hardshrink", "softshrink", "batch_norm", "sort_stable"])
+def test_backward_ops_eager_calls_reach(name):
+    fn = {"hardshrink": lambda t: torch.nn.functional.hardshrink(t, 0.3),
+          "softshrink": lambda t: torch.nn.functional.softshrink(t, 0.3),
+          "batch_norm": lambda t: torch.nn.functional.batch_norm(t, None, None, training=True),
+          "sort_stable": lambda t: torch.sort(t.reshape(-1), stable=True).values}[name]
+    x = torch.randn(2, 3, 4, 4, requires_grad=True)
+    xn = x.detach().to("neuron").requires_grad_(True)
+    y, yn = fn(x), fn(xn)
+    assert_close(yn.cpu(), y, rtol=1e-4, atol=1e-4)
+    (grad,), (grad_n,) = torch.autograd.grad((y * y).sum(), x), torch.autograd.grad((yn * yn).sum(), xn)
+    assert_close(grad_n.cpu(), grad, rtol=1e-4, atol=1e-4)

@@ -68,6 +68,14 @@ def _convolution_backward(grad, x, weight, bias_sizes, stride, padding, dilation
     return grad_x, grad_w, grad_b
 
 
+@_ours(aten.hardshrink_backward)
+@_ours(aten.softshrink_backward)
+def _shrink_backward(grad: torch.Tensor, x: torch.Tensor, lambd):
+    # both pass the gradient where |x| > lambd and stop it elsewhere (an eager backward op on the
+    # neuron device: compiled graphs see the autograd formula instead)
+    return aten.where.self(aten.gt.Scalar(aten.abs.default(x), lambd), grad, aten.zeros_like.default(grad))
+
+
 @_ours(aten._weight_norm_interface_backward)
 def _weight_norm_backward(grad_w, saved_v, saved_g, saved_norms, dim):
     # Training through weight_norm (audio models' convolutions, wav2vec2's positional conv) reaches

@@ -244,7 +244,8 @@ def _build(op, args, kwargs, leaves: Leaves) -> OpKernel | None:
     if traced.by_value:
         index.store(options, name, {"kind": "by_value"})
         name = index.entry_name(op, parts, tuple(map(repr, leaves.floats)))
-    kernel = _compile(op, traced, options, name)
+    kernel = _compile(op, traced, options, name, retry=lambda: trace_op(
+        op, args, kwargs, leaves, _written_positions(op, args, kwargs), bake_floats=traced.by_value, wide=True))
     if kernel is not None and traced.by_value:
         return ByValue(kernel, leaves.floats)
     return kernel
@@ -346,7 +347,7 @@ def user_line() -> str:
     return "<unknown>"
 
 
-def _compile(op, traced, options=None, index_name: str | None = None) -> OpKernel | None:
+def _compile(op, traced, options=None, index_name: str | None = None, retry=None) -> OpKernel | None:
     from ..capture.options import Options
     from ..compiler import compile_graph
     from ..lowering import LoweringError
@@ -359,6 +360,18 @@ def _compile(op, traced, options=None, index_name: str | None = None) -> OpKerne
     try:
         executable = compile_graph(traced.gm, report=report, options=options)
     except LoweringError as exc:
+        if retry is not None:  # decomposed further by torch's own table, it may lower
+            try:
+                wider = retry()
+            except Exception:
+                wider = None
+            if wider is not None and wider.gm is not None and not wider.resized:
+                log.debug("%s did not lower (%s); retrying with torch's core decompositions", op,
+                          exc.args[0].splitlines()[0])
+                try:
+                    return _compile(op, wider, options, index_name)
+                except LoweringError:
+                    pass
         line = user_line()
         if options.fallback == "eager":
             if str(op) not in _WARNED:

@@ -82,7 +82,11 @@ def _replace_tensors(args, kwargs, fn, floats=None):
     return new_args, new_kwargs
 
 
-def trace_op(op, args, kwargs, leaves, written_positions: list[int], bake_floats: bool = False) -> Traced:
+def trace_op(op, args, kwargs, leaves, written_positions: list[int], bake_floats: bool = False,
+             wide: bool = False) -> Traced:
+    """``wide``: decompose with every decomposition torch registers too (under ours), for an op whose own
+    graph did not lower: eager ops reach us as backend ops (``upsample_bilinear2d``,
+    ``hardshrink_backward``...) that a compiled graph never holds."""
     try:
         resized = out_resizes(op, args, kwargs, leaves, written_positions)
     except NotImplementedError as exc:
@@ -171,11 +175,13 @@ def trace_op(op, args, kwargs, leaves, written_positions: list[int], bake_floats
         written = tuple(work[i].view(bases[i].shape) if i in work else bases[i] for i in written_slots)
         return tuple(fresh_values) + written
 
+    table = _wide_table() if wide else decomposition_table()
+
     def trace(floats):
         structure["floats"] = floats
         try:
             gm = make_fx(torch.func.functionalize(run, remove="mutations_and_views"),
-                         decomposition_table=decomposition_table(), tracing_mode="fake")(*example)
+                         decomposition_table=table, tracing_mode="fake")(*example)
         except (DataDependentOutputException, DynamicOutputShapeException) as exc:
             raise OpTraceError(f"{type(exc).__name__}: {exc}") from exc
         except RuntimeError as exc:
@@ -306,6 +312,14 @@ def _floats_to_inputs(gm, sites) -> list:
     graph.lint()
     gm.recompile()
     return inputs
+
+
+def _wide_table() -> dict:
+    import torch._decomp
+
+    from ..decompositions import decomposition_table
+
+    return {**torch._decomp.decomposition_table, **decomposition_table()}
 
 
 def _describe(result, views: list, fresh: list):
