@@ -58,7 +58,7 @@ def register_direct_kernels() -> None:
     from . import autocast
 
     autocast.register()  # only neuron tensors reach autocast kernels: none exists before this first op
-    register_device_adapter(_torch_hooks.NAME, _storage.ExecutorAdapter)
+    register_device_adapter(_torch_hooks.NAME, ops.ExecutorAdapter)
 
 
 def handle(op, *args, **kwargs):

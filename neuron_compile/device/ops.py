@@ -216,6 +216,31 @@ def resize_(tensor: torch.Tensor, size, memory_format=None) -> torch.Tensor:
     return tensor
 
 
+# --- compiled graphs on neuron tensors -------------------------------------------------------
+
+class ExecutorAdapter:
+    """How compiled graphs (``torch.compile(..., backend="neuron")``) take and give neuron tensors: a
+    tensor's own storage buffer is the executable's input (no copy), a result is a neuron tensor."""
+
+    @staticmethod
+    def to_buffer(tensor: torch.Tensor):
+        data = _storage.data_of(tensor)
+        buffer = data.buffer
+        if (buffer is not None and data.dtype is tensor.dtype and buffer.shape == tensor.shape
+                and not tensor.storage_offset() and tensor.is_contiguous()):
+            return buffer
+        # a view, or a storage never written: its elements, computed on the device
+        dense = dispatch(torch.ops.aten.clone.default, (tensor.detach(),), {"memory_format": torch.contiguous_format})
+        if not dense.numel():
+            return _storage.host_to_buffer(torch.empty(tensor.shape, dtype=tensor.dtype))
+        return _storage.data_of(dense).buffer
+
+    @staticmethod
+    def to_tensor(array) -> torch.Tensor:
+        return new_tensor(array.shape, _storage.torch_dtype(array.dtype), array)
+
+
+
 # --- building a kernel -----------------------------------------------------------------------
 
 def _build(op, args, kwargs, leaves: Leaves) -> OpKernel | None:

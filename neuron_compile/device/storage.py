@@ -175,30 +175,8 @@ def retype(data: Data, dtype: torch.dtype) -> None:
     data.set(host_to_buffer(usable.view(dtype)))
 
 
-class ExecutorAdapter:
-    """How compiled graphs (``torch.compile(..., backend="neuron")``) take and give neuron tensors: a
-    tensor's own storage buffer is the executable's input (no copy), a result is a neuron tensor."""
-
-    @staticmethod
-    def to_buffer(tensor: torch.Tensor):
-        data = data_of(tensor)
-        buffer = data.buffer
-        if (buffer is not None and data.dtype is tensor.dtype and buffer.shape == tensor.shape
-                and not tensor.storage_offset() and tensor.is_contiguous()):
-            return buffer
-        # a view, or a storage never written: its elements, computed on the device
-        from .ops import dispatch
-
-        dense = dispatch(torch.ops.aten.clone.default, (tensor.detach(),), {"memory_format": torch.contiguous_format})
-        return data_of(dense).buffer if dense.numel() else host_to_buffer(torch.empty(tensor.shape, dtype=tensor.dtype))
-
-    @staticmethod
-    def to_tensor(array) -> torch.Tensor:
-        return new_tensor(array.shape, _torch_dtype(array.dtype), array)
-
-
 @functools.lru_cache(maxsize=None)
-def _torch_dtype(numpy_dtype) -> torch.dtype:
+def torch_dtype(numpy_dtype) -> torch.dtype:
     import numpy as np
 
     if str(numpy_dtype) == "bfloat16":
