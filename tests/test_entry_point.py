@@ -47,3 +47,11 @@ def test_unknown_option_is_a_clear_error():
 
     with pytest.raises(Exception, match="unknown neuron backend option"):
         torch.compile(torch.nn.Linear(2, 2), backend="neuron", options={"pases": "fuse"})(torch.randn(1, 2))
+
+
+def test_registering_before_torch_is_imported_registers_once():
+    # register() imports torch, whose autoload runs register() again from inside that import
+    script = ("import neuron_compile.device as d; d.register(); d.register(); import torch; "
+              "print(torch.randn(2, device='neuron').device)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split()[-1] == "neuron:0", out.stderr[-2000:]

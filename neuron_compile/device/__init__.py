@@ -30,6 +30,8 @@ def register() -> None:
         return
     import torch
 
+    if _registered:  # the first `import torch` of the process ran our entry point, which registered
+        return
     from . import _torch_hooks, module
 
     if torch._C._get_privateuse1_backend_name() not in ("privateuseone", _torch_hooks.NAME):
