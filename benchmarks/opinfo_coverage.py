@@ -532,6 +532,15 @@ def is_shape_only(op, sample) -> bool:
     return op.name in UNDEFINED_VALUES or any(s in op.name for s in ("dropout", "rand")) or _random_sample(op, sample)
 
 
+def first_samples(op, dtype_name: str, direction: str, max_samples: int) -> list:
+    """The first ``max_samples`` samples OpInfo generates for a job, generated under seed 0."""
+    import torch
+
+    torch.manual_seed(0)
+    samples = op.sample_inputs("cpu", getattr(torch, dtype_name), requires_grad=direction == "backward")
+    return [s for _, s in zip(range(max_samples), samples)]
+
+
 def worker(names: list[str], dtypes, max_samples: int, backward: bool, skip: set, sequence: bool = False,
            no_replay: set = frozenset()) -> None:
     """Run ops; one JSON line per event on stdout (begin of a sample, its result, end of an op).
@@ -569,11 +578,8 @@ def worker(names: list[str], dtypes, max_samples: int, backward: bool, skip: set
                 torch._dynamo.reset()
                 neuron_compile.reset()
                 seq = Sequence(op)
-            dtype = getattr(torch, dtype_name)
-            torch.manual_seed(0)
             try:
-                samples = op.sample_inputs("cpu", dtype, requires_grad=direction == "backward")
-                samples = [s for _, s in zip(range(max_samples), samples)]
+                samples = first_samples(op, dtype_name, direction, max_samples)
             except Exception as exc:
                 emit(kind="note", op=name, dtype=dtype_name, direction=direction,
                      note=f"sample_inputs failed: {_first_line(exc)}")

@@ -54,7 +54,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 from opinfo_coverage import (RAW, RESULTS, STATUSES, _compare, _first_line, _jobs, _make_fn,  # noqa: E402
-                             _split, compare_op, is_shape_only, load_raw, ops_by_name)
+                             _split, compare_op, first_samples, is_shape_only, load_raw, ops_by_name)
 
 RAW_DEVICE = RAW.with_name("opinfo_device.jsonl")
 DEVICE_JOBS = ("float32 forward", "float32 backward", "int64 forward")
@@ -198,11 +198,7 @@ def run_forward(op, sample, dtype_name, shape_only) -> dict:
     except Exception as exc:
         return dict(status="eager-error", error=_first_line(exc))
     try:
-        inputs = _on_device("moving the sample to neuron", lambda: _device_tensors(op, sample, tensors))
-        _device_kwargs(sample)
-        fn = _make_fn(op, _split(sample)[1])
-        torch.manual_seed(0)
-        out = _on_device("", lambda: fn(*inputs))
+        inputs, out = _call_on_device(op, sample, tensors, "")
         devices: list = []
         got = _on_device("reading the result back (.cpu())", lambda: _to_cpu(out, devices))
     except _Failed as f:
@@ -214,6 +210,17 @@ def run_forward(op, sample, dtype_name, shape_only) -> dict:
         return dict(status="pass", error="", **extra)
     except AssertionError as exc:
         return dict(status="mismatch", error=" ".join(str(exc).split())[:300], **extra)
+
+
+def _call_on_device(op, sample, tensors, stage: str):
+    """The sample moved to neuron (its kwargs too) and the op called on it under seed 0: (inputs, output)."""
+    import torch
+
+    inputs = _on_device("moving the sample to neuron", lambda: _device_tensors(op, sample, tensors))
+    _device_kwargs(sample)
+    fn = _make_fn(op, _split(sample)[1])
+    torch.manual_seed(0)
+    return inputs, _on_device(stage, lambda: fn(*inputs))
 
 
 def _weights(outputs):
@@ -247,11 +254,7 @@ def run_backward(op, sample, shape_only) -> dict:
     except Exception as exc:
         return dict(status="eager-error", error=_first_line(exc))
     try:
-        dev = _on_device("moving the sample to neuron", lambda: _device_tensors(op, sample, tensors))
-        _device_kwargs(sample)
-        fn = _make_fn(op, _split(sample)[1])
-        torch.manual_seed(0)
-        out = _on_device("forward", lambda: fn(*dev))
+        dev, out = _call_on_device(op, sample, tensors, "forward")
         leaves = float_outputs(out)
         wanted = [t for t in dev if t.requires_grad]
         if not leaves:
@@ -279,8 +282,6 @@ def worker(names: list[str], dtypes, max_samples: int, backward: bool, skip: set
     import logging
     import warnings
 
-    import torch
-
     import neuron_compile.device
 
     warnings.filterwarnings("ignore")
@@ -296,11 +297,8 @@ def worker(names: list[str], dtypes, max_samples: int, backward: bool, skip: set
     for name in names[:max(ops_per_worker, 1)]:
         op = by_name[name]
         for dtype_name, direction in _jobs(op, dtypes, max_samples, backward):
-            dtype = getattr(torch, dtype_name)
-            torch.manual_seed(0)
             try:
-                samples = op.sample_inputs("cpu", dtype, requires_grad=direction == "backward")
-                samples = [s for _, s in zip(range(max_samples), samples)]
+                samples = first_samples(op, dtype_name, direction, max_samples)
             except Exception as exc:
                 emit(kind="note", op=name, dtype=dtype_name, direction=direction,
                      note=f"sample_inputs failed: {_first_line(exc)}")

@@ -14,7 +14,7 @@ kernels that cast floating neuron arguments before calling through:
 from __future__ import annotations
 
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 from . import _torch_hooks
 
@@ -53,7 +53,7 @@ def _kernel(op, policy: str):
         elif policy == "float32":
             dtype = torch.float32
         else:
-            widest = [v.dtype for v in _flat(args, kwargs) if _eligible(v)]
+            widest = [v.dtype for v in tree_leaves((args, kwargs)) if _eligible(v)]
             dtype = max(widest, key=lambda d: d.itemsize) if widest else None
         if dtype is not None:
             args, kwargs = tree_map(_cast_to(dtype), (args, kwargs))
@@ -61,12 +61,6 @@ def _kernel(op, policy: str):
             return op(*args, **kwargs)
 
     return run
-
-
-def _flat(args, kwargs):
-    out = []
-    tree_map(out.append, (args, kwargs))
-    return out
 
 
 def register() -> None:

@@ -153,9 +153,9 @@ def _copy(op, dst, src, non_blocking=False):
             return dst
         data, source = _storage.data_of(dst), _storage.data_of(src)
         # buffers are immutable: a whole-storage copy of an equal tensor shares the buffer
-        if (source.buffer is not None and src.dtype == dst.dtype and src.shape == dst.shape
-                and ops.whole(dst, data) and ops.whole(src, source) and source.buffer.shape == src.shape):
-            data.set(source.buffer)
+        buffer = _storage.own_buffer(src, source)
+        if buffer is not None and src.dtype == dst.dtype and src.shape == dst.shape and ops.whole(dst, data):
+            data.set(buffer)
             return dst
         return ops.dispatch(op, (dst, src), {})
     if dst_neuron:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from . import storage as _storage
-from .storage import Data, new_tensor
+from .storage import Data, new_tensor, own_buffer
 from .trace import runtime_float
 
 # op_compiles: kernels built by tracing (their executables may still come from the artifact cache);
@@ -70,14 +70,12 @@ class Leaves:
                 data = self.datas[slot]
                 if data.dtype is not value.dtype:
                     _storage.retype(data, value.dtype)
-                buffer = data.buffer
-                shape = value.shape
-                if (buffer is not None and buffer.shape == shape and not value.storage_offset()
-                        and value.is_contiguous()):
-                    self.parts.append((value.dtype, shape, slot))
+                if own_buffer(value, data) is not None:
+                    self.parts.append((value.dtype, value.shape, slot))
                 else:
-                    self.parts.append((value.dtype, shape, value.stride(), value.storage_offset(), slot,
-                                       self.datas[slot].numel if buffer is None else buffer.shape))
+                    buffer = data.buffer
+                    self.parts.append((value.dtype, value.shape, value.stride(), value.storage_offset(), slot,
+                                       data.numel if buffer is None else buffer.shape))
                 self.tensors.append(value)
                 return
             if value.dim() == 0 and not value.requires_grad:

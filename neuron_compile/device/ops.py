@@ -33,7 +33,7 @@ import threading
 import warnings
 
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 from . import _torch_hooks
 from . import storage as _storage
@@ -42,8 +42,6 @@ from .storage import new_tensor
 
 log = logging.getLogger("neuron_compile")
 aten = torch.ops.aten
-
-
 
 _KERNELS: dict = {}
 _LOCK = threading.RLock()
@@ -138,20 +136,8 @@ def from_host(value: torch.Tensor) -> torch.Tensor:
 
 
 def _flat_tensors(args, kwargs) -> list:
-    out = []
-
-    def visit(value):
-        if isinstance(value, torch.Tensor):
-            out.append(value)
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                visit(item)
-
-    for value in args:
-        visit(value)
-    for value in kwargs.values():
-        visit(value)
-    return out
+    """The call's tensors in the order ``opkernel.Leaves`` visits them (positional, then kwargs)."""
+    return [v for v in tree_leaves((list(args), list(kwargs.values()))) if isinstance(v, torch.Tensor)]
 
 
 def _written_positions(op, args, kwargs) -> list[int]:
@@ -224,10 +210,8 @@ class ExecutorAdapter:
 
     @staticmethod
     def to_buffer(tensor: torch.Tensor):
-        data = _storage.data_of(tensor)
-        buffer = data.buffer
-        if (buffer is not None and data.dtype is tensor.dtype and buffer.shape == tensor.shape
-                and not tensor.storage_offset() and tensor.is_contiguous()):
+        buffer = _storage.own_buffer(tensor, _storage.data_of(tensor))
+        if buffer is not None:
             return buffer
         # a view, or a storage never written: its elements, computed on the device
         dense = dispatch(torch.ops.aten.clone.default, (tensor.detach(),), {"memory_format": torch.contiguous_format})
@@ -238,7 +222,6 @@ class ExecutorAdapter:
     @staticmethod
     def to_tensor(array) -> torch.Tensor:
         return new_tensor(array.shape, _storage.torch_dtype(array.dtype), array)
-
 
 
 # --- building a kernel -----------------------------------------------------------------------
@@ -391,7 +374,7 @@ def _compile(op, traced, options=None, index_name: str | None = None, retry=None
             except Exception:
                 wider = None
             if wider is not None and wider.gm is not None and not wider.resized:
-                log.debug("%s did not lower (%s); retrying with torch's core decompositions", op,
+                log.debug("%s did not lower (%s); retrying with every decomposition torch registers", op,
                           exc.args[0].splitlines()[0])
                 try:
                     return _compile(op, wider, options, index_name)

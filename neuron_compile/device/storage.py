@@ -76,6 +76,16 @@ def data_of(tensor: torch.Tensor) -> Data:
                            "neuron_compile's device") from None
 
 
+def own_buffer(tensor: torch.Tensor, data: Data):
+    """The storage's buffer when ``tensor`` is exactly it (same dtype and shape, contiguous, offset 0):
+    what an executable can take as is; None when the tensor must be read through a view."""
+    buffer = data.buffer
+    if (buffer is not None and data.dtype is tensor.dtype and buffer.shape == tensor.shape
+            and not tensor.storage_offset() and tensor.is_contiguous()):
+        return buffer
+    return None
+
+
 def contiguous_strides(shape) -> tuple:
     strides, step = [], 1
     for size in reversed(tuple(shape)):
