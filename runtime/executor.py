@@ -256,14 +256,15 @@ class PersistentBuffers:
         self._entries: dict[int, tuple] = {}
 
     def get(self, position: int, tensor: torch.Tensor):
-        if tensor.device.type != "cpu":  # a device tensor is its buffer: nothing to convert or keep
-            return _to_buffer(tensor)
         entry = self._entries.get(position)
         if entry is not None:
             ref, version, pointer, buffer = entry
             if ref() is tensor and tensor._version == version and tensor.data_ptr() == pointer:
                 return buffer
         buffer = _to_buffer(tensor)
-        if isinstance(tensor, torch.nn.Parameter) or (tensor.requires_grad and tensor.is_leaf):
+        # a device tensor is its buffer already, and its data_ptr() tells nothing: never kept (so the
+        # device check stays off the path of a kept parameter, taken every call)
+        if tensor.device.type == "cpu" and (isinstance(tensor, torch.nn.Parameter)
+                                            or (tensor.requires_grad and tensor.is_leaf)):
             self._entries[position] = (weakref.ref(tensor), tensor._version, tensor.data_ptr(), buffer)
         return buffer
