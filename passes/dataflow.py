@@ -149,12 +149,29 @@ class BlockGraph:
         for i in region:
             self._group[i] = gid
 
+    def _return_bound(self, hi: int) -> int:
+        """The highest index a path that leaves a region ending at ``hi`` and
+        comes back into it can pass through.
+
+        Def-use edges only go up in index, so for single ops that is ``hi``.
+        A claimed region is one op, though: entering it at a member above
+        ``hi`` reaches its members below ``hi`` as well. So every claimed
+        region with a member at or below the bound extends the bound to its
+        highest member, to a fixpoint (a path above it can never get back).
+        """
+        bound = hi
+        for members in sorted(self._groups, key=lambda m: m[0]):
+            if members[0] > bound:
+                break
+            bound = max(bound, members[-1])
+        return bound
+
     def is_convex(self, region: set[int]) -> bool:
         """No path region -> outside op(s) -> region, where reaching an op of
         a claimed region reaches all of it (it will be one op)."""
         if not region:
             return True
-        hi = max(region)
+        bound = self._return_bound(max(region))
         seen: set[int] = set()
         frontier: list[int] = []
         entered: set[int] = set()
@@ -171,17 +188,17 @@ class BlockGraph:
             if gid is not None and gid not in entered:
                 entered.add(gid)
                 for w in self._groups[gid]:
-                    if w < hi and not reach(w):
+                    if w <= bound and not reach(w):
                         return False
             return True
 
         for i in region:
             for u in self._users[i]:
-                if u != OUTSIDE and u < hi and u not in region and not reach(u):
+                if u != OUTSIDE and u <= bound and u not in region and not reach(u):
                     return False
         while frontier:
             for u in self._users[frontier.pop()]:
-                if u != OUTSIDE and u <= hi and not reach(u):
+                if u != OUTSIDE and u <= bound and not reach(u):
                     return False
         return True
 

@@ -159,3 +159,27 @@ def test_captured_values_are_edges():
         r = next(i for i in range(len(g)) if g.name(i) == "stablehlo.reduce")
         assert k in g.producers(r) and r in g.users(k)
         assert [v.owner.name for v in g.captures(r)] == ["stablehlo.multiply"]
+
+
+SPANNING = """
+func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %g0 = stablehlo.exponential %x : tensor<4xf32>
+  %r = stablehlo.tanh %g0 : tensor<4xf32>
+  %o = stablehlo.negate %r : tensor<4xf32>
+  %g3 = stablehlo.add %o, %x : tensor<4xf32>
+  return %g3 : tensor<4xf32>
+}
+"""
+
+
+def test_claimed_region_reaching_past_the_candidate_counts():
+    # lara_mini's backward ("fuse: cycle between outlined regions"): a claimed
+    # region {g0, g3} spans past the candidate {r}. r -> o -> g3 enters it
+    # above r's index, and as one op it feeds r through g0: a cycle. The search
+    # stopped at r's index (true for single ops, not for a claimed region).
+    with new_context():
+        _, g = graph_of(SPANNING)
+        assert g.is_convex({1})
+        g.claim({0, 3})
+        assert not g.is_convex({1})
+        assert not g.is_convex({1, 2})
