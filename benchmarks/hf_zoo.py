@@ -1,7 +1,9 @@
 """A zoo of Hugging Face architectures through the ``neuron`` backend, against eager.
 
-Each architecture is built from a tiny config with random weights (no download:
-``AutoConfig.for_model(name, **tiny)`` + ``AutoModelFor*.from_config``) and run
+Every architecture the installed transformers maps to a causal-LM class
+(``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``, about 196 in 5.24), plus bert and t5, is
+built from a tiny config with random weights (no download; the config comes from
+``zoo_configs.tiny_config``, which shrinks the architecture's own default) and run
 
     inference   logits of ``torch.compile(model, backend="neuron")`` vs eager
     training    one step, loss + logits + every parameter's gradient vs eager
@@ -9,10 +11,13 @@ Each architecture is built from a tiny config with random weights (no download:
 
 with fallback off (``fallback="error"``, the default) and, for every
 architecture where that fails, with ``fallback="eager"``. Each (architecture,
-fallback) runs in its own process (a segfault is a ``crash``, not the end of
-the run). Results: ``benchmarks/results/hf_zoo.{md,json}``.
+fallback) runs in its own process (a segfault is a ``crash``, a hang a
+``timeout``, not the end of the run), ``--jobs`` of them at once. A model that
+fails eagerly is ``does-not-build``, with the reason, and is not compiled.
+Results: ``benchmarks/results/hf_zoo.{md,json}``.
 
-    nice -n 10 python benchmarks/hf_zoo.py                 # the whole zoo
+    nice -n 10 python benchmarks/hf_zoo.py                 # every architecture
+    python benchmarks/hf_zoo.py --quick                    # the 44 most used
     python benchmarks/hf_zoo.py --arch llama,gpt2 --out /tmp/zoo
 """
 
@@ -28,66 +33,48 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-# The most used text-generation architectures on the Hub, then bert (masked LM) and t5 (seq2seq).
+import zoo_configs  # noqa: E402  (benchmarks/ is on sys.path when this runs as a script)
+from zoo_configs import BATCH, HEADS, HIDDEN, KV_HEADS, LAYERS, SEQ, VOCAB  # noqa: E402
+
+# The quick subset (`--quick`): the most used text-generation architectures on the Hub, then bert
+# (masked LM) and t5 (seq2seq).
 CAUSAL = ["gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi", "phi3",
           "gemma", "gemma2", "gemma3_text", "falcon", "gpt_neox", "opt", "bloom", "starcoder2", "olmo", "olmo2",
           "granite", "granitemoe", "cohere", "cohere2", "stablelm", "gptj", "gpt_bigcode", "codegen", "gpt_neo",
           "mpt", "persimmon", "glm", "glm4", "deepseek_v3", "helium", "smollm3", "exaone4", "nemotron", "olmoe",
           "gpt_oss", "ministral", "xglm"]
 OTHER = {"bert": "masked-lm", "t5": "seq2seq"}
-ARCHS = CAUSAL + list(OTHER)
+QUICK = CAUSAL + list(OTHER)
 
-VOCAB, HIDDEN, LAYERS, HEADS, KV_HEADS, FFN, SEQ, BATCH = 128, 64, 2, 4, 2, 128, 16, 2
-TINY = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-            num_key_value_heads=KV_HEADS, intermediate_size=FFN, max_position_embeddings=64, head_dim=HIDDEN // HEADS,
-            tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-# Names some configs use instead of (or beside) the common ones above.
-OVERRIDES = {
-    "gpt2": dict(n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_positions=64, n_inner=FFN),
-    "gpt_bigcode": dict(n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_positions=64, n_inner=FFN),
-    "gptj": dict(n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_positions=64, n_inner=FFN, rotary_dim=8),
-    "codegen": dict(n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_positions=64, n_ctx=64, n_inner=FFN, rotary_dim=8),
-    "bloom": dict(n_embed=HIDDEN, n_layer=LAYERS, n_head=HEADS),
-    "opt": dict(ffn_dim=FFN, word_embed_proj_dim=HIDDEN),
-    "mpt": dict(d_model=HIDDEN, n_layers=LAYERS, n_heads=HEADS, max_seq_len=64, expansion_ratio=2),
-    "gpt_neo": dict(attention_types=[[["global", "local"], 1]], num_layers=LAYERS, window_size=8),
-    "xglm": dict(d_model=HIDDEN, ffn_dim=FFN, num_layers=LAYERS, attention_heads=HEADS),
-    "falcon": dict(head_dim=None, num_kv_heads=KV_HEADS, new_decoder_architecture=True, ffn_hidden_size=FFN),
-    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
-    "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32),
-    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
-    "olmoe": dict(num_experts=4, num_experts_per_tok=2),
-    "granitemoe": dict(num_local_experts=4, num_experts_per_tok=2),
-    "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=8),
-    "deepseek_v3": dict(head_dim=None, num_key_value_heads=HEADS, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_group=1, topk_group=1,
-                        first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8,
-                        qk_nope_head_dim=8, v_head_dim=16, n_shared_experts=1),
-    "gemma2": dict(sliding_window=8),
-    "gemma3_text": dict(sliding_window=8),
-    "cohere2": dict(sliding_window=8),
-    "persimmon": dict(partial_rotary_factor=0.5),
-    "phi": dict(partial_rotary_factor=0.5),
-    "stablelm": dict(partial_rotary_factor=0.25),
-    "nemotron": dict(partial_rotary_factor=0.5),
-    "glm": dict(partial_rotary_factor=0.5),
-    "glm4": dict(partial_rotary_factor=0.5),
-    "t5": dict(d_model=HIDDEN, d_kv=16, d_ff=FFN, num_layers=LAYERS, num_decoder_layers=LAYERS, num_heads=HEADS,
-               decoder_start_token_id=0),
-    "bert": dict(type_vocab_size=2),
-}
+
+def all_archs() -> list[str]:
+    """Every name the installed transformers maps to a causal-LM class, then the quick subset's others."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) + list(OTHER)
 
 
 def tiny_config(arch: str):
-    from transformers import AutoConfig
+    return zoo_configs.tiny_config(arch)
 
-    kwargs = {k: v for k, v in dict(TINY, **OVERRIDES.get(arch, {})).items() if v is not None}  # None: not set
-    cfg = AutoConfig.for_model(arch, **kwargs)
-    for name in list(vars(cfg)):
-        value = getattr(cfg, name)
-        if ("dropout" in name or "pdrop" in name) and isinstance(value, float):
-            setattr(cfg, name, 0.0)
-    cfg.use_cache = False
-    return cfg
+
+def _reinit_zero_weights(model) -> list[str]:
+    """Give every all-zero weight matrix random values; returns their names.
+
+    Some models zero-initialize their MoE router (afmoe's ``gate``): every token then
+    scores every expert the same, and which experts ``topk`` picks among equal scores
+    is an implementation detail (CPU eager picks from the end, XLA from the start).
+    Trained checkpoints never have such ties; the zoo compares routing, not tie order.
+    """
+    import torch
+
+    names = []
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2 and p.is_floating_point() and p.numel() > 1 and not p.any():
+                torch.nn.init.normal_(p, std=0.02)
+                names.append(name)
+    return names
 
 
 def build(arch: str):
@@ -100,6 +87,9 @@ def build(arch: str):
     cls = {"causal-lm": AutoModelForCausalLM, "masked-lm": AutoModelForMaskedLM,
            "seq2seq": AutoModelForSeq2SeqLM}[kind]
     model = cls.from_config(cfg).float()
+    model.reinitialized = _reinit_zero_weights(model)
+    if hasattr(model, "set_default_language"):  # xmod: adapters per language
+        model.set_default_language(next(iter(cfg.languages)))
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(3, VOCAB, (BATCH, SEQ), generator=gen)
     kwargs = {"input_ids": ids, "labels": ids.clone()}
@@ -122,7 +112,13 @@ def _classify(exc: BaseException) -> tuple[str, str]:
     return "crash", f"{type(inner).__name__}: {(lines[0] if lines else '')[:200]}"
 
 
+def _eager_error(exc: BaseException) -> str:
+    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+    return f"{type(exc).__name__}: {(lines[0] if lines else '')[:200]}"
+
+
 def worker(arch: str, fallback: str) -> dict:
+    """One architecture: eager reference first (a failure there is ``does-not-build``), then compiled."""
     import torch
     import torch._dynamo
 
@@ -134,9 +130,11 @@ def worker(arch: str, fallback: str) -> dict:
     try:
         model, kwargs = build(arch)
     except Exception as exc:  # noqa: BLE001 - recorded in the table
-        result.update(inference="build-error", training="build-error", error=f"{type(exc).__name__}: {exc}"[:300])
+        result.update(inference="does-not-build", training="does-not-build", error=_eager_error(exc))
         return result
     result["params"] = sum(p.numel() for p in model.parameters())
+    if model.reinitialized:
+        result["reinitialized"] = model.reinitialized
 
     # inference: logits
     model.eval()
@@ -144,6 +142,11 @@ def worker(arch: str, fallback: str) -> dict:
     try:
         with torch.no_grad():
             ref = model(**kwargs).logits
+    except Exception as exc:  # noqa: BLE001
+        result.update(inference="does-not-build", training="does-not-build", error=_eager_error(exc))
+        return result
+    try:
+        with torch.no_grad():
             torch._dynamo.reset()
             got = torch.compile(model, backend="neuron", options=options)(**kwargs).logits
         torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
@@ -163,6 +166,10 @@ def worker(arch: str, fallback: str) -> dict:
         out.loss.backward()
         ref_loss, ref_logits = out.loss.detach(), out.logits.detach()
         ref_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    except Exception as exc:  # noqa: BLE001
+        result["training"], result["training_error"] = "does-not-build", _eager_error(exc)
+        return result
+    try:
         model.zero_grad(set_to_none=True)
         torch._dynamo.reset()
         out = torch.compile(model, backend="neuron", options=options)(**kwargs)
@@ -192,13 +199,13 @@ def worker(arch: str, fallback: str) -> dict:
 def run_one(arch: str, fallback: str, timeout: float) -> dict:
     env = dict(os.environ)
     env.setdefault("NEURON_COMPILE_CACHE", "0")
-    env["PYTHONPATH"] = str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), str(HERE), env.get("PYTHONPATH", "")])
     cmd = [sys.executable, __file__, "--worker", arch, "--fallback", fallback]
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=str(HERE.parent))
     except subprocess.TimeoutExpired:
-        return {"arch": arch, "fallback": fallback, "inference": "crash", "training": "crash",
+        return {"arch": arch, "fallback": fallback, "inference": "timeout", "training": "timeout",
                 "error": f"timeout after {timeout:.0f}s"}
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("{"):
@@ -210,24 +217,55 @@ def run_one(arch: str, fallback: str, timeout: float) -> dict:
             "error": f"worker exit {proc.returncode}: {tail[:200]}"}
 
 
+def run_arch(arch: str, timeout: float) -> dict:
+    """Fallback off; where that fails to compile, fallback on as well."""
+    entry = {"error": run_one(arch, "error", timeout)}
+    e = entry["error"]
+    if any(e[k] not in ("pass", "does-not-build", "timeout") for k in ("inference", "training")):
+        entry["eager"] = run_one(arch, "eager", timeout)
+    return entry
+
+
+def summary(results: dict) -> dict:
+    """Per mode: how many build and run eagerly, how many of those pass, and the rest by status."""
+    out = {}
+    for mode in ("inference", "training"):
+        statuses = [r["error"][mode] for r in results.values()]
+        built = [s for s in statuses if s != "does-not-build"]
+        counts = {s: statuses.count(s) for s in sorted(set(statuses))}
+        out[mode] = {"built": len(built), "pass": built.count("pass"),
+                     "rate": round(100 * built.count("pass") / max(len(built), 1), 1), "statuses": counts}
+    return out
+
+
 def write_table(results: dict, out: Path, note: str = "") -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "hf_zoo.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     n = len(results)
+    sums = summary(results)
 
     def count(fallback, key):
         return sum(1 for a in results if (results[a].get(fallback) or results[a]["error"])[key] == "pass")
 
+    def line(mode):
+        s = sums[mode]
+        rest = ", ".join(f"{k} {v}" for k, v in s["statuses"].items() if k != "pass")
+        return f"{mode} **{s['pass']}/{s['built']} = {s['rate']}%** of those that build and run eagerly ({rest})"
+
     lines = ["# Hugging Face architecture zoo through the `neuron` backend", "",
-             f"Generated by `benchmarks/hf_zoo.py`. Tiny configs with random weights ({LAYERS} layers, hidden "
+             f"Generated by `benchmarks/hf_zoo.py`. {n} architectures: every name transformers' "
+             "`MODEL_FOR_CAUSAL_LM_MAPPING_NAMES` holds (the full run), plus bert (masked LM) and t5 (seq2seq). "
+             f"Tiny configs with random weights made by `benchmarks/zoo_configs.py` ({LAYERS} layers, hidden "
              f"{HIDDEN}, {HEADS} heads, {KV_HEADS} KV heads, vocab {VOCAB}), batch {BATCH}x{SEQ}. Inference: logits "
              "against eager (rtol=atol=1e-4). Training: one step's loss, logits and every gradient against eager "
-             "(gradients rtol=1e-3, atol=1e-4). `fallback=eager` is run where fallback off fails; where "
-             "fallback off passes, fallback on is the same run (nothing fails to lower, so nothing is "
-             "partitioned): `(same)`." + (f" {note}" if note else ""), "",
-             f"**Fallback off:** inference {count('error', 'inference')}/{n}, training {count('error', 'training')}/{n}. "
-             f"**Fallback on:** inference {count('eager', 'inference')}/{n}, training {count('eager', 'training')}/{n}.",
-             "", "| architecture | inference | training | fallback on: inference | training | ops run eagerly | "
+             "(gradients rtol=1e-3, atol=1e-4). `does-not-build`: the model fails eagerly (the reason is given), "
+             "so nothing is compiled. All-zero weight matrices (afmoe's router) get random values first: "
+             "with them every routing score ties. `fallback=eager` is run where fallback off fails to compile; "
+             "elsewhere it is the same run: `(same)`." + (f" {note}" if note else ""), "",
+             f"**Fallback off:** {line('inference')}; {line('training')}.", "",
+             f"**Fallback on:** inference {count('eager', 'inference')}/{n}, "
+             f"training {count('eager', 'training')}/{n} pass.", "",
+             "| architecture | inference | training | fallback on: inference | training | ops run eagerly | "
              "seconds | first error (fallback off) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for arch, r in results.items():
         e = r["error"]
@@ -243,9 +281,12 @@ def write_table(results: dict, out: Path, note: str = "") -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--arch", default="", help="comma-separated architectures (default: the whole zoo)")
+    p.add_argument("--arch", default="", help="comma-separated architectures (default: every causal LM)")
+    p.add_argument("--quick", action="store_true", help=f"the quick subset ({len(QUICK)} architectures)")
+    p.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2)),
+                   help="workers at once (default: one per core)")
     p.add_argument("--out", default=str(HERE / "results"))
-    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--timeout", type=float, default=300, help="seconds per architecture and fallback mode")
     p.add_argument("--resume", action="store_true",
                    help="keep the results already in OUT/hf_zoo.json (with --arch: rerun just those)")
     p.add_argument("--note", default="", help="a sentence for the table's header (how the run was made)")
@@ -260,29 +301,32 @@ def main(argv=None) -> int:
         print(json.dumps(worker(args.worker, args.fallback)), flush=True)
         return 0
     out = Path(args.out)
+    order = all_archs()
     if args.table:
         results = json.loads((out / "hf_zoo.json").read_text())
-        write_table({a: results[a] for a in ARCHS if a in results} | results, out, args.note)
+        write_table({a: results[a] for a in order if a in results} | results, out, args.note)
         return 0
     results = {}
     if args.resume and (out / "hf_zoo.json").exists():
         results = json.loads((out / "hf_zoo.json").read_text())
-    archs = args.arch.split(",") if args.arch else ARCHS
+    archs = args.arch.split(",") if args.arch else QUICK if args.quick else order
+    todo = [a for a in archs if args.arch or not args.resume or a not in results]
     started = time.time()
-    for arch in archs:
-        if arch in results and args.resume and not args.arch:
-            continue
-        entry = {"error": run_one(arch, "error", args.timeout)}
-        if entry["error"]["inference"] != "pass" or entry["error"]["training"] != "pass":
-            entry["eager"] = run_one(arch, "eager", args.timeout)
-        results[arch] = entry
-        e, f = entry["error"], entry.get("eager") or {}
-        print(f"[{time.time() - started:.0f}s] {arch}: inference {e['inference']}, training {e['training']}"
-              + (f"; fallback on: {f['inference']}, {f['training']}" if f else "")
-              + "".join(f"\n    {k}: {e[k]}" for k in ("error", "inference_error", "training_error") if e.get(k)),
-              flush=True)
-        write_table({a: results[a] for a in ARCHS if a in results} | results, out, args.note)
-    print(f"zoo: {len(archs)} architectures in {time.time() - started:.0f}s")
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = {pool.submit(run_arch, arch, args.timeout): arch for arch in todo}
+        for fut in as_completed(futures):
+            arch = futures[fut]
+            entry = results[arch] = fut.result()
+            e, f = entry["error"], entry.get("eager") or {}
+            print(f"[{time.time() - started:.0f}s] {arch}: inference {e['inference']}, training {e['training']}"
+                  + (f"; fallback on: {f['inference']}, {f['training']}" if f else "")
+                  + "".join(f"\n    {k}: {e[k]}" for k in ("error", "inference_error", "training_error") if e.get(k)),
+                  flush=True)
+            write_table({a: results[a] for a in order if a in results} | results, out, args.note)
+    print(f"zoo: {len(todo)} architectures in {time.time() - started:.0f}s, {args.jobs} workers; "
+          f"{json.dumps(summary(results))}")
     return 0
 
 
