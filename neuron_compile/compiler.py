@@ -288,7 +288,7 @@ class LoweredGraph:
         report, dump = self.report, self.dump
         # passes: our StableHLO -> StableHLO pipeline, pass by pass
         with report.stage("passes"):
-            report.passes = run_passes(self.module, self.options, dump)
+            report.passes = run_passes(self.module, self.options, dump, graph=report.graph)
         text = self.module.operation.get_asm(enable_debug_info=False)
         if dump:
             dump.write("04-final.mlir", text)
@@ -418,13 +418,56 @@ def resolve_pipeline(options):
     return parse_pipeline(options.passes if options.passes is not None else "default")
 
 
-def run_passes(module, options, dump=None) -> list:
-    """Run the configured pass pipeline on a StableHLO module in place, one pass at a time."""
+def run_passes(module, options, dump=None, graph: str = "") -> list:
+    """Run the configured pass pipeline on a StableHLO module in place, one pass at a time.
+
+    A pass that raises is a ``PassError`` naming the pass and the graph, with the
+    module the pipeline got saved (``input.mlir``) and the command that reruns it.
+    """
     from passes.pipeline import Pipeline
 
+    pipeline = resolve_pipeline(options)
+    before = module.operation.clone()  # a pass that fails may leave the module half rewritten
     stats = []
-    for index, one in enumerate(resolve_pipeline(options).passes):
-        stats += Pipeline((one,)).run(module, verify_each=options.verify)
+    for index, one in enumerate(pipeline.passes):
+        try:
+            stats += Pipeline((one,)).run(module, verify_each=options.verify)
+        except Exception as exc:
+            raise pass_error(one.name, graph, pipeline.spec, before, exc) from exc
         if dump:
             dump.write(pass_file_name(index, one.name), str(module))
     return stats
+
+
+class PassError(RuntimeError):
+    """One of our StableHLO passes failed; ``repro_dir`` holds its input."""
+
+    def __init__(self, message: str, *, pass_name: str, repro_dir: str | None):
+        super().__init__(message)
+        self.pass_name = pass_name
+        self.repro_dir = repro_dir
+
+
+def pass_error(name: str, graph: str, spec: str, before, exc: Exception) -> PassError:
+    import tempfile
+    from pathlib import Path
+
+    from .lowering.fx_to_stablehlo import repro_root
+
+    repro = None
+    try:
+        root = repro_root()
+        root.mkdir(parents=True, exist_ok=True)
+        repro = Path(tempfile.mkdtemp(prefix=f"{(graph or 'graph').replace('/', '_')}-pass-{name}-", dir=root))
+        (repro / "input.mlir").write_text(str(before))
+        (repro / "pipeline.txt").write_text(spec + "\n")
+        (repro / "error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
+    except OSError:
+        repro = None
+    lines = [f"neuron_compile's StableHLO pass '{name}' failed on graph {graph or '?'}: {type(exc).__name__}: {exc}"]
+    if repro:
+        lines.append(f"The module the pipeline got is saved at {repro / 'input.mlir'}; rerun the pipeline on it with "
+                     f"`python -m passes --pipeline '{spec}' {repro / 'input.mlir'}`.")
+    lines.append("To compile without our passes meanwhile: NEURON_COMPILE_PASSES=none (or options={'passes': 'none'}). "
+                 "This is a bug in neuron_compile: please report it with that folder.")
+    return PassError("\n".join(lines), pass_name=name, repro_dir=str(repro) if repro else None)

@@ -183,3 +183,29 @@ def test_claimed_region_reaching_past_the_candidate_counts():
         g.claim({0, 3})
         assert not g.is_convex({1})
         assert not g.is_convex({1, 2})
+
+
+def test_a_failing_pass_names_itself_and_saves_its_input(monkeypatch, tmp_path):
+    import torch
+
+    import neuron_compile
+    from neuron_compile.compiler import PassError
+    from passes.fuse import Fuse
+
+    def broken(self, module):
+        raise RuntimeError("fuse: cycle between outlined regions")
+
+    monkeypatch.setenv("NEURON_COMPILE_REPRO_DIR", str(tmp_path))
+    monkeypatch.setattr(Fuse, "apply", broken)
+    f = torch.compile(lambda x: torch.tanh(x) * x + 1, backend="neuron", options={"cache": False})
+    with pytest.raises(Exception) as info:
+        f(torch.randn(4, 4))
+    err = next(e for e in neuron_compile.lowering.exception_chain(info.value) if isinstance(e, PassError))
+    assert err.pass_name == "fuse" and "pass 'fuse' failed on graph g0.inference" in str(err)
+    assert "NEURON_COMPILE_PASSES=none" in str(err)
+    saved = Path(err.repro_dir) / "input.mlir"
+    monkeypatch.undo()  # the real fuse again: the saved module reruns through the saved pipeline
+    proc = subprocess.run([sys.executable, "-m", "passes", "--pipeline", (saved.parent / "pipeline.txt").read_text().strip(),
+                           str(saved), "-o", str(tmp_path / "out.mlir")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "stablehlo.composite" in (tmp_path / "out.mlir").read_text()
