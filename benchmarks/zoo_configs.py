@@ -65,6 +65,12 @@ ARCH_OVERRIDES = {
     "t5": dict(decoder_start_token_id=0),
     "bert": dict(type_vocab_size=2),
     "mamba2": dict(num_heads=8, head_dim=16),  # num_heads * head_dim == hidden_size * expand
+    # defaults that do not build in transformers 5.24 itself: what is missing
+    "dbrx": dict(attn_config={"kv_n_heads": KV_HEADS, "rope_theta": 10000.0, "clip_qkv": 8.0}),  # it reads both
+    "cohere_compass_text": dict(rope_parameters={t: {"rope_type": "default", "rope_theta": 10000.0}
+                                                 for t in ("full_attention", "sliding_attention")}),
+    "dory": dict(num_hidden_layers=3, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                 n_input_layers=1, n_recurrent_layers=1, n_output_layers=1),  # input + recurrent + output layers
     "lfm2_moe": dict(layer_types=["conv", "full_attention"], num_dense_layers=1),  # its default has none
     "zaya": dict(num_experts_per_tok=1),  # the only top-k it supports
     "dots3_note": dict(head_dim=16),  # its sliding-window head_dim is qk_nope + qk_rope
