@@ -73,9 +73,8 @@ ARCH_OVERRIDES = {
                  n_input_layers=1, n_recurrent_layers=1, n_output_layers=1),  # input + recurrent + output layers
     "lfm2_moe": dict(layer_types=["conv", "full_attention"], num_dense_layers=1),  # its default has none
     "zaya": dict(num_experts_per_tok=1),  # the only top-k it supports
-    "dots3_note": dict(head_dim=16),  # its sliding-window head_dim is qk_nope + qk_rope
+    "dots3_note": dict(text_config={"head_dim": 16}),  # its sliding-window head_dim is qk_nope + qk_rope
     "dots3_note_text": dict(head_dim=16),
-    "gemma4_assistant": dict(hidden_size_per_layer_input=0),
 }
 
 
@@ -180,9 +179,11 @@ def shrink(d: dict, top: bool = True) -> dict:
 def tiny_config(arch: str):
     from transformers import AutoConfig
 
+    overrides = ARCH_OVERRIDES.get(arch, {})
     default = AutoConfig.for_model(arch)
     kw = dict(shrink(default.to_dict()), **TOKEN_IDS, tie_word_embeddings=False)
-    kw.update({k: v for k, v in ARCH_OVERRIDES.get(arch, {}).items() if v is not None})
+    for name, value in overrides.items():  # a dict for a sub-config is merged into it
+        kw[name] = dict(kw[name], **value) if isinstance(value, dict) and isinstance(kw.get(name), dict) else value
     cfg = AutoConfig.for_model(arch, **kw)
     subs = [getattr(cfg, n, None) for n, v in cfg.to_dict().items() if is_sub_config(n, v)]
     for c in [cfg] + [s for s in subs if s is not None and hasattr(s, "__dict__")]:
