@@ -141,3 +141,25 @@ def test_ormqr_applies_geqrfs_q():
                                  for left in (True, False) for tr in (True, False)), a, c, c2)
     a5, t5, c5 = torch.randn(5, 5), torch.rand(5), torch.randn(5, 5)  # any reflectors, as OpInfo's samples
     check(lambda a, t, c: torch.ormqr(a, t, c, False, True), a5, t5, c5)
+
+
+def test_triangular_solve_at_any_size_trains():
+    # lara_mini's gated delta rule solves 64-row unit-triangular systems, forward and backward:
+    # one unrolled step per row took minutes to compile, and beyond 64 rows it did not lower.
+    # Now stablehlo.triangular_solve (through JAX), any size, its gradient too, call after call.
+    def fn(a, b):
+        return (torch.linalg.solve_triangular(a, b, upper=False, unitriangular=True),
+                torch.linalg.solve_triangular(a.mT, b.mT, upper=True, left=False))
+
+    f = compiled(fn)
+    for n in (100, 130):
+        a = (torch.randn(2, n, n) / n).tril(-1) + torch.eye(n)
+        a.requires_grad_()
+        b = torch.randn(2, n, 3, requires_grad=True)
+        twin_a, twin_b = a.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+        got, want = f(a, b), fn(twin_a, twin_b)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        (got[0].sum() + got[1].pow(2).sum()).backward()
+        (want[0].sum() + want[1].pow(2).sum()).backward()
+        torch.testing.assert_close(a.grad, twin_a.grad, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(b.grad, twin_b.grad, rtol=1e-4, atol=1e-4)

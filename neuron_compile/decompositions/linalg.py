@@ -9,7 +9,7 @@ elementwise, matmul and gather ops, one step per column:
 * LU with partial pivoting (LAPACK getrf's pivot choice: the first largest
   magnitude in the column), and on it solve, inverse, det, slogdet, lu_unpack,
   lu_solve;
-* Cholesky (column by column, potrf's order), triangular solves (substitution);
+* Cholesky (column by column, potrf's order), triangular solves inside them (substitution);
 * Householder QR with LAPACK's reflector convention (dlarfg: beta = -sign(alpha) * norm).
 
 The cost grows with the matrix side (one step per column), so matrices wider
@@ -289,13 +289,8 @@ def _linalg_slogdet(a):
 # --------------------------------------------------------------------------- triangular
 
 
-@_linalg(aten.linalg_solve_triangular)
-def _linalg_solve_triangular(a, b, *, upper, left=True, unitriangular=False):
-    if not _supported(a, b):
-        return NotImplemented
-    if not left:  # X A = B  <=>  A^T X^T = B^T
-        return _tri_solve(a.mT, b.mT, not upper, unitriangular).mT
-    return _tri_solve(a, b, upper, unitriangular)
+# linalg_solve_triangular itself is not decomposed: it lowers to stablehlo.triangular_solve through
+# JAX (lowering/jax_rules.py), at any size and without one unrolled step per row.
 
 
 @_linalg(aten.triangular_solve)

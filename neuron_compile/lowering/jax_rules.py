@@ -385,6 +385,21 @@ def _ldl_solve(out, ld, pivots, b, *, hermitian=False):
     return ldl_solve(ld, pivots, b, hermitian=hermitian)
 
 
+@rule(aten.linalg_solve_triangular)
+def _linalg_solve_triangular(out, a, b, *, upper, left=True, unitriangular=False):
+    """``stablehlo.triangular_solve``: XLA's own op, any size (the unrolled substitution it replaces
+    made one step per row: lara_mini's 64-row UT systems took minutes to compile)."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a = jnp.broadcast_to(a, batch + a.shape[-2:])
+    b = jnp.broadcast_to(b, batch + b.shape[-2:])
+    if a.size == 0 or b.size == 0:
+        return _empty_like(out)
+    return lax.linalg.triangular_solve(a, b, left_side=left, lower=not upper, unit_diagonal=unitriangular)
+
+
 @rule(aten.linalg_matrix_exp)
 def _matrix_exp(out, a):
     import jax.scipy.linalg
