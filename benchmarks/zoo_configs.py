@@ -95,6 +95,12 @@ def _cut_layers(value, n_default: int):
     return "".join(cut) if isinstance(value, str) else cut
 
 
+def _is_index_list(value, n_layers: int) -> bool:
+    """A list of layer indices (``moe_layers=[0, 1, ..., 47]``), not one entry per layer."""
+    return (isinstance(value, list) and len(value) > 1 and all(type(i) is int for i in value)
+            and all(a < b for a, b in zip(value, value[1:])) and value[-1] < n_layers)
+
+
 def _layer_count(d: dict):
     for name in LAYER_NAMES:
         if isinstance(d.get(name), int) and d[name] > 0:
@@ -159,6 +165,8 @@ def shrink(d: dict, top: bool = True) -> dict:
                 continue
             if isinstance(value, str) and name.endswith(("_act", "_type", "_name", "activation")):
                 continue
+            if _is_index_list(value, n_default):
+                continue
             kw[name] = _cut_layers(value, n_default)
             size = next((v for v, names in SIZES if name in names), None)
             if size is not None and all(isinstance(x, int) for x in kw[name]):  # gemma3n's intermediate_size
@@ -167,9 +175,12 @@ def shrink(d: dict, top: bool = True) -> dict:
         for name in LAYER_NAMES:
             if isinstance(d.get(name), int) and d[name] > 0:
                 kw[name] = n_layers
-        for name, value in kw.items():  # every list cut to the same length
+        for name, value in kw.items():  # every per-layer list cut to the same length
             if name not in LAYER_NAMES and isinstance(value, (list, str)) and len(value) < n_layers:
                 kw[name] = (value * n_layers)[:n_layers]
+        for name, value in d.items():  # layer indices (llama4's moe_layers): those that still exist
+            if "layer" in name and _is_index_list(value, n_default) and name not in kw:
+                kw[name] = [i for i in value if i < n_layers] or [n_layers - 1]
     for name, value in d.items():
         if is_sub_config(name, value):
             kw[name] = dict(value, **shrink(value, top=False))

@@ -51,6 +51,11 @@ def test_per_layer_lists_keep_one_layer_of_each_kind():
     kw = zoo_configs.shrink({"num_hidden_layers": 6, "layer_types": ["a", "b", "c", "a", "b", "c"],
                              "mlp_types": ["dense"] * 6})
     assert kw["num_hidden_layers"] == 3 and kw["layer_types"] == ["a", "b", "c"] and kw["mlp_types"] == ["dense"] * 3
+    # layer indices are not one kind per layer: llama4's moe_layers kept all 48 layers
+    kw = zoo_configs.shrink({"num_hidden_layers": 48, "moe_layers": list(range(48)), "no_rope_layers": [1, 0] * 24,
+                             "dense_layer_ids": [5, 11, 17]})
+    assert kw["num_hidden_layers"] == 2 and kw["moe_layers"] == [0, 1] and kw["no_rope_layers"] == [1, 0]
+    assert kw["dense_layer_ids"] == [1]
 
 
 def test_zero_initialized_router_gets_random_values():
