@@ -12,6 +12,12 @@ os.environ.setdefault("NEURON_COMPILE_CACHE_DIR", os.path.join(_SESSION_DIR, "ca
 os.environ.setdefault("NEURON_COMPILE_REPRO_DIR", os.path.join(_SESSION_DIR, "repro"))
 
 
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per core this process may use, at most 4 (each holds torch, jax and
+    XLA's compiler; more workers mostly wait on each other's compiles)."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
+
+
 @pytest.fixture(autouse=True)
 def _fresh_state():
     import neuron_compile
