@@ -17,6 +17,7 @@ cycle between composites.
 """
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -201,7 +202,7 @@ def test_a_failing_pass_names_itself_and_saves_its_input(monkeypatch, tmp_path):
     with pytest.raises(Exception) as info:
         f(torch.randn(4, 4))
     err = next(e for e in neuron_compile.lowering.exception_chain(info.value) if isinstance(e, PassError))
-    assert err.pass_name == "fuse" and "pass 'fuse' failed on graph g0.inference" in str(err)
+    assert err.pass_name == "fuse" and re.search(r"pass 'fuse' failed on graph g\d+\.inference: RuntimeError", str(err))
     assert "NEURON_COMPILE_PASSES=none" in str(err)
     saved = Path(err.repro_dir) / "input.mlir"
     monkeypatch.undo()  # the real fuse again: the saved module reruns through the saved pipeline
