@@ -81,10 +81,10 @@ def report(rows: list[dict], defaults: bool) -> str:
 
 
 def main(argv=None) -> int:
-    from hf_zoo import ARCHS
+    from hf_zoo import QUICK as ARCHS
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", help="comma-separated architectures (default: the whole zoo)")
+    ap.add_argument("--arch", help="comma-separated architectures (default: the quick zoo, hf_zoo.py --quick)")
     ap.add_argument("--keep-dynamo-defaults", action="store_true",
                     help="NEURON_COMPILE_SKIP_LOG_ONCE=0: Dynamo as it is without our backend")
     ap.add_argument("--out", help="also write the markdown report here")

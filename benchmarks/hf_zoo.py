@@ -1,7 +1,7 @@
 """A zoo of Hugging Face architectures through the ``neuron`` backend, against eager.
 
 Every architecture the installed transformers maps to a causal-LM class
-(``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``, about 196 in 5.24), plus bert and t5, is
+(``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``, 196 in 5.24; bert runs as a masked LM), plus t5, is
 built from a tiny config with random weights (no download; the config comes from
 ``zoo_configs.tiny_config``, which shrinks the architecture's own default) and run
 
@@ -27,6 +27,7 @@ Results: ``benchmarks/results/hf_zoo.{md,json}``.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import subprocess
@@ -56,10 +57,6 @@ def all_archs() -> list[str]:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) + [a for a in OTHER if a not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES]
-
-
-def tiny_config(arch: str):
-    return zoo_configs.tiny_config(arch)
 
 
 def _reinit_zero_weights(model) -> list[str]:
@@ -100,7 +97,7 @@ def build(arch: str):
     from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
 
     torch.manual_seed(0)
-    cfg = tiny_config(arch)
+    cfg = zoo_configs.tiny_config(arch)
     kind = OTHER.get(arch, "causal-lm")
     cls = {"causal-lm": AutoModelForCausalLM, "masked-lm": AutoModelForMaskedLM,
            "seq2seq": AutoModelForSeq2SeqLM}[kind]
@@ -329,7 +326,7 @@ class WorkerProcess:
         self.proc = subprocess.Popen([sys.executable, __file__, "--serve"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
                                      env=_worker_env(), cwd=str(HERE.parent))
-        self.lines, self.errors = queue.Queue(), []
+        self.lines, self.errors = queue.Queue(), collections.deque(maxlen=20)  # the last stderr lines
         threading.Thread(target=lambda p=self.proc, q=self.lines: [q.put(ln) for ln in p.stdout] + [q.put(None)],
                          daemon=True).start()
         threading.Thread(target=lambda p=self.proc, e=self.errors: [e.append(ln) for ln in p.stderr],

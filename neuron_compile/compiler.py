@@ -449,21 +449,10 @@ class PassError(RuntimeError):
 
 
 def pass_error(name: str, graph: str, spec: str, before, exc: Exception) -> PassError:
-    import tempfile
-    from pathlib import Path
+    from .lowering.fx_to_stablehlo import save_repro
 
-    from .lowering.fx_to_stablehlo import repro_root
-
-    repro = None
-    try:
-        root = repro_root()
-        root.mkdir(parents=True, exist_ok=True)
-        repro = Path(tempfile.mkdtemp(prefix=f"{(graph or 'graph').replace('/', '_')}-pass-{name}-", dir=root))
-        (repro / "input.mlir").write_text(str(before))
-        (repro / "pipeline.txt").write_text(spec + "\n")
-        (repro / "error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
-    except OSError:
-        repro = None
+    repro = save_repro(f"{(graph or 'graph').replace('/', '_')}-pass-{name}-", {
+        "input.mlir": str(before), "pipeline.txt": spec + "\n", "error.txt": f"{type(exc).__name__}: {exc}\n"})
     lines = [f"neuron_compile's StableHLO pass '{name}' failed on graph {graph or '?'}: {type(exc).__name__}: {exc}"]
     if repro:
         lines.append(f"The module the pipeline got is saved at {repro / 'input.mlir'}; rerun the pipeline on it with "

@@ -25,6 +25,7 @@ patterns.
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 
 from torch_mlir import ir
@@ -72,6 +73,7 @@ class BlockGraph:
         # claimed regions: op index -> region id, region id -> op indices
         self._group: dict[int, int] = {}
         self._groups: list[list[int]] = []
+        self._spans: list[tuple[int, int]] = []  # (first, last) member of each claimed region, sorted
 
     def __len__(self) -> int:
         return len(self.ops)
@@ -146,6 +148,7 @@ class BlockGraph:
         """Record ``region`` as one future op (a composite) for ``is_convex``."""
         gid = len(self._groups)
         self._groups.append(sorted(region))
+        bisect.insort(self._spans, (self._groups[-1][0], self._groups[-1][-1]))
         for i in region:
             self._group[i] = gid
 
@@ -160,10 +163,10 @@ class BlockGraph:
         highest member, to a fixpoint (a path above it can never get back).
         """
         bound = hi
-        for members in sorted(self._groups, key=lambda m: m[0]):
-            if members[0] > bound:
+        for first, last in self._spans:
+            if first > bound:
                 break
-            bound = max(bound, members[-1])
+            bound = max(bound, last)
         return bound
 
     def is_convex(self, region: set[int]) -> bool:

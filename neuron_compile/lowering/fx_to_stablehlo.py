@@ -298,6 +298,19 @@ def repro_root() -> Path:
     return Path(root) if root else Path(tempfile.gettempdir()) / "neuron_compile_repro"
 
 
+def save_repro(prefix: str, files: dict[str, str]) -> Path | None:
+    """A new folder under ``repro_root()`` holding ``files`` (name -> text); None if it can't be written."""
+    try:
+        root = repro_root()
+        root.mkdir(parents=True, exist_ok=True)
+        repro = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+        for name, text in files.items():
+            (repro / name).write_text(text)
+        return repro
+    except OSError:
+        return None
+
+
 def _error(gm, ir_text, stage, message, diagnostics, graph_name, *, op=None, who="Torch-MLIR") -> LoweringError:
     op = op or _failing_op(diagnostics, message)
     nodes = [n for n in gm.graph.nodes if n.op == "call_function" and op and _matches(n, op)]
@@ -308,18 +321,12 @@ def _error(gm, ir_text, stage, message, diagnostics, graph_name, *, op=None, who
             op = ", ".join(dict.fromkeys(str(n.target).replace("aten::", "aten.") for n in nodes))
     node_name = nodes[0].name if nodes else None
     source = next((user_source_line(n) for n in nodes if user_source_line(n)), None)
-    repro = None
-    try:
-        root = repro_root()
-        root.mkdir(parents=True, exist_ok=True)
-        repro = Path(tempfile.mkdtemp(prefix=f"{graph_name.replace('/', '_')}-", dir=root))
-        (repro / "graph.py").write_text(gm.print_readable(print_output=False, include_stride=True, include_device=True))
-        if ir_text is not None:
-            (repro / "input.mlir").write_text(ir_text)
-        (repro / "pipeline.txt").write_text(STAGE_PIPELINES.get(stage, "") + "\n")
-        (repro / "diagnostics.txt").write_text("\n".join(diagnostics) + "\n" + message + "\n")
-    except OSError:
-        repro = None
+    files = {"graph.py": gm.print_readable(print_output=False, include_stride=True, include_device=True)}
+    if ir_text is not None:
+        files["input.mlir"] = ir_text
+    files["pipeline.txt"] = STAGE_PIPELINES.get(stage, "") + "\n"
+    files["diagnostics.txt"] = "\n".join(diagnostics) + "\n" + message + "\n"
+    repro = save_repro(f"{graph_name.replace('/', '_')}-", files)
     what = f"the ATen op `{op}`" if op else "an op"
     where = f" (FX node `{node_name}`)" if node_name else ""
     lines = [f"neuron_compile could not lower {what}{where} to StableHLO in graph {graph_name}, stage '{stage}'."]
