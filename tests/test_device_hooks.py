@@ -66,3 +66,46 @@ def test_printing_formats_from_one_cpu_copy_and_compiles_nothing():
     assert "device='neuron:0'" in text and "grad_fn=<MulBackward0>" in text
     assert ops.COUNTS["op_compiles"] == compiles
     assert repr(x.detach().cpu()).split("]]")[0] == text.split("]]")[0]
+
+
+def test_module_to_after_a_live_cpu_forward_makes_new_parameters_and_keeps_ties():
+    emb = torch.nn.Embedding(10, 4)
+    head = torch.nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight
+    model = torch.nn.Sequential(emb, torch.nn.Linear(4, 4), head)
+    ids = torch.tensor([1, 2, 3])
+    want = model(ids)  # its graph holds the CPU parameters: torch refuses to swap them
+    import pytest
+
+    with pytest.warns(UserWarning, match="could not be moved in place"):
+        model.to("neuron")
+    assert model[0].weight is model[2].weight and model[1].weight.device.type == "neuron"
+    torch.testing.assert_close(model(ids.to("neuron")).cpu(), want)
+
+
+def test_addressed_storages_tell_tensors_apart_and_views_share_them():
+    a, b = torch.zeros(4, 4, device="neuron"), torch.zeros(4, 4, device="neuron")
+    assert a.data_ptr() != 0 and a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
+    assert a.untyped_storage().nbytes() == 64 and not a.untyped_storage().resizable()
+    assert a[1:].data_ptr() - a.data_ptr() == 16 and a.view(16).untyped_storage().data_ptr() == a.data_ptr()
+    a.resize_(8, 8)  # grows onto a larger storage of its own, keeping the elements it had
+    assert a.untyped_storage().nbytes() == 256 and a.shape == (8, 8)
+    torch.testing.assert_close(a.reshape(-1)[:16].cpu(), torch.zeros(16))
+
+
+def test_torch_compile_with_no_backend_named_routes_neuron_graphs_to_ours(monkeypatch):
+    import torch._inductor.compile_fx as compile_fx
+
+    from neuron_compile import report
+
+    assert getattr(torch._TorchCompileInductorWrapper.__call__, "_neuron", False)
+    seen = []
+    monkeypatch.setattr(compile_fx, "compile_fx", lambda gm, inputs, **kw: seen.append(gm) or gm.forward)
+    torch._dynamo.reset()
+    lowerings = report.COUNTERS["lowerings"]
+    fn = torch.compile(lambda x: torch.sin(x) * 2)
+    x = torch.randn(3, 5)
+    torch.testing.assert_close(fn(x.to("neuron")).cpu(), torch.sin(x) * 2)
+    assert report.COUNTERS["lowerings"] > lowerings and not seen  # ours, not Inductor
+    fn(x)  # a CPU graph still goes to Inductor
+    assert len(seen) == 1

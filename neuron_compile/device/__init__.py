@@ -32,16 +32,19 @@ def register() -> None:
 
     if _registered:  # the first `import torch` of the process ran our entry point, which registered
         return
-    from . import _torch_hooks, module
+    from . import _torch_hooks, distributed, module
 
     if torch._C._get_privateuse1_backend_name() not in ("privateuseone", _torch_hooks.NAME):
         return  # another backend owns PrivateUse1 in this process: leave it alone
     _torch_hooks.setup_backend(module)
     _library = _torch_hooks.fallback_library(_fallback)
     _torch_hooks.save_through_cpu()
+    _torch_hooks.pin_memory_as_copy()
     _torch_hooks.load_onto_device()
     _torch_hooks.keep_parameters_on_conversion()
     _torch_hooks.print_through_cpu()
+    distributed.register()  # init_process_group("neuron"): names the backend, connects nothing
+    _torch_hooks.route_default_compiler(_default_compiler)
     _registered = True
 
 
@@ -49,3 +52,16 @@ def _fallback(op, *args, **kwargs):
     from .kernels import handle
 
     return handle(op, *args, **kwargs)
+
+
+def _default_compiler(gm, example_inputs, inductor_config):
+    """What ``torch.compile(model)`` with no backend named runs for a graph on neuron tensors."""
+    import logging
+
+    from ..capture.backend import neuron_backend
+
+    if inductor_config:
+        logging.getLogger("neuron_compile").info(
+            "torch.compile on neuron tensors uses the neuron backend; Inductor options ignored: %s",
+            sorted(inductor_config))
+    return neuron_backend(gm, example_inputs)

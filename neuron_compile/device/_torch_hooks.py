@@ -12,15 +12,20 @@ it):
   PJRT buffer;
 * ``OpOverload.redispatch`` to the Meta key: view ops change metadata only;
 * ``torch._C._construct_storage_from_data_pointer``: a storage with a unique,
-  never dereferenced address, so ``data_ptr()`` tells tensors apart;
+  never dereferenced address, so ``data_ptr()`` tells storages apart;
 * the dispatcher's keyset and exclude guards, to run autocast kernels;
 * ``Tensor._reduce_ex_internal`` (``torch.save`` through a CPU copy, as for
   XLA), ``torch.serialization.register_package`` (``map_location="neuron"``),
   ``torch._tensor_str._tensor_str`` (printing from one CPU copy, as for XLA),
-  and ``nn.Module.to`` run with torch's swap path (tied weights stay tied).
+  and ``nn.Module.to`` run with torch's swap path (tied weights stay tied);
+* ``torch._TorchCompileInductorWrapper.__call__``: what ``torch.compile(model)``
+  with no backend named (Inductor) runs; a graph on neuron tensors goes to our
+  backend instead (torch 2.13 has no public hook for a device's default compiler).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -65,9 +70,37 @@ def meta_redispatch(op, *args, **kwargs):
     return op.redispatch(META, *args, **kwargs)
 
 
-def unique_storage(nbytes: int, address: int) -> torch.UntypedStorage:
-    """A neuron storage of ``nbytes`` at a fake ``address`` (never dereferenced: our data is in PJRT)."""
-    return torch._C._construct_storage_from_data_pointer(address, torch.device(NAME, 0), nbytes)
+_next_address = 1 << 44
+
+
+def addressed_tensor(shape, stride, offset: int, nbytes: int, dtype: torch.dtype) -> torch.Tensor:
+    """A neuron tensor on a storage of ``nbytes`` at a fake address of its own (never dereferenced: our
+    data is in PJRT), so that ``data_ptr()`` and ``untyped_storage().nbytes()`` tell storages apart as
+    on CUDA (safetensors and transformers' ``save_pretrained`` find tied weights by them). Such a
+    storage is not resizable: the Meta ``set_`` takes it only at an empty size, then ``as_strided_``
+    (which checks the bounds) gives the tensor its shape. About 10 us, against 1 us for
+    ``empty_tensor``: kept for tensors made by factories and copies, not every op result."""
+    global _next_address
+    address = _next_address
+    _next_address += (nbytes + 127) // 64 * 64  # 64-byte aligned and at least 64 bytes apart
+    storage = torch._C._construct_storage_from_data_pointer(address, _device(), nbytes)
+    return place(empty_tensor((0,), dtype), storage, offset, shape, stride)
+
+
+@functools.lru_cache(maxsize=1)
+def _device() -> torch.device:
+    return torch.device(NAME, 0)  # only once PrivateUse1 is renamed
+
+
+def place(tensor: torch.Tensor, storage: torch.UntypedStorage, offset: int, shape, stride) -> torch.Tensor:
+    """``tensor.set_(storage, offset, shape, stride)`` through the Meta kernels, for any neuron storage:
+    the Meta ``set_`` takes a storage that is not resizable only at an empty size, so such a storage is
+    set at size 0 first and ``as_strided_`` (which checks the bounds) gives the shape."""
+    set_ = torch.ops.aten.set_.source_Storage_storage_offset
+    if storage.resizable():
+        return meta_redispatch(set_, tensor, storage, offset, tuple(shape), tuple(stride))
+    meta_redispatch(set_, tensor, storage, 0, (0,), (1,))
+    return meta_redispatch(torch.ops.aten.as_strided_.default, tensor, tuple(shape), tuple(stride), offset)
 
 
 def fallback_library(handler) -> torch.library.Library:
@@ -162,12 +195,39 @@ def keep_parameters_on_conversion() -> None:
         torch.__future__.set_swap_module_params_on_conversion(True)
         try:
             return original(self, *args, **kwargs)
+        except RuntimeError as error:
+            if "Couldn't swap" not in str(error):
+                raise
         finally:
             torch.__future__.set_swap_module_params_on_conversion(False)
+        return _to_as_new_parameters(self, original, args, kwargs)
 
     to._neuron = True
     to.__doc__ = original.__doc__
     torch.nn.Module.to = to
+
+
+def _to_as_new_parameters(module, original, args, kwargs):
+    """``module.to`` when a swap is refused: a parameter that an autograd graph still holds (the output
+    of a forward run before the move is alive) cannot be swapped. torch's other path then makes new
+    Parameter objects; those that were one object before (tied weights) are made one again, and the
+    warning says what a swap would have kept (an optimizer built before the move)."""
+    import warnings
+
+    slots = [(owner, name, param) for owner in module.modules() for name, param in owner._parameters.items()
+             if param is not None]
+    original(module, *args, **kwargs)
+    first: dict[int, torch.nn.Parameter] = {}
+    for owner, name, param in slots:
+        new = owner._parameters[name]
+        kept = first.setdefault(id(param), new)
+        if kept is not new:
+            owner._parameters[name] = kept
+    warnings.warn("module.to: an autograd graph still holds some parameters (a forward's output from before "
+                  "the move is alive), so they could not be moved in place: the module has new Parameter "
+                  "objects (tied weights stay tied). An optimizer made before the move holds the old ones: "
+                  "make it after the move, or run the earlier forward under torch.no_grad().", stacklevel=3)
+    return module
 
 
 def print_through_cpu() -> None:
@@ -187,3 +247,109 @@ def print_through_cpu() -> None:
 
     _tensor_str._neuron = True
     tensor_str._tensor_str = _tensor_str
+
+
+def route_default_compiler(compiler) -> None:
+    """``torch.compile(model)`` (backend "inductor", the default) compiles a graph whose inputs are on
+    ``neuron`` with ``compiler(gm, example_inputs, inductor_config=...)``; every other graph still goes to Inductor.
+
+    torch 2.13 offers a device no public way to choose its default compiler: Inductor's
+    ``register_backend_for_device`` plugs a device into Inductor's own code generation (a scheduling
+    and a wrapper codegen per device), not a whole-graph compiler. ``torch.compile`` wraps the
+    "inductor" name in ``_TorchCompileInductorWrapper`` and calls it with Dynamo's graph, so that
+    call is where the graph's device is known. Inductor cannot compile a neuron graph at all (it
+    fails with ``KeyError: 'neuron'``), so nothing that worked is taken away. Inductor's options and
+    mode do not apply to our compiler: they are passed on so that it can say it ignores them.
+    """
+    wrapper = torch._TorchCompileInductorWrapper
+    original = wrapper.__call__
+    if getattr(original, "_neuron", False):
+        return
+
+    def __call__(self, model_, inputs_, *args, **kwargs):
+        if any(isinstance(x, torch.Tensor) and x.device.type == NAME for x in inputs_):
+            return compiler(model_, inputs_, inductor_config=self.config)
+        return original(self, model_, inputs_, *args, **kwargs)
+
+    __call__._neuron = True
+    __call__.__doc__ = original.__doc__
+    wrapper.__call__ = __call__
+
+
+# --- torch.distributed (``distributed.py``) ----------------------------------------------------
+# ``Backend.register_backend`` is torch's (experimental) third-party backend API; with
+# ``extended_api=True`` the creator gets a ``_DistributedBackendOptions`` (store, group_rank,
+# group_size, timeout, group_id, global_ranks_in_group). A creator that returns a Python
+# ``ProcessGroup`` subclass makes that object the whole group (``_new_process_group_helper``'s
+# "subclass of ProcessGroup" branch): its Python methods are the collectives, reached from C++
+# (DDP's reducer, ``_broadcast_coalesced``) through the ``PyProcessGroup`` trampoline; a Python
+# ``Work`` (``torch.distributed._Work``) is reached through ``PyWork`` (``wait``, ``get_future``).
+# The option structs (``AllgatherOptions``...) live in ``torch._C._distributed_c10d``.
+
+PythonWork = getattr(torch.distributed, "_Work", object)
+
+
+def register_process_group_backend(name: str, creator, devices) -> None:
+    """``init_process_group(name)``: ``creator(options, backend_options)`` builds the group; ``name`` is also
+    the default backend of the device ``name`` (``init_process_group()`` with the accelerator ``name``)."""
+    backend = torch.distributed.Backend
+    if backend._plugins.get(name.upper()) is not None:
+        return
+    backend.register_backend(name, creator, extended_api=True, devices=list(devices))
+
+
+def backend_options(options) -> tuple:
+    """(store, rank, size, timeout, group name, global ranks) from a ``_DistributedBackendOptions``."""
+    return (options.store, options.group_rank, options.group_size, options.timeout, options.group_id,
+            options.global_ranks_in_group)
+
+
+def collective_options(kind: str):
+    """A fresh ``torch._C._distributed_c10d.<kind>Options()`` (``AllgatherOptions`` is not in torch.distributed)."""
+    return getattr(torch._C._distributed_c10d, f"{kind}Options")()
+
+
+def resize_storage_through(handler) -> None:
+    """``storage.resize_(nbytes)`` on a neuron storage calls ``handler(storage, nbytes)``. torch sends it to
+    ``PrivateUse1HooksInterface::resizePrivateUse1Bytes``, which a Python backend cannot implement
+    (``torch._C._acc.PrivateUse1Hooks`` has is_available, has_primary_context and is_built only); FSDP2
+    frees and re-allocates each unsharded parameter's storage with it (``_fsdp_param.free_storage``)."""
+    original = torch.UntypedStorage.resize_
+    if getattr(original, "_neuron", False):
+        return
+
+    def resize_(self, size):
+        if self.device.type == NAME:
+            return handler(self, size)
+        return original(self, size)
+
+    resize_._neuron = True
+    resize_.__doc__ = original.__doc__
+    torch.UntypedStorage.resize_ = resize_
+
+
+def pin_memory_as_copy() -> None:
+    """``Tensor.pin_memory()`` when it pins for the neuron device (``DataLoader(pin_memory=True)``,
+    Trainer's default ``dataloader_pin_memory``): a copy in ordinary host memory.
+
+    torch pins through a host allocator that only a C++ ``PrivateUse1HooksInterface`` can provide
+    (``getPinnedMemoryAllocator``; without it every pin raises); our transfers go through PJRT from
+    any host memory, so page-locked memory would buy nothing. ``is_pinned()`` stays False: the copy
+    is not pinned."""
+    original = torch.Tensor.pin_memory
+    if getattr(original, "_neuron", False):
+        return
+
+    def pin_memory(self, device=None):
+        if device is None:
+            accelerator = torch.accelerator.current_accelerator()
+            for_neuron = accelerator is not None and accelerator.type == NAME
+        else:
+            for_neuron = torch.device(device).type == NAME
+        if for_neuron and self.device.type == "cpu":
+            return self.clone()
+        return original(self) if device is None else original(self, device)
+
+    pin_memory._neuron = True
+    pin_memory.__doc__ = original.__doc__
+    torch.Tensor.pin_memory = pin_memory

@@ -50,8 +50,11 @@ def register_direct_kernels() -> None:
         _direct.impl(op, functools.partial(handle, op), _torch_hooks.PRIVATE_KEY)
     # their CompositeExplicitAutograd kernels only raise "not implemented" for backends like ours
     # _to_copy's composite pins host memory for non_blocking copies to the CPU (a C++ allocator we lack)
+    # native_layer_norm's and native_group_norm's composites (for backends with no kernel of their own)
+    # run them as native_batch_norm in the input's dtype; CPU's kernels (and our table's decompositions)
+    # compute in float32 and round once: in bfloat16, half of a layer norm's outputs were an ulp off
     for op in (aten.convolution_overrideable.default, aten.convolution_backward_overrideable.default,
-               aten._to_copy.default):
+               aten._to_copy.default, aten.native_layer_norm.default, aten.native_group_norm.default):
         _direct.impl(op, functools.partial(handle, op), _torch_hooks.PRIVATE_KEY)
     from runtime.executor import register_device_adapter
 
@@ -130,17 +133,14 @@ def _empty(op, size, dtype=None, layout=None, device=None, pin_memory=None, memo
     check_device(device)
     if memory_format not in (None, torch.contiguous_format, torch.preserve_format):
         stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
-        return new_tensor(size, _dtype(dtype), stride=stride)
-    return new_tensor(size, _dtype(dtype))
+        return new_tensor(size, _dtype(dtype), stride=stride, addressed=True)
+    return new_tensor(size, _dtype(dtype), addressed=True)
 
 
 @kernel(aten.empty_strided.default)
 def _empty_strided(op, size, stride, dtype=None, layout=None, device=None, pin_memory=None):
     check_device(device)
-    size, stride = tuple(size), tuple(stride)
-    if stride == _storage.contiguous_strides(size):
-        return new_tensor(size, _dtype(dtype))
-    return new_tensor(size, _dtype(dtype), stride=stride)
+    return new_tensor(tuple(size), _dtype(dtype), stride=tuple(stride), addressed=True)
 
 
 # --- moving data -----------------------------------------------------------------------------
@@ -192,7 +192,12 @@ def _to_copy(op, x, dtype=None, layout=None, device=None, pin_memory=None, non_b
     kwargs = {"dtype": dtype} if dtype is not None else {}
     if memory_format is not None:
         kwargs["memory_format"] = memory_format
-    return ops.dispatch(op, (x,), kwargs)
+    result = ops.dispatch(op, (x,), kwargs)
+    # model.half() on the device makes its new parameters here: they need storages of their own
+    moved = new_tensor(result.shape, result.dtype, stride=result.stride(), offset=result.storage_offset(),
+                       addressed=True)
+    moved.untyped_storage()._neuron = _storage.data_of(result)
+    return moved
 
 
 @kernel(aten._local_scalar_dense.default)
@@ -212,6 +217,12 @@ def _set(op, tensor, source, *args, **kwargs):
     source_storage = source if isinstance(source, torch.UntypedStorage) else source.untyped_storage()
     if not hasattr(source_storage, "_neuron"):
         raise RuntimeError("set_ onto a storage that is not a neuron storage")
+    if not source_storage.resizable():  # an addressed storage (``_torch_hooks.addressed_tensor``)
+        if op is aten.set_.source_Tensor:
+            args = (source.storage_offset(), source.shape, source.stride())
+        elif op is aten.set_.source_Storage:
+            args = (0, (source_storage.nbytes() // tensor.dtype.itemsize,), (1,))
+        return _torch_hooks.place(tensor, source_storage, *args, **kwargs)
     return _torch_hooks.meta_redispatch(op, tensor, source, *args, **kwargs)
 
 

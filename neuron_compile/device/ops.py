@@ -197,9 +197,13 @@ def resize_(tensor: torch.Tensor, size, memory_format=None) -> torch.Tensor:
             data.set(_storage.host_to_buffer(grown))
         else:
             data.set(None)
-    _torch_hooks.meta_redispatch(aten.set_.source_Storage_storage_offset, tensor, tensor.untyped_storage(),
-                                 offset, size, stride)
-    return tensor
+    storage = tensor.untyped_storage()
+    if not storage.resizable() and needed * data.dtype.itemsize > storage.nbytes():
+        # an addressed storage has a fixed size: the tensor moves to a larger one holding the same data
+        moved = _storage.new_tensor(size, tensor.dtype, stride=stride, offset=offset, addressed=True)
+        storage = moved.untyped_storage()
+        storage._neuron = data
+    return _torch_hooks.place(tensor, storage, offset, size, stride)
 
 
 # --- compiled graphs on neuron tensors -------------------------------------------------------

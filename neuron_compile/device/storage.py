@@ -101,10 +101,17 @@ def storage_extent(shape, stride, offset: int = 0) -> int:
     return offset + 1 + sum((s - 1) * st for s, st in zip(shape, stride))
 
 
-def new_tensor(shape, dtype: torch.dtype, buffer=None, stride=None, offset: int = 0) -> torch.Tensor:
-    """A neuron tensor on a fresh storage holding ``buffer`` (or nothing yet)."""
+def new_tensor(shape, dtype: torch.dtype, buffer=None, stride=None, offset: int = 0,
+               addressed: bool = False) -> torch.Tensor:
+    """A neuron tensor on a fresh storage holding ``buffer`` (or nothing yet). ``addressed``: the
+    storage gets an address and a size of its own (``_torch_hooks.addressed_tensor``), as a factory's
+    result must: a model's parameters and buffers are made by factories and copies."""
     shape = tuple(shape)
-    if stride is None and not offset:
+    if addressed:
+        stride = contiguous_strides(shape) if stride is None else tuple(stride)
+        numel = storage_extent(shape, stride, offset)
+        tensor = _torch_hooks.addressed_tensor(shape, stride, offset, numel * dtype.itemsize, dtype)
+    elif stride is None and not offset:
         tensor = _torch_hooks.empty_tensor(shape, dtype)
         numel = tensor.numel()
     else:
