@@ -196,6 +196,18 @@ def test_demo_trains_beside_eager_in_a_fresh_process(fresh_cache):
     assert kinds == ["backward", "forward", "inference"]
 
 
+def test_demo_on_the_device_runs_eager_compiled_and_generates_cpu_tokens(fresh_cache):
+    code, out, err = run_exe("demo", "--device", "neuron", "--steps", "2", "--new-tokens", "3", "--json")
+    assert code == 0, err[-3000:]
+    result = json.loads(out)
+    assert result["ok"] and result["generate"]["tokens_equal_cpu"]
+    assert [m["mode"] for m in result["modes"]] == ["eager", "compiled"]
+    for mode in result["modes"]:
+        assert max(abs(a - b) for a, b in zip(mode["losses"], mode["cpu_losses"])) <= 1e-3
+    compiled = result["modes"][1]
+    assert compiled["host_copies_per_step"] == 0  # the step stays on device buffers
+
+
 # ---- dump ----------------------------------------------------------------------------------------
 
 def test_dump_builtin_mlp_writes_every_stage_and_parses(capsys, tmp_path, fresh_cache):

@@ -5,7 +5,8 @@ Each is ``cmd_<name>(args) -> exit code`` over the path a user's
 backend options checked by ``common``:
 
 * ``demo``: the built-in GPT-2-style transformer, inference and AdamW steps,
-  neuron beside eager, and the compile report;
+  neuron beside eager, and the compile report (``--device neuron``: on the
+  device, ``demo_device``);
 * ``dump``: every stage of every graph into a folder (``dump_index`` lists it);
 * ``compile``: ahead of time into the cache, per bucket size, in ``--jobs``
   fresh processes (``python -m neuron_compile compile``) sharing the cache;
@@ -30,6 +31,10 @@ from .common import (PROG, CompileFailure, UsageError, _backend_options, _fail_p
 
 def cmd_demo(args) -> int:
     """GPT-2-style transformer: inference and AdamW steps, neuron beside eager."""
+    if args.device == "neuron":
+        from .demo_device import cmd_demo_device
+
+        return cmd_demo_device(args)
     import torch
 
     import neuron_compile

@@ -54,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=1e-2, help="AdamW learning rate (default 1e-2)")
     p.add_argument("--tol", type=float, default=1e-3, help="largest allowed |neuron - eager| (default 1e-3)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=("cpu", "neuron"), default="cpu",
+                   help="cpu: torch.compile(backend='neuron') on CPU tensors (default); neuron: the model on the "
+                        "neuron device, eager, compiled and greedy generation, each against CPU eager")
+    p.add_argument("--new-tokens", type=int, default=8, help="tokens generated with --device neuron (default 8)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(run=cmd_demo)
 
