@@ -4,7 +4,10 @@ Every measurement runs in a fresh process with empty compile caches (ours,
 Inductor's), so first calls are cold; "warm" reruns neuron in another fresh
 process on the cache the cold run left. ``neuron-precompile`` is neuron with
 ``NEURON_COMPILE_PRECOMPILE=1``: its warm process loads Dynamo's and
-AOTAutograd's saved output too, and traces nothing. Workloads (shared/NOTES.md):
+AOTAutograd's saved output too, and traces nothing. ``neuron-device`` is the
+model and inputs moved to the ``neuron`` device and ``torch.compile(model)``
+with no backend named: executables run on the device's buffers (no copy in or
+out), and AdamW's step runs eagerly on the device. Workloads (shared/NOTES.md):
 
 * overhead: 2-layer 64-wide MLP, batch 8, inference: per-call time, and the
   raw XLA execute time of our very executable (buffers made once, results
@@ -39,7 +42,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BACKENDS = ["neuron", "neuron-precompile", "inductor", "turbine_cpu", "eager"]
+BACKENDS = ["neuron", "neuron-precompile", "neuron-device", "inductor", "turbine_cpu", "eager"]
 
 
 def build(workload: str):
@@ -82,11 +85,21 @@ def worker(backend: str, workload: str, mode: str, steps: int) -> dict:
     import torch._dynamo  # a process import, like torch's (transformers imports it anyway), not a compile cost
 
     model, inputs = build(workload)
+    if backend == "neuron-device":
+        # the model and its inputs on the neuron device, compiled by torch.compile's default (no
+        # backend named: a graph on neuron tensors goes to ours); AdamW runs eagerly on the device
+        model.to("neuron")
+        inputs = {name: value.to("neuron") for name, value in inputs.items()}
     rss0 = _rss_mb("VmRSS")
     # the first call counts torch.compile() too: looking the backend up imports AOTAutograd
     # (about 0.2 s, every backend), and a precompiled package loads there
     started = time.perf_counter()
-    fn = model if backend == "eager" else torch.compile(model, backend=backend.split("-")[0])
+    if backend == "eager":
+        fn = model
+    elif backend == "neuron-device":
+        fn = torch.compile(model)
+    else:
+        fn = torch.compile(model, backend=backend.split("-")[0])
     compile_s = time.perf_counter() - started
     out: dict = {"backend": backend, "workload": workload, "mode": mode}
     if mode == "infer":
@@ -213,7 +226,7 @@ def _failure(stderr: str) -> str:
     return reason[:300]
 
 
-def main(argv=None):
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10, help="steady calls/steps per process (transformers)")
@@ -221,7 +234,11 @@ def main(argv=None):
     parser.add_argument("--workloads", default="overhead:infer,gpt2:infer,gpt2:train,llama:infer,llama:train")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(HERE / "results" / "perf"))
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
     if args.worker:
         backend, workload, mode = args.worker.split(":")
         print(json.dumps(worker(backend, workload, mode, args.steps)))
@@ -281,7 +298,7 @@ def _report(summary, args) -> str:
              f"NEURON_COMPILE_PRECOMPILE=1). First call: torch.compile() and the first call or step. "
              f"Per-call: the quietest "
              f"round (overhead) or median of {args.steps} steps.\n",
-             f"Rerun: `python benchmarks/bench_perf.py --repeat {args.repeat} --steps {args.steps}`\n"]
+             f"Rerun: `python benchmarks/bench_perf.py --repeat {args.repeat} --steps {args.steps}{_selection(args)}`\n"]
     rows = []
     for workload, cells in summary.items():
         ind = cells.get("inductor", {})
@@ -314,7 +331,21 @@ def _report(summary, args) -> str:
                 line += (f"; precompile: {first['neuron-precompile-warm'] / first['neuron-precompile']:.2f} "
                          f"of its own cold, {first['neuron-precompile-warm'] / first['neuron']:.2f} of neuron's cold")
             lines.append(line)
+    for workload, cells in summary.items():
+        device, host, ind = (cells.get(name, {}) for name in ("neuron-device", "neuron", "inductor"))
+        if "per_call_s" in device and "per_call_s" in host:
+            lines.append(f"{workload}: model on the neuron device / CPU tensors, both compiled by neuron: per call "
+                         f"{_ratio(device['per_call_s'], host['per_call_s'])}, first call "
+                         f"{_ratio(device.get('first_call_s'), host.get('first_call_s'))}; device / Inductor: per "
+                         f"call {_ratio(device['per_call_s'], ind.get('per_call_s'))}, first call "
+                         f"{_ratio(device.get('first_call_s'), ind.get('first_call_s'))}")
     return "\n".join(lines) + "\n"
+
+
+def _selection(args) -> str:
+    default = {action.dest: action.default for action in _parser()._actions}
+    return "".join(f" --{name} {getattr(args, name)}" for name in ("backends", "workloads", "out")
+                   if getattr(args, name) != default[name])
 
 
 def _plot(summary, path):
