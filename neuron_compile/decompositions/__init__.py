@@ -17,7 +17,8 @@ here, in layers, later ones win:
    pairwise, strided and bit-level ops) and the library ops loaded so far;
 3. wrappers over the result: 0-d inputs (``_RANK0``), bool/uint8 inputs of
    max/min/argmax/cummax widened to int32 (``_WIDENED``), half-precision
-   cumsum accumulated in float32, and zero-size inputs (``pool.with_zero_size``).
+   cumsum accumulated in float32, half-precision gelu computed in float32
+   (``_HALF_IN_FLOAT32``), and zero-size inputs (``pool.with_zero_size``).
 
 ``pre_autograd`` holds the rewrites of Dynamo's graph that run before
 AOTAutograd (SDPA and embedding_bag as plain ops). The four families
@@ -61,7 +62,25 @@ def _base_table() -> dict:
     for op in _WIDENED:
         table[op] = _first_of(_widened(op), table.get(op))
     table[aten.cumsum.default] = _first_of(_cumsum_half, table.get(aten.cumsum.default))
+    for op in _HALF_IN_FLOAT32:
+        table[op] = _first_of(_in_float32(op), table.get(op))
     return with_zero_size(table)
+
+
+# Pointwise ops that torch-mlir lowers step by step in the input's dtype (gelu: x * rsqrt(2) and
+# 0.5 * x * (1 + erf) each rounded to bfloat16; half of a bfloat16 gelu's outputs were an ulp off);
+# ATen computes them in float32 (opmath) and rounds once
+_HALF_IN_FLOAT32 = (aten.gelu.default, aten.gelu_backward.default)
+
+
+def _in_float32(op):
+    def decomposition(*args, **kwargs):
+        half = args[0].dtype if isinstance(args[0], torch.Tensor) else None
+        if half not in (torch.bfloat16, torch.float16):
+            return NotImplemented
+        wide = [aten._to_copy.default(a, dtype=torch.float32) if isinstance(a, torch.Tensor) else a for a in args]
+        return aten._to_copy.default(op(*wide, **kwargs), dtype=half)
+    return decomposition
 
 
 def _cumsum_half(x, dim, *, dtype=None):
