@@ -47,3 +47,35 @@ def test_max_memory_allocated_during_a_compiled_training_step():
     assert torch.neuron.memory_allocated() == base
     for p, p_ref in zip(model.parameters(), ref.parameters()):
         assert_close(p.cpu(), p_ref.detach())
+
+
+def test_a_foreach_optimizer_step_runs_one_op_per_foreach_call(monkeypatch):
+    """torch's foreach kernels for a backend without its own loop one op per tensor; ours run the
+    whole list as one op: an AdamW step over 20 parameters is a handful of ops, not 20 x 6."""
+    from neuron_compile.device import ops
+
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(10)])
+    model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(10)])
+    model.load_state_dict(ref.state_dict())
+    model.to("neuron")
+    opts = [torch.optim.AdamW(m.parameters(), lr=0.01, weight_decay=0.1, foreach=True) for m in (ref, model)]
+    dispatched = []
+    original = ops.dispatch
+    monkeypatch.setattr(ops, "dispatch", lambda op, *a: dispatched.append(op) or original(op, *a))
+    per_step = []
+    for step in range(3):
+        x = torch.randn(4, 8)
+        for m, opt, inp in ((ref, opts[0], x), (model, opts[1], x.to("neuron"))):
+            opt.zero_grad()
+            m(inp).pow(2).mean().backward()
+            torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5)  # _foreach_norm, _foreach_mul_
+            before = len(dispatched)
+            opt.step()
+            if m is model:
+                per_step.append(len(dispatched) - before)
+    for p, p_ref in zip(model.parameters(), ref.parameters()):
+        assert_close(p.cpu(), p_ref.detach(), rtol=1e-5, atol=1e-6)
+    assert all(str(op).startswith("aten._foreach_") for op in dispatched[-per_step[-1]:])
+    # the first step also makes each parameter's two moment buffers (zeros_like, per tensor)
+    assert max(per_step[1:]) <= 12, per_step  # one op per tensor was 20 x 6 and more

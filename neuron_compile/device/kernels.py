@@ -48,6 +48,13 @@ def register_direct_kernels() -> None:
         if _is_view(op):
             continue
         _direct.impl(op, functools.partial(handle, op), _torch_hooks.PRIVATE_KEY)
+    # torch's foreach kernels for a backend without its own are loops of one op per tensor (an AdamW
+    # step over GPT-2's 52 parameters ran 315 executables); one foreach call is one executable here
+    for name in torch._C._dispatch_get_registrations_for_dispatch_key("CompositeExplicitAutograd"):
+        packet, _, overload = name.removeprefix("aten::").partition(".")
+        if packet.startswith("_foreach_") and not overload.endswith("out"):
+            op = getattr(getattr(aten, packet), overload or "default")
+            _direct.impl(op, functools.partial(handle, op), _torch_hooks.PRIVATE_KEY)
     # their CompositeExplicitAutograd kernels only raise "not implemented" for backends like ours
     # _to_copy's composite pins host memory for non_blocking copies to the CPU (a C++ allocator we lack)
     # native_layer_norm's and native_group_norm's composites (for backends with no kernel of their own)
