@@ -1,10 +1,11 @@
 """Diffusers on the ``neuron`` device: pipelines, transformers and a compiled UNet against CPU eager.
 
 Tiny models with random weights (no download). Each test runs the same model on CPU and on
-``neuron`` and compares with ``torch.testing.assert_close`` at its default tolerances. The norm
-and gelu tests are the fixes these models found in bfloat16 and float16: layer and group norm ran as
-ATen's composite (a ``native_batch_norm`` in the input's dtype) and gelu step by step in the input's
-dtype, where CPU computes in float32 and rounds once.
+``neuron`` and compares with ``torch.testing.assert_close`` at its default tolerances. The norm,
+gelu and convolution tests are the fixes these models found in bfloat16 and float16: layer and
+group norm ran as ATen's composite (a ``native_batch_norm`` in the input's dtype), gelu step by step
+in the input's dtype and convolution added its bias after rounding, where CPU computes in float32
+and rounds once.
 """
 
 from __future__ import annotations
@@ -63,6 +64,18 @@ def test_half_precision_gelu_computes_in_float32_like_cpu(dtype, approximate):
         got.backward(grad.to(inp.device))
         assert_close(got.cpu(), want.detach())
         assert_close(inp.grad.cpu(), ref.grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_convolution_computes_in_float32_like_cpu(dtype):
+    # the bias was added after rounding to bfloat16: a quarter of a 3x3 convolution's outputs were off
+    torch.manual_seed(0)
+    x, w, b = torch.randn(2, 16, 6, 6).to(dtype), torch.randn(8, 16, 3, 3).to(dtype), torch.randn(8).to(dtype)
+    cases = [lambda x, w, b: F.conv2d(x, w, b, padding=1), lambda x, w, b: F.conv2d(x, w, None, stride=2)]
+    for fn in cases:
+        want = fn(x, w, b)
+        assert_close(fn(N(x), N(w), N(b)).cpu(), want)
+        assert_close(torch.compile(fn, backend="neuron")(x, w, b), want)
 
 
 def _tiny_unet(diffusers):
