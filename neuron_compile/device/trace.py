@@ -7,7 +7,8 @@ is the whole buffer, else ``as_strided`` of the flattened buffer. The op runs
 under ``torch.func.functionalize`` and ``make_fx`` with the compiled path's
 decomposition table, so an in-place op on a view becomes a scatter into its
 storage, and the graph returns the op's fresh results followed by the new
-contents of every storage the op wrote.
+contents of every storage the op wrote. The few ops functionalization cannot
+take (fused Adam) run as ATen code instead (``optim.REWRITES``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.fx
+
+from .optim import REWRITES
 
 aten = torch.ops.aten
 
@@ -168,7 +171,7 @@ def trace_op(op, args, kwargs, leaves, written_positions: list[int], bake_floats
                 flat = base.reshape(-1) if base.dim() != 1 else base
                 views.append(aten.as_strided.default(flat, part[1], part[2], part[3]))
         new_args, new_kwargs = _replace_tensors(args, kwargs, lambda i: views[i], structure["floats"])
-        result = op(*new_args, **new_kwargs)
+        result = REWRITES.get(op, op)(*new_args, **new_kwargs)
         fresh_values = []
         structure["returns"] = _describe(result, views, fresh_values)
         structure["fresh"] = [(tuple(v.shape), v.dtype) for v in fresh_values]
