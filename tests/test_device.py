@@ -65,6 +65,13 @@ def test_device_module_api():
     assert torch.neuron.memory_allocated() == before
 
 
+def test_get_device_properties_names_the_device():
+    props = torch.neuron.get_device_properties(0)
+    assert props.name == torch.neuron.get_device_name() and props.total_memory > 0
+    with pytest.raises(RuntimeError, match="out of range"):
+        torch.neuron.get_device_properties(1)
+
+
 def test_random_ops_give_cpu_numbers():
     for make in (lambda d: torch.randn(3, 4, device=d), lambda d: torch.rand(5, device=d),
                  lambda d: torch.randint(0, 10, (6,), device=d), lambda d: torch.empty(4, device=d).normal_(2, 3),

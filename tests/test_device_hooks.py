@@ -109,3 +109,16 @@ def test_torch_compile_with_no_backend_named_routes_neuron_graphs_to_ours(monkey
     assert report.COUNTERS["lowerings"] > lowerings and not seen  # ours, not Inductor
     fn(x)  # a CPU graph still goes to Inductor
     assert len(seen) == 1
+
+
+def test_pin_memory_for_the_device_is_a_host_copy():
+    """``DataLoader(pin_memory=True)`` pins for the current accelerator, ``neuron``: a plain host copy
+    (pinning needs a C++ allocator; PJRT transfers from any host memory)."""
+    x = torch.arange(6.0).reshape(2, 3).t()
+    assert getattr(torch.Tensor.pin_memory, "_neuron", False)
+    pinned = x.pin_memory()
+    assert pinned.device.type == "cpu" and not pinned.is_pinned() and pinned.data_ptr() != x.data_ptr()
+    assert pinned.stride() == x.stride()
+    torch.testing.assert_close(pinned, x)
+    batch = next(iter(torch.utils.data.DataLoader([{"a": torch.arange(3.0)}], pin_memory=True)))
+    torch.testing.assert_close(batch["a"].to("neuron").cpu(), torch.arange(3.0)[None])

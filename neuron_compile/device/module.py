@@ -5,6 +5,9 @@ Functions only read counters or seed a generator; none starts XLA.
 
 from __future__ import annotations
 
+import os
+from typing import NamedTuple
+
 import torch
 
 from . import storage as _storage
@@ -40,6 +43,17 @@ def get_device_name(device=None) -> str:
     from runtime.executor import platform_description
 
     return f"neuron (XLA {platform_description()['platform']})"
+
+
+class _DeviceProperties(NamedTuple):
+    name: str
+    total_memory: int  # bytes: our buffers live in the host's memory (PJRT's CPU client)
+
+
+def get_device_properties(device=None) -> _DeviceProperties:
+    """``torch.neuron.get_device_properties(0).name`` (TRL's trainers read it), as ``torch.cuda``'s."""
+    set_device(device if device is not None else 0)
+    return _DeviceProperties(get_device_name(), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 def synchronize(device=None) -> None:
