@@ -304,6 +304,34 @@ def backend_options(options) -> tuple:
             options.global_ranks_in_group)
 
 
+def run_eagerly(fn):
+    """``fn`` wrapped so that Dynamo never compiles its frame, even when C++ calls it from inside a compiled
+    function (``torch._dynamo.disable``; importing Dynamo costs about a second, paid at the first process
+    group: DDP and FSDP2 import it anyway)."""
+    import torch._dynamo
+
+    return torch._dynamo.disable(fn)
+
+
+def skip_in_dynamo(package: str) -> None:
+    """Dynamo never compiles a frame of ``package`` (``torch._dynamo.trace_rules.add``, as for a library
+    Dynamo should not trace): C++ that runs inside a compiled region (DDP's reducer) calls the device's
+    Python kernels, whose frames Dynamo would otherwise compile, each a few times, to no graph."""
+    from importlib.util import find_spec
+
+    import torch._dynamo.trace_rules as rules
+
+    spec = find_spec(package)
+    if spec is None:
+        return
+    if spec.origin is not None:
+        rules.add(package)
+        return
+    # a namespace package (torch_mlir), which ``add`` ignores: its folders
+    rules.SKIP_DIRS.extend(location.rstrip("/") + "/" for location in spec.submodule_search_locations or ())
+    rules._recompile_re()
+
+
 def collective_options(kind: str):
     """A fresh ``torch._C._distributed_c10d.<kind>Options()`` (``AllgatherOptions`` is not in torch.distributed)."""
     return getattr(torch._C._distributed_c10d, f"{kind}Options")()
@@ -353,3 +381,15 @@ def pin_memory_as_copy() -> None:
     pin_memory._neuron = True
     pin_memory.__doc__ = original.__doc__
     torch.Tensor.pin_memory = pin_memory
+
+
+# the dispatcher's thread-local key sets of top-level code (this module is imported by ``import torch``)
+_PLAIN_DISPATCH = (torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set())
+
+
+def plain_dispatch():
+    """A guard under which the dispatcher's thread-local include and exclude sets are top-level code's.
+    An op reaching the device from inside a tensor subclass's ``__torch_dispatch__`` (DTensor runs the
+    local op so: FSDP2's optimizer step) comes with every key above the backend excluded, Functionalize
+    and PythonTLSSnapshot included: ``make_fx`` under ``functionalize`` would then trace nothing."""
+    return torch._C._ForceDispatchKeyGuard(*_PLAIN_DISPATCH)

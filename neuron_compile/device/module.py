@@ -140,3 +140,9 @@ class device:
 
     def __exit__(self, *exc):
         return False
+
+
+# Streams and events for device-agnostic code (FSDP2 makes its all-gather and reduce-scatter streams
+# with ``device_handle.Stream()`` and orders them with events): the device runs one op after another
+# (``synchronize``), so these are torch.cpu's, which order nothing because nothing needs ordering.
+from torch.cpu import Event, Stream, StreamContext, current_stream, stream  # noqa: E402, F401

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 
+from ._torch_hooks import plain_dispatch
 from .optim import REWRITES
 
 aten = torch.ops.aten
@@ -183,8 +184,9 @@ def trace_op(op, args, kwargs, leaves, written_positions: list[int], bake_floats
     def trace(floats):
         structure["floats"] = floats
         try:
-            gm = make_fx(torch.func.functionalize(run, remove="mutations_and_views"),
-                         decomposition_table=table, tracing_mode="fake")(*example)
+            with plain_dispatch():  # called inside DTensor's __torch_dispatch__, most keys are excluded
+                gm = make_fx(torch.func.functionalize(run, remove="mutations_and_views"),
+                             decomposition_table=table, tracing_mode="fake")(*example)
         except (DataDependentOutputException, DynamicOutputShapeException) as exc:
             raise OpTraceError(f"{type(exc).__name__}: {exc}") from exc
         except RuntimeError as exc:
