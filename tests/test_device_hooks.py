@@ -122,3 +122,75 @@ def test_pin_memory_for_the_device_is_a_host_copy():
     torch.testing.assert_close(pinned, x)
     batch = next(iter(torch.utils.data.DataLoader([{"a": torch.arange(3.0)}], pin_memory=True)))
     torch.testing.assert_close(batch["a"].to("neuron").cpu(), torch.arange(3.0)[None])
+
+
+# --- torch.distributed (neuron_compile/device/distributed.py) ------------------------------------------
+
+def test_the_neuron_process_group_backend_is_registered_for_neuron_and_cpu():
+    import torch.distributed as dist
+
+    assert "neuron" in dist.Backend.backend_list and dist.Backend.NEURON == "neuron"
+    assert dist.Backend.default_device_backend_map["neuron"] == "neuron"  # init_process_group()
+    assert dist.Backend.default_device_backend_map["cpu"] == "gloo"  # left alone
+    assert sorted(dist.Backend.backend_capability["neuron"]) == ["cpu", "neuron"]
+    assert dist.Backend._plugins["NEURON"].extended_api
+    for kind in ("Allreduce", "Allgather", "ReduceScatter", "Broadcast", "AllToAll", "Barrier"):
+        assert type(_torch_hooks.collective_options(kind)).__name__ == f"{kind}Options"
+
+
+def test_a_python_process_group_from_the_creator_is_the_group_and_cpp_reaches_its_methods():
+    """torch makes a creator's ``ProcessGroup`` subclass the whole group, and C++ (``_broadcast_coalesced``,
+    DDP's reducer) calls its Python methods and its Python Work's ``wait`` through torch's trampolines."""
+    import torch.distributed as dist
+
+    from neuron_compile.device.distributed import NeuronProcessGroup, NeuronWork
+
+    dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        group = dist.group.WORLD
+        assert type(group) is NeuronProcessGroup and (group.rank(), group.size()) == (0, 1)
+        assert group.group_name == "0" and group.name() == "neuron"
+        calls = []
+        original = NeuronProcessGroup.broadcast
+        NeuronProcessGroup.broadcast = lambda self, *a: calls.append(a) or original(self, *a)
+        try:
+            tensors = [torch.ones(3), torch.arange(2.0)]
+            dist._broadcast_coalesced(group, tensors, 1 << 20, 0)  # C++: flattens, broadcasts, unflattens
+        finally:
+            NeuronProcessGroup.broadcast = original
+        assert len(calls) == 1 and tensors[1].tolist() == [0.0, 1.0]
+        work = dist.all_reduce(torch.ones(2), async_op=True)
+        assert isinstance(work, NeuronWork) and work.wait() and work.get_future().value()[0].tolist() == [1.0, 1.0]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_storage_resize_on_the_device_is_ours_and_cpu_storages_still_resize():
+    assert getattr(torch.UntypedStorage.resize_, "_neuron", False)
+    storage = torch.zeros(2).untyped_storage()
+    storage.resize_(4 * 4)
+    assert storage.nbytes() == 16
+
+
+def test_plain_dispatch_lifts_an_exclude_set_a_subclass_dispatch_leaves():
+    functionalize = torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize)
+    with torch._C._ExcludeDispatchKeyGuard(functionalize):
+        assert torch._C._dispatch_tls_local_exclude_set().has(torch._C.DispatchKey.Functionalize)
+        with _torch_hooks.plain_dispatch():
+            assert not torch._C._dispatch_tls_local_exclude_set().has(torch._C.DispatchKey.Functionalize)
+        assert torch._C._dispatch_tls_local_exclude_set().has(torch._C.DispatchKey.Functionalize)
+
+
+def test_dynamo_disable_and_skip_folders_keep_dynamo_out():
+    import torch._dynamo.trace_rules as rules
+    import torch_mlir.extras.fx_importer as fx_importer
+
+    import neuron_compile.cache_key as cache_key
+
+    _torch_hooks.skip_in_dynamo("torch_mlir")  # a namespace package: its folder
+    _torch_hooks.skip_in_dynamo("neuron_compile.cache_key")  # a module: its file
+    assert rules.check_file(fx_importer.__file__).skipped
+    assert rules.check_file(cache_key.__file__).skipped
+    fn = _torch_hooks.run_eagerly(lambda x: x + 1)
+    assert getattr(fn, "_torchdynamo_disable", False)
+    assert torch.compile(lambda x: fn(x) * 2, backend="eager")(torch.ones(1)).tolist() == [4.0]

@@ -20,7 +20,17 @@ it):
   and ``nn.Module.to`` run with torch's swap path (tied weights stay tied);
 * ``torch._TorchCompileInductorWrapper.__call__``: what ``torch.compile(model)``
   with no backend named (Inductor) runs; a graph on neuron tensors goes to our
-  backend instead (torch 2.13 has no public hook for a device's default compiler).
+  backend instead (torch 2.13 has no public hook for a device's default compiler);
+* for ``distributed.py``: ``Backend.register_backend`` (extended API: a
+  ``_DistributedBackendOptions``) with a creator returning a Python
+  ``ProcessGroup`` subclass, which torch makes the whole group, reached from
+  C++ through the ``PyProcessGroup`` trampoline; ``torch.distributed._Work``
+  subclasses (``wait``, ``get_future`` through ``PyWork``); the option structs
+  of ``torch._C._distributed_c10d``; ``UntypedStorage.resize_`` (FSDP2 frees
+  storages; torch sends PrivateUse1's to a C++ hook Python cannot implement);
+  ``torch._C._ForceDispatchKeyGuard`` (an op traced from inside DTensor's
+  dispatch); ``torch._dynamo.disable`` and ``torch._dynamo.trace_rules``'
+  skip folders (C++ calls our Python inside a compiled region).
 """
 
 from __future__ import annotations
