@@ -35,6 +35,7 @@ it):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -401,5 +402,8 @@ def plain_dispatch():
     """A guard under which the dispatcher's thread-local include and exclude sets are top-level code's.
     An op reaching the device from inside a tensor subclass's ``__torch_dispatch__`` (DTensor runs the
     local op so: FSDP2's optimizer step) comes with every key above the backend excluded, Functionalize
-    and PythonTLSSnapshot included: ``make_fx`` under ``functionalize`` would then trace nothing."""
+    and PythonTLSSnapshot included: ``make_fx`` under ``functionalize`` would then trace nothing. Anywhere
+    else (inference mode, autocast) the sets are left as they are."""
+    if not torch._C._dispatch_tls_local_exclude_set().has(torch._C.DispatchKey.Functionalize):
+        return contextlib.nullcontext()
     return torch._C._ForceDispatchKeyGuard(*_PLAIN_DISPATCH)
