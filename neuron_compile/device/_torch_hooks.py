@@ -297,7 +297,9 @@ def route_default_compiler(compiler) -> None:
 # ``Work`` (``torch.distributed._Work``) is reached through ``PyWork`` (``wait``, ``get_future``).
 # The option structs (``AllgatherOptions``...) live in ``torch._C._distributed_c10d``.
 
+# (``object`` in a torch built without distributed: the classes exist, ``register`` registers nothing)
 PythonWork = getattr(torch.distributed, "_Work", object)
+PythonProcessGroup = getattr(torch.distributed, "ProcessGroup", object)
 
 
 def register_process_group_backend(name: str, creator, devices) -> None:

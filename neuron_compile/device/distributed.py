@@ -207,8 +207,8 @@ _COMPILE_STACK = ("neuron_compile.device", "neuron_compile.capture", "neuron_com
 
 def _hide_from_dynamo() -> None:
     """Make every method C++ calls back into (DDP's reducer rebuilds its buckets with a broadcast from
-    inside a compiled forward) run eagerly, and every frame of the device's kernels (which that C++
-    calls too) be skipped: Dynamo would otherwise try to compile them."""
+    inside a compiled forward) run eagerly, and skip every frame of the eager ops' compile stack (which
+    that C++ reaches too, through the device's kernels): Dynamo would otherwise compile each of them."""
     global _hidden
     if _hidden:
         return
@@ -225,7 +225,7 @@ def _avg(opts) -> bool:
     return opts.reduceOp.op == torch.distributed.ReduceOp.AVG
 
 
-class NeuronProcessGroup(torch.distributed.ProcessGroup):
+class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
     """A process group for neuron and CPU tensors over an internal gloo group on the same store."""
 
     def __init__(self, store, rank: int, size: int, timeout=datetime.timedelta(minutes=30), group_name="",
