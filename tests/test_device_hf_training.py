@@ -93,6 +93,16 @@ def test_trainer_eager_losses_and_weights_as_on_cpu(on, tmp_path):
     assert_close(got_weights, want_weights)
 
 
+def test_trainer_with_activation_checkpointing_and_gradient_accumulation(on, tmp_path):
+    """The forward recomputed in the backward (``torch.utils.checkpoint``), two micro-batches a step."""
+    arguments = {"activation_checkpointing": True, "gradient_accumulation_steps": 2}
+    got, got_weights = _train("neuron", on, tmp_path, steps=2, **arguments)
+    want, want_weights = _train("cpu", on, tmp_path, steps=2, **arguments)
+    assert len(got) == 2
+    assert_close(got, want)
+    assert_close(got_weights, want_weights)
+
+
 def test_trainer_resumes_a_checkpoint_saved_on_the_device_as_on_cpu(on, tmp_path):
     """A checkpoint written from the device (safetensors weights, optimizer and scheduler state, RNG
     state) and resumed into a fresh model continues with CPU's losses and weights."""
