@@ -2,10 +2,10 @@
 
 Tiny models with random weights (no download). Each test runs the same model on CPU and on
 ``neuron`` and compares with ``torch.testing.assert_close`` at its default tolerances. The norm,
-gelu and convolution tests are the fixes these models found in bfloat16 and float16: layer and
-group norm ran as ATen's composite (a ``native_batch_norm`` in the input's dtype), gelu step by step
-in the input's dtype and convolution added its bias after rounding, where CPU computes in float32
-and rounds once.
+gelu, convolution and reduction tests are the fixes these models found in bfloat16 and float16:
+layer and group norm ran as ATen's composite (a ``native_batch_norm`` in the input's dtype), gelu
+step by step in the input's dtype, convolution added its bias after rounding and sums accumulated in
+the input's dtype, where CPU computes in float32 and rounds once.
 """
 
 from __future__ import annotations
@@ -76,6 +76,20 @@ def test_half_precision_convolution_computes_in_float32_like_cpu(dtype):
         want = fn(x, w, b)
         assert_close(fn(N(x), N(w), N(b)).cpu(), want)
         assert_close(torch.compile(fn, backend="neuron")(x, w, b), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_sums_and_means_accumulate_in_float32_like_cpu(dtype):
+    # XLA reduced in bfloat16: half of the row sums were off
+    torch.manual_seed(0)
+    x = (torch.randn(16, 64) * 3).to(dtype)
+    cases = [lambda x: x.sum(-1), lambda x: x.sum(), lambda x: x.mean(-1), lambda x: x.mean((0, 1), keepdim=True),
+             lambda x: x.sum(-1, dtype=torch.float32), lambda x: x.mean(-1, dtype=torch.float32)]
+    for fn in cases:
+        want = fn(x)
+        for got in (fn(N(x)).cpu(), torch.compile(fn, backend="neuron")(x)):
+            assert got.dtype == want.dtype
+            assert_close(got, want)
 
 
 def _tiny_unet(diffusers):

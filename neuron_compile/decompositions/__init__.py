@@ -17,8 +17,8 @@ here, in layers, later ones win:
    pairwise, strided and bit-level ops) and the library ops loaded so far;
 3. wrappers over the result: 0-d inputs (``_RANK0``), bool/uint8 inputs of
    max/min/argmax/cummax widened to int32 (``_WIDENED``), half-precision
-   cumsum accumulated in float32, half-precision gelu and convolution computed
-   in float32 (``_HALF_IN_FLOAT32``), and zero-size inputs (``pool.with_zero_size``).
+   cumsum accumulated in float32, half-precision gelu, convolution, sum and mean
+   computed in float32 (``_HALF_IN_FLOAT32``), and zero-size inputs (``pool.with_zero_size``).
 
 ``pre_autograd`` holds the rewrites of Dynamo's graph that run before
 AOTAutograd (SDPA and embedding_bag as plain ops). The four families
@@ -71,14 +71,17 @@ def _base_table() -> dict:
 # rounds once: gelu (x * rsqrt(2) and 0.5 * x * (1 + erf) each rounded to bfloat16; 40% of a
 # bfloat16 gelu's outputs were an ulp off) and convolution (the bias added after the rounding: a
 # bfloat16 3x3 convolution was a quarter of its outputs off, CPU's equals float32's rounded)
-_HALF_IN_FLOAT32 = (aten.gelu.default, aten.gelu_backward.default, aten.convolution.default)
+_HALF_IN_FLOAT32 = (aten.gelu.default, aten.gelu_backward.default, aten.convolution.default,
+                    # sums and means: XLA reduced in bfloat16 (half of a row sum's results off)
+                    aten.sum.default, aten.sum.dim_IntList, aten.mean.default, aten.mean.dim)
 
 
 def _in_float32(op):
     def decomposition(*args, **kwargs):
         half = args[0].dtype if isinstance(args[0], torch.Tensor) else None
-        if half not in (torch.bfloat16, torch.float16):
+        if half not in (torch.bfloat16, torch.float16) or kwargs.get("dtype") not in (None, half):
             return NotImplemented
+        kwargs = {k: v for k, v in kwargs.items() if k != "dtype"}
         wide = [aten._to_copy.default(a, dtype=torch.float32) if isinstance(a, torch.Tensor) else a for a in args]
         out = op(*wide, **kwargs)
         narrow = lambda t: aten._to_copy.default(t, dtype=half) if isinstance(t, torch.Tensor) else t  # noqa: E731
