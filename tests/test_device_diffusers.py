@@ -4,8 +4,8 @@ Tiny models with random weights (no download). Each test runs the same model on 
 ``neuron`` and compares with ``torch.testing.assert_close`` at its default tolerances. The norm,
 gelu, convolution and reduction tests are the fixes these models found in bfloat16 and float16:
 layer and group norm ran as ATen's composite (a ``native_batch_norm`` in the input's dtype), gelu
-step by step in the input's dtype, convolution added its bias after rounding and sums accumulated in
-the input's dtype, where CPU computes in float32 and rounds once.
+step by step in the input's dtype, convolution added its bias after rounding, sums accumulated in
+the input's dtype and x * 1.7 rounded 1.7 to bfloat16, where CPU computes in float32 and rounds once.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
+
+from neuron_compile.device import ops as device_ops
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
 
@@ -90,6 +92,29 @@ def test_half_precision_sums_and_means_accumulate_in_float32_like_cpu(dtype):
         for got in (fn(N(x)).cpu(), torch.compile(fn, backend="neuron")(x)):
             assert got.dtype == want.dtype
             assert_close(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_times_a_number_computes_in_float32_like_cpu(dtype):
+    # the number was rounded to bfloat16 first (1.7 -> 1.703125): a third of x * 1.7 was off; ATen's
+    # add and sub do round the number, and 0-d tensor * x rounds it: those must stay as they are
+    torch.manual_seed(0)
+    x = (torch.randn(64) * 3).to(dtype)
+    cases = [lambda x: x * 1.7, lambda x: 1.7 * x, lambda x: x / 3.3, lambda x: x.clone().mul_(1.7),
+             lambda x: x.clone().div_(3.3), lambda x: torch.mul(x, 1.7, out=torch.empty_like(x)),
+             lambda x: x * torch.tensor(1.7, device=x.device), lambda x: torch.tensor(1.7, device=x.device) * x,
+             lambda x: x + 0.3, lambda x: x - 0.3, lambda x: x[0] * 1.7]
+    for fn in cases:
+        want = fn(x)
+        for got in (fn(N(x)).cpu(), torch.compile(fn, backend="neuron")(x)):
+            assert got.dtype == want.dtype
+            assert_close(got, want)
+    xn = N(x)
+    assert_close((xn * 1.1).cpu(), x * 1.1)
+    compiles = device_ops.COUNTS["op_compiles"]
+    for v in (1.3, 1.7, 2.9):  # a new number is a new 0-d input, not a new executable
+        assert_close((xn * v).cpu(), x * v)
+    assert device_ops.COUNTS["op_compiles"] == compiles
 
 
 def _tiny_unet(diffusers):

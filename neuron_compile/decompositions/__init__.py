@@ -18,7 +18,9 @@ here, in layers, later ones win:
 3. wrappers over the result: 0-d inputs (``_RANK0``), bool/uint8 inputs of
    max/min/argmax/cummax widened to int32 (``_WIDENED``), half-precision
    cumsum accumulated in float32, half-precision gelu, convolution, sum and mean
-   computed in float32 (``_HALF_IN_FLOAT32``), and zero-size inputs (``pool.with_zero_size``).
+   computed in float32 (``_HALF_IN_FLOAT32``), half-precision tensors multiplied
+   or divided by a number in float32 (``_HALF_WITH_NUMBER``), and zero-size
+   inputs (``pool.with_zero_size``).
 
 ``pre_autograd`` holds the rewrites of Dynamo's graph that run before
 AOTAutograd (SDPA and embedding_bag as plain ops). The four families
@@ -64,7 +66,31 @@ def _base_table() -> dict:
     table[aten.cumsum.default] = _first_of(_cumsum_half, table.get(aten.cumsum.default))
     for op in _HALF_IN_FLOAT32:
         table[op] = _first_of(_in_float32(op), table.get(op))
+    for op in _HALF_WITH_NUMBER:
+        table[op] = _first_of(_with_number_in_float32(op), table.get(op))
     return with_zero_size(table)
+
+
+# A half-precision tensor times or over a number (x * 1.7, x / 3.3; a 0-d float32 tensor counts as
+# one, as in ATen): ATen multiplies in float32 by the number as given; the lowering rounded the number
+# to bfloat16 first (1.7 became 1.703125: a third of x * 1.7's outputs were off). ATen's add and sub
+# do round the number to the tensor's dtype: they stay as they are.
+_HALF_WITH_NUMBER = (aten.mul.Tensor, aten.div.Tensor)
+
+
+def _with_number_in_float32(op):
+    def decomposition(x, other):  # only a number on the right: ATen's 0-d tensor * x rounds it
+        if not isinstance(x, torch.Tensor) or isinstance(other, (bool, complex)):
+            return NotImplemented
+        half = torch.result_type(x, other)
+        if half not in (torch.bfloat16, torch.float16) or x.dtype != half:
+            return NotImplemented
+        if isinstance(other, torch.Tensor):
+            if other.dim() != 0 or other.dtype not in (torch.float32, torch.float64):
+                return NotImplemented
+            other = aten._to_copy.default(other, dtype=torch.float32)
+        return aten._to_copy.default(op(aten._to_copy.default(x, dtype=torch.float32), other), dtype=half)
+    return decomposition
 
 
 # Ops that torch-mlir lowers step by step in the input's dtype, where ATen computes in float32 and

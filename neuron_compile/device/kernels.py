@@ -94,20 +94,26 @@ def _compiled_for(op):
     if not positions:
         return _compiled
 
+    wide = op._schema.name in ("aten::mul", "aten::mul_", "aten::div", "aten::div_") and \
+        op._overloadname in ("Tensor", "out")
+
     def compiled(op, *args, **kwargs):
         for i in positions:
             if i < len(args) and type(args[i]) in (int, float, bool):
-                args = _unwrap_number(args, i)
+                args = _unwrap_number(args, i, wide)
         return ops.dispatch(op, args, kwargs)
 
     return compiled
 
 
-def _unwrap_number(args: tuple, position: int) -> tuple:
+def _unwrap_number(args: tuple, position: int, wide: bool = False) -> tuple:
     value = args[position]
     reference = next((a for a in args if isinstance(a, torch.Tensor)), None)
     # the dtype eager computes a tensor-and-wrapped-number op in: a 0-d tensor of it behaves the same
     dtype = torch.result_type(reference, value) if reference is not None else torch.tensor(value).dtype
+    if wide and position == 1 and type(value) is float and dtype in (torch.bfloat16, torch.float16) \
+            and reference.dim() > 0:  # (a 0-d float32 one would make a 0-d tensor's product float32)
+        dtype = torch.float32  # ATen multiplies a half tensor by the number in float32, unrounded
     return args[:position] + (torch.tensor(value, dtype=dtype),) + args[position + 1:]
 
 
