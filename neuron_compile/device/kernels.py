@@ -42,26 +42,19 @@ def register_direct_kernels() -> None:
     if _direct is not None:
         return
     _direct = torch.library.Library("aten", "IMPL")
-    for name in torch._C._dispatch_get_registrations_for_dispatch_key("CompositeExplicitAutogradNonFunctional"):
-        packet, _, overload = name.removeprefix("aten::").partition(".")
-        op = getattr(getattr(aten, packet), overload or "default")
-        if _is_view(op):
-            continue
-        _direct.impl(op, functools.partial(handle, op), _torch_hooks.PRIVATE_KEY)
+    direct = [op for op in _registered_for("CompositeExplicitAutogradNonFunctional") if not _is_view(op)]
     # torch's foreach kernels for a backend without its own are loops of one op per tensor (an AdamW
     # step over GPT-2's 52 parameters ran 315 executables); one foreach call is one executable here
-    for name in torch._C._dispatch_get_registrations_for_dispatch_key("CompositeExplicitAutograd"):
-        packet, _, overload = name.removeprefix("aten::").partition(".")
-        if packet.startswith("_foreach_") and not overload.endswith("out"):
-            op = getattr(getattr(aten, packet), overload or "default")
-            _direct.impl(op, functools.partial(handle, op), _torch_hooks.PRIVATE_KEY)
+    direct += [op for op in _registered_for("CompositeExplicitAutograd")
+               if op.__name__.startswith("_foreach_") and not op._overloadname.endswith("out")]
     # their CompositeExplicitAutograd kernels only raise "not implemented" for backends like ours
     # _to_copy's composite pins host memory for non_blocking copies to the CPU (a C++ allocator we lack)
     # native_layer_norm's and native_group_norm's composites (for backends with no kernel of their own)
     # run them as native_batch_norm in the input's dtype; CPU's kernels (and our table's decompositions)
     # compute in float32 and round once: in bfloat16, half of a layer norm's outputs were an ulp off
-    for op in (aten.convolution_overrideable.default, aten.convolution_backward_overrideable.default,
-               aten._to_copy.default, aten.native_layer_norm.default, aten.native_group_norm.default):
+    direct += [aten.convolution_overrideable.default, aten.convolution_backward_overrideable.default,
+               aten._to_copy.default, aten.native_layer_norm.default, aten.native_group_norm.default]
+    for op in direct:
         _direct.impl(op, functools.partial(handle, op), _torch_hooks.PRIVATE_KEY)
     from runtime.executor import register_device_adapter
 
@@ -69,6 +62,17 @@ def register_direct_kernels() -> None:
 
     autocast.register()  # only neuron tensors reach autocast kernels: none exists before this first op
     register_device_adapter(_torch_hooks.NAME, ops.ExecutorAdapter)
+
+
+def _registered_for(key: str) -> list:
+    """The aten op overloads with a kernel registered for the dispatch key ``key``."""
+    ops_ = []
+    for name in torch._C._dispatch_get_registrations_for_dispatch_key(key):
+        if not name.startswith("aten::"):
+            continue
+        packet, _, overload = name.removeprefix("aten::").partition(".")
+        ops_.append(getattr(getattr(aten, packet), overload or "default"))
+    return ops_
 
 
 def handle(op, *args, **kwargs):
