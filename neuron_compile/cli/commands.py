@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import statistics
 import sys
 import textwrap
 import time
@@ -92,8 +93,8 @@ def cmd_demo(args) -> int:
         "tolerance": args.tol,
         "ok": ok,
         "first_train_step_s": times_mine[0] if times_mine else None,
-        "steady_train_step_ms": {"neuron": _median(times_mine[1:]) * 1e3 if len(times_mine) > 1 else None,
-                                 "eager": _median(times_eager[1:]) * 1e3 if len(times_eager) > 1 else None},
+        "steady_train_step_ms": {"neuron": statistics.median(times_mine[1:]) * 1e3 if len(times_mine) > 1 else None,
+                                 "eager": statistics.median(times_eager[1:]) * 1e3 if len(times_eager) > 1 else None},
         "compile_reports": [r.as_dict() for r in reports],
     }
     if args.json:
@@ -118,14 +119,6 @@ def cmd_demo(args) -> int:
                               f"the tolerance {args.tol:g}."), file=sys.stderr)
         return 1
     return 0
-
-
-def _median(values):
-    values = sorted(values)
-    if not values:
-        return float("nan")
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
 # ---- dump ----------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ three ways and each checked against the same steps on CPU eager:
 from __future__ import annotations
 
 import copy
+import statistics
 import sys
 import time
 
@@ -52,8 +53,9 @@ def cmd_demo_device(args) -> int:
         diff = (got.cpu() - want).abs().max().item()
         cpu_losses, losses, times, copies = _train(reference, model, run, ids, device_ids, args)
         loss_diff = max(abs(a - b) for a, b in zip(cpu_losses, losses))
+        steady = statistics.median(times[1:]) * 1e3 if len(times) > 1 else None
         rows.append({"mode": mode, "logits_max_abs_diff": diff, "loss_max_abs_diff": loss_diff,
-                     "first_call_s": first, "steady_step_ms": _median(times[1:]) * 1e3 if len(times) > 1 else None,
+                     "first_call_s": first, "steady_step_ms": steady,
                      "host_copies_per_step": copies, "losses": losses, "cpu_losses": cpu_losses})
 
     prompt = ids[:1, :8]
@@ -132,8 +134,3 @@ def _greedy(model, prompt, new_tokens: int):
         for i in range(start, start + new_tokens):
             ids[:, i] = model(ids)[:, i - 1].argmax(-1)
     return ids
-
-
-def _median(values):
-    values = sorted(values)
-    return values[len(values) // 2] if values else float("nan")
