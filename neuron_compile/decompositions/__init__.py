@@ -17,10 +17,10 @@ here, in layers, later ones win:
    pairwise, strided and bit-level ops) and the library ops loaded so far;
 3. wrappers over the result: 0-d inputs (``_RANK0``), bool/uint8 inputs of
    max/min/argmax/cummax widened to int32 (``_WIDENED``), half-precision
-   cumsum accumulated in float32, half-precision gelu, convolution, sum and mean
-   computed in float32 (``_HALF_IN_FLOAT32``), half-precision tensors multiplied
-   or divided by a number in float32 (``_HALF_WITH_NUMBER``), and zero-size
-   inputs (``pool.with_zero_size``).
+   gelu, convolution, sum, mean and cumsum computed in float32
+   (``_HALF_IN_FLOAT32``), half-precision tensors multiplied or divided by a
+   number in float32 (``_HALF_WITH_NUMBER``), and zero-size inputs
+   (``pool.with_zero_size``).
 
 ``pre_autograd`` holds the rewrites of Dynamo's graph that run before
 AOTAutograd (SDPA and embedding_bag as plain ops). The four families
@@ -63,7 +63,6 @@ def _base_table() -> dict:
             table[op] = _rank0(fn)
     for op in _WIDENED:
         table[op] = _first_of(_widened(op), table.get(op))
-    table[aten.cumsum.default] = _first_of(_cumsum_half, table.get(aten.cumsum.default))
     for op in _HALF_IN_FLOAT32:
         table[op] = _first_of(_in_float32(op), table.get(op))
     for op in _HALF_WITH_NUMBER:
@@ -99,7 +98,10 @@ def _with_number_in_float32(op):
 # bfloat16 3x3 convolution was a quarter of its outputs off, CPU's equals float32's rounded)
 _HALF_IN_FLOAT32 = (aten.gelu.default, aten.gelu_backward.default, aten.convolution.default,
                     # sums and means: XLA reduced in bfloat16 (half of a row sum's results off)
-                    aten.sum.default, aten.sum.dim_IntList, aten.mean.default, aten.mean.dim)
+                    aten.sum.default, aten.sum.dim_IntList, aten.mean.default, aten.mean.dim,
+                    # running sums: ATen accumulates them in float32 (acc_type); in bfloat16 the sum
+                    # drifted by several ulps over a row
+                    aten.cumsum.default)
 
 
 def _in_float32(op):
@@ -113,15 +115,6 @@ def _in_float32(op):
         narrow = lambda t: aten._to_copy.default(t, dtype=half) if isinstance(t, torch.Tensor) else t  # noqa: E731
         return tuple(narrow(t) for t in out) if isinstance(out, (tuple, list)) else narrow(out)
     return decomposition
-
-
-def _cumsum_half(x, dim, *, dtype=None):
-    # ATen accumulates bfloat16 and float16 running sums in float32 (acc_type); in bfloat16 the
-    # sum drifts by several ulps over a row
-    if x.dim() == 0 or x.dtype not in (torch.bfloat16, torch.float16) or dtype not in (None, x.dtype):
-        return NotImplemented
-    wide = aten.cumsum.default(aten._to_copy.default(x, dtype=torch.float32), dim)
-    return aten._to_copy.default(wide, dtype=x.dtype)
 
 
 # Reductions that pick an element: torch-mlir's lowering compares bool and uint8 wrongly (max.dim on
