@@ -112,7 +112,12 @@ WORKER = textwrap.dedent('''
             if name == "ddp":
                 results[name] = {"neuron": ddp("neuron"), "cpu": ddp("cpu")}
             elif name == "ddp_compiled":
+                import neuron_compile
+                before = len(neuron_compile.compile_reports())
                 results[name] = {"neuron": ddp("neuron", compiled=True), "cpu": ddp("cpu")}
+                # the graphs our backend compiled from Dynamo (eager device ops report kind "eager")
+                results["compiled_graphs"] = [r.kind for r in neuron_compile.compile_reports()[before:]
+                                              if r.kind != "eager"]
             elif name == "fsdp2":
                 results[name] = {"neuron": fsdp2("neuron"), "cpu": fsdp2("cpu")}
             else:
@@ -179,10 +184,19 @@ def test_fsdp2_on_neuron_trains_as_on_cpu(two_ranks):
 
 
 @pytest.mark.slow
-def test_compiled_ddp_on_neuron_trains_as_on_cpu(two_ranks):
+def test_torch_compile_of_ddp_on_neuron_trains_as_on_cpu(two_ranks):
     _check_training(two_ranks, "ddp_compiled")
-    # Dynamo compiles none of the device's frames that DDP's reducer calls from C++: no recompile storm
-    assert two_ranks[0]["seconds"]["ddp_compiled"] < 3 * two_ranks[0]["seconds"]["ddp"] + 30
+    # Dynamo compiles none of the device's frames that DDP's reducer calls from C++ (without the skip
+    # folders it compiled 19 graphs of them, all inference graphs of the device's own code)
+    assert "inference" not in two_ranks[0]["compiled_graphs"]
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="torch.compile of a DDP-wrapped model on neuron tensors captures no "
+                   "graph of the model: Dynamo graph-breaks on every frame and the step runs eagerly "
+                   "(issue 22's compiled collectives); strict, so it fails once the model compiles")
+def test_torch_compile_of_ddp_on_neuron_compiles_the_model(two_ranks):
+    assert {"forward", "backward"} <= set(two_ranks[0]["compiled_graphs"])
 
 
 @pytest.mark.slow

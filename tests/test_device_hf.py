@@ -53,11 +53,12 @@ def test_generate_with_a_static_cache_compiles_by_itself_and_gives_cpu_tokens():
     kwargs = dict(max_new_tokens=6, cache_implementation="static")
     want = cpu.generate(ids, do_sample=False, **kwargs)
     torch._dynamo.reset()
-    lowerings = report.COUNTERS["lowerings"]
+    graphs, reports = torch._dynamo.utils.counters["stats"]["unique_graphs"], len(report.compile_reports())
     got = model.generate(ids.to("neuron"), do_sample=False, **kwargs)
     assert got.device.type == "neuron" and got.cpu().tolist() == want.tolist()
-    assert report.COUNTERS["lowerings"] > lowerings  # the decode step went through our compiler
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
+    # Dynamo captured the forward and our backend compiled it (the device's eager ops report "eager")
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs
+    assert "inference" in {r.kind for r in report.compile_reports()[reports:]}
     # the same call again reuses every executable
     lowerings, compiles = report.COUNTERS["lowerings"], report.COUNTERS["xla_compiles"]
     assert model.generate(ids.to("neuron"), do_sample=False, **kwargs).cpu().tolist() == want.tolist()
