@@ -48,6 +48,7 @@ import torch.fx
 
 from .bucket_layouts import (NotBucketable, _broadcast, _dim_expr, _expr, _norm, _padded, _padded_layout, _regroup,
                              _static, layout_of_shape)
+from .bucket_values import index_layout, value_fact
 
 aten = torch.ops.aten
 
@@ -139,6 +140,7 @@ def analyze(gm: torch.fx.GraphModule, boundary_layouts: dict | None = None) -> B
 def _analyze(gm, boundary_layouts) -> BucketAnalysis:
     result = BucketAnalysis(ok=True)
     layouts: dict = {}  # node -> Layout (tensor) or list of Layouts (tuple outputs)
+    facts: dict = {}  # node -> what its real values are known to be (bucket_values)
     size_symbols: set = set()
     bindings: dict = {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -192,7 +194,10 @@ def _analyze(gm, boundary_layouts) -> BucketAnalysis:
             parent = layouts.get(node.args[0])
             layouts[node] = parent[node.args[1]] if isinstance(parent, list) else None
             continue
-        _analyze_node(node, layouts, result)
+        _analyze_node(node, layouts, result, facts)
+        fact = value_fact(node, facts)
+        if fact is not None:
+            facts[node] = fact
 
     output = next(n for n in gm.graph.nodes if n.op == "output")
     outs = output.args[0] if isinstance(output.args[0], (tuple, list)) else (output.args[0],)
@@ -220,7 +225,7 @@ def _tensor_layout(layouts, arg):
     return None
 
 
-def _analyze_node(node, layouts, result):
+def _analyze_node(node, layouts, result, facts):
     target = node.target
     val = node.meta["val"]
     rewrite = Rewrite()
@@ -390,6 +395,9 @@ def _analyze_node(node, layouts, result):
             src_lay = _tensor_layout(layouts, args[3])
             rewrite.masks.append((3, [(k, a) for k, a in enumerate(src_lay) if _padded(a)], 0))
         layouts[node] = _tensor_layout(layouts, args[2]) if target is aten.gather.default else src
+    elif target is aten.index.Tensor:
+        index_layouts = [_tensor_layout(layouts, i) for i in args[1] if i is not None]
+        layouts[node] = index_layout(node, tensor_args[0][2], index_layouts, facts)
     elif target in (aten.index_put.default, aten.index_put_.default):
         accumulate = args[3] if len(args) > 3 else node.kwargs.get("accumulate", False)
         target_lay = tensor_args[0][2]

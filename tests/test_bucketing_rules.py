@@ -1,0 +1,71 @@
+"""Padding rules real models need (issue 21), one test each: bucketed where the rule proves the op
+exact (each fails without its rule: the graph would compile per exact shape), exact shapes with the
+reason where it can't. Every result against eager; 6 lengths over 2 buckets of 128.
+"""
+
+import logging
+
+import pytest
+import torch
+
+import neuron_compile
+from neuron_compile import COUNTERS
+
+LENGTHS = [37, 64, 100, 129, 200, 250]
+
+
+def bucket_signatures():
+    return {(r.graph, r.signature) for r in neuron_compile.compile_reports() if r.signature.startswith("bucket")}
+
+
+def assert_bucketed(n_buckets=2):
+    """One executable per (graph, bucket), every compile a bucket's, no graph at exact shapes."""
+    assert COUNTERS["bucketing_fallbacks"] == 0
+    reports = neuron_compile.compile_reports()
+    assert COUNTERS["xla_compiles"] == len(bucket_signatures()) == len(reports)
+    per_graph = {}
+    for graph, signature in bucket_signatures():
+        per_graph.setdefault(graph, set()).add(signature)
+    assert per_graph and all(len(s) == n_buckets for s in per_graph.values()), per_graph
+
+
+def exact_shape_reasons(caplog):
+    return [r.getMessage() for r in caplog.records if "compiles per exact shape" in r.getMessage()]
+
+
+def run_lengths(fn, make_args, lengths=LENGTHS, **tol):
+    compiled = torch.compile(fn, backend="neuron", dynamic=True)
+    for t in lengths:
+        args = make_args(t)
+        got, want = compiled(*args), fn(*args)
+        torch.testing.assert_close(got, want, **tol)
+
+
+# ----------------------------------------------------------------------------- index.Tensor
+
+
+def mask_by_position_lookup(x):
+    """transformers' mask functions: position ids read at (batch, query) and (batch, key) aranges."""
+    b, t, _ = x.shape
+    position_ids = torch.arange(t).expand(b, -1)
+    batch_idx = torch.arange(b)[:, None, None]
+    q_idx, kv_idx = torch.arange(t)[None, :, None], torch.arange(t)[None, None, :]
+    causal = position_ids[batch_idx, kv_idx] <= position_ids[batch_idx, q_idx]
+    scores = (x @ x.transpose(1, 2)).masked_fill(~causal, float("-inf"))
+    return scores.softmax(-1) @ x
+
+
+def test_index_with_arange_indices_along_the_padded_dim_is_bucketed():
+    run_lengths(mask_by_position_lookup, lambda t: (torch.randn(2, t, 8),), rtol=1e-5, atol=1e-5)
+    assert_bucketed()
+
+
+def test_index_with_data_indices_along_the_padded_dim_keeps_exact_shapes(caplog):
+    def gather_rows(x, idx):
+        return x[:, idx] * 2  # idx's values are data: nothing proves them inside the real region
+
+    caplog.set_level(logging.DEBUG, logger="neuron_compile")
+    run_lengths(gather_rows, lambda t: (torch.randn(2, t), torch.randint(0, t, (t,))))
+    assert COUNTERS["bucketing_fallbacks"] == 1
+    reasons = exact_shape_reasons(caplog)
+    assert reasons and "aten.index.Tensor along padded dim 1" in reasons[0], reasons
