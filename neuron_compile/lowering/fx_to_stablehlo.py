@@ -60,19 +60,21 @@ class Lowered:
 
 
 def lower_to_stablehlo(gm: torch.fx.GraphModule, *, report=None, graph_name: str = "graph",
-                       keep_torch_ir: bool = False) -> Lowered:
-    """Lower a static, decomposed FX graph to a StableHLO module (parameters as arguments)."""
+                       keep_torch_ir: bool = False, kernel_rule=None) -> Lowered:
+    """Lower a static, decomposed FX graph to a StableHLO module (parameters as arguments).
+    ``kernel_rule(node)``: the JAX rule of a registered kernel serving that node, or None."""
     drop_error_checks(gm)
     _refuse_data_dependent_shapes(gm, graph_name)
     from .splice import jax_nodes, lower_spliced
 
-    chosen = jax_nodes(gm)
+    chosen = jax_nodes(gm, kernel_rule)
     if chosen:
         # ops Torch-MLIR has no lowering for: JAX lowers them, Torch-MLIR the rest, one module
         def lower_part(sub, name):
             return _lower_torch_mlir(sub, report, name, keep_torch_ir=False).module
 
-        module = lower_spliced(gm, chosen, lower_part, graph_name=graph_name, stage=lambda: _stage(report, "jax"))
+        module = lower_spliced(gm, chosen, lower_part, graph_name=graph_name, stage=lambda: _stage(report, "jax"),
+                               kernel_rule=kernel_rule)
         return Lowered(module, "// spliced graph: see the Torch-MLIR parts' dumps\n" if keep_torch_ir else None)
     return _lower_torch_mlir(gm, report, graph_name, keep_torch_ir=keep_torch_ir)
 

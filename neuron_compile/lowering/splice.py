@@ -58,8 +58,9 @@ def _tensors(node: torch.fx.Node) -> list[torch.Tensor]:
     return [v for v in flat if isinstance(v, torch.Tensor)]
 
 
-def jax_nodes(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
-    """The nodes of ``gm`` that lower through JAX (getitems reading them included)."""
+def jax_nodes(gm: torch.fx.GraphModule, kernel_rule=None) -> set[torch.fx.Node]:
+    """The nodes of ``gm`` that lower through JAX (getitems reading them included): those our rules
+    take, and those ``kernel_rule(node)`` gives a rule for (custom ops served by a registered kernel)."""
     chosen: set[torch.fx.Node] = set()
     for node in gm.graph.nodes:
         if node.op != "call_function":
@@ -67,6 +68,9 @@ def jax_nodes(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
         if node.target is operator.getitem:
             if node.args[0] in chosen:
                 chosen.add(node)
+            continue
+        if kernel_rule is not None and kernel_rule(node) is not None:
+            chosen.add(node)
             continue
         packet, tensors = _packet(node), _tensors(node)
         if any(t.dtype not in _ELEMENT_NAME for t in tensors):
@@ -110,10 +114,12 @@ def split(gm: torch.fx.GraphModule, chosen: set[torch.fx.Node]) -> torch.fx.Grap
     return fuse(parent, lambda n: not structural(n), _MLIR)
 
 
-def lower_spliced(gm: torch.fx.GraphModule, chosen: set[torch.fx.Node], lower_mlir, *, graph_name: str, stage):
+def lower_spliced(gm: torch.fx.GraphModule, chosen: set[torch.fx.Node], lower_mlir, *, graph_name: str, stage,
+                  kernel_rule=None):
     """One StableHLO module for ``gm``: Torch-MLIR groups lowered by ``lower_mlir(sub, name)`` (it
     returns a torch-mlir ``Module``), JAX groups by their rules, spliced under a new ``@main``.
-    ``stage()`` times the JAX lowerings and the splice (the Torch-MLIR groups time their own stages)."""
+    ``stage()`` times the JAX lowerings and the splice (the Torch-MLIR groups time their own stages);
+    ``kernel_rule``: as for ``jax_nodes``."""
     from torch_mlir import ir
 
     from .diagnostics import LoweringError, new_context, run_pipeline
@@ -132,7 +138,8 @@ def lower_spliced(gm: torch.fx.GraphModule, chosen: set[torch.fx.Node], lower_ml
         results = [_tensor_type(n.meta["val"]) for n in _outputs(sub)]
         if node.target.startswith(_JAX):
             with stage():
-                module = ir.Module.parse(lower_jax(sub, graph_name=f"{graph_name}.{prefix[:-1]}"), ctx)
+                module = ir.Module.parse(lower_jax(sub, graph_name=f"{graph_name}.{prefix[:-1]}",
+                                                   kernel_rule=kernel_rule), ctx)
         else:
             module = ir.Module.parse(str(lower_mlir(sub, f"{graph_name}.{prefix[:-1]}").operation), ctx)
         functions += _renamed(module, prefix)
@@ -227,7 +234,7 @@ def _tensor_type(value) -> str:
 # --------------------------------------------------------------------------- JAX groups
 
 
-def lower_jax(sub: torch.fx.GraphModule, *, graph_name: str) -> str:
+def lower_jax(sub: torch.fx.GraphModule, *, graph_name: str, kernel_rule=None) -> str:
     """StableHLO text of a group of JAX nodes: its placeholders in, its output tuple out."""
     import jax
 
@@ -239,24 +246,33 @@ def lower_jax(sub: torch.fx.GraphModule, *, graph_name: str) -> str:
         env = dict(zip(placeholders, values))
         for node in sub.graph.nodes:
             if node.op == "call_function":
-                env[node] = _run(node, env)
+                env[node] = _run(node, env, kernel_rule)
         return tuple(env[n] for n in _outputs(sub))
 
     avals = [jax.ShapeDtypeStruct(tuple(n.meta["val"].shape), _np_dtype(n.meta["val"].dtype)) for n in placeholders]
     try:
-        # int64 stays int64 (jax narrows it to int32 otherwise); GSPMD-era attributes only, which
-        # our MLIR context parses (Shardy's #sdy attributes it does not know)
-        with jax.enable_x64(True), _no_shardy():
-            module = jax.jit(function, keep_unused=True).lower(*avals).compiler_ir("stablehlo")
-        return _without_chlo(module)
+        return jax_to_stablehlo(function, avals)
     except _RuleFailed as failed:
         node, exc = failed.args
+        if isinstance(exc, LoweringError):  # a kernel's own error names the kernel and says what to do
+            raise exc from exc.__cause__
         source = user_source_line(node)
         raise LoweringError(
             f"neuron_compile could not lower the ATen op `{node.target}` (FX node `{node.name}`) through JAX in "
             f"graph {graph_name}: {type(exc).__name__}: {exc}"
             + (f"\nIt comes from your code at {source}" if source else ""),
             op=str(node.target).replace("::", "."), source=source, repro_dir=None, stage="jax") from exc
+
+
+def jax_to_stablehlo(function, avals) -> str:
+    """StableHLO text of ``jax.jit(function).lower(*avals)``, as our MLIR context parses it: every
+    argument kept, int64 kept (jax narrows it to int32 otherwise), GSPMD-era attributes only (Shardy's
+    #sdy attributes it does not know), CHLO expanded."""
+    import jax
+
+    with jax.enable_x64(True), _no_shardy():
+        module = jax.jit(function, keep_unused=True).lower(*avals).compiler_ir("stablehlo")
+    return _without_chlo(module)
 
 
 def _without_chlo(module) -> str:
@@ -288,13 +304,14 @@ class _RuleFailed(Exception):
     pass
 
 
-def _run(node: torch.fx.Node, env: dict):
+def _run(node: torch.fx.Node, env: dict, kernel_rule=None):
     if node.target is operator.getitem:
         return env[node.args[0]][node.args[1]]
     args, kwargs = map_arg((node.args, node.kwargs), lambda n: env[n])
     out = node.meta.get("val")
     try:
-        result = RULES[_packet(node)](out, *args, **kwargs)
+        rule = kernel_rule(node) if kernel_rule is not None else None
+        result = (rule or RULES[_packet(node)])(out, *args, **kwargs)
         return _conform(result, out)
     except Exception as exc:  # noqa: BLE001 - name the node that failed, whatever the rule raised
         raise _RuleFailed(node, exc) from exc
