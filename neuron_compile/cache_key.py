@@ -143,6 +143,18 @@ def _ours() -> dict:
     return {"version": __version__, "source": source_fingerprint()}
 
 
+def _kernels(gm: torch.fx.GraphModule | None) -> dict:
+    """Registered kernels that may serve this graph: name, version and a digest of their source (the
+    custom ops' kernels it calls, and every composite kernel); no part at all when there are none."""
+    from .kernels.lowering import kernels_in_graph
+    from .kernels.registry import composite_kernels
+
+    found = {k.fingerprint() for k in composite_kernels()}
+    if gm is not None:
+        found |= {k.fingerprint() for k in kernels_in_graph(gm).values()}
+    return {"kernels": sorted(found)} if found else {}
+
+
 def fx_cache_key(gm: torch.fx.GraphModule, pipeline_spec: str) -> CacheKey:
     return CacheKey.build("fx", {
         "fx_graph": fx_graph_text(gm),
@@ -150,6 +162,7 @@ def fx_cache_key(gm: torch.fx.GraphModule, pipeline_spec: str) -> CacheKey:
         "pass_pipeline": pipeline_spec,
         "neuron_compile": _ours(),
         **toolchain_parts(),
+        **_kernels(gm),
     })
 
 
@@ -168,4 +181,5 @@ def stablehlo_cache_key(stablehlo_text: str, signature: list[str], pipeline_spec
         "pass_pipeline": pipeline_spec,
         "neuron_compile": _ours(),
         **toolchain_parts(),
+        **_kernels(None),  # a custom op's kernel is in the text already; a composite's is swapped in later
     })

@@ -269,8 +269,12 @@ class LoweredGraph:
             import passes  # noqa: F401
             import torch_mlir.dialects.torch  # noqa: F401
             import torch_mlir.extras.fx_importer  # noqa: F401
-        # lower: FX -> Torch-MLIR -> StableHLO, weights stay arguments
-        lowered = lower_to_stablehlo(gm, report=report, graph_name=report.graph, keep_torch_ir=dump is not None)
+        # lower: FX -> Torch-MLIR -> StableHLO, weights stay arguments; custom ops a kernel serves through it
+        from .kernels.lowering import kernel_rule, kernels_in_graph
+
+        self.kernels = [{"site": node, "kernel": k.name, "origin": k.origin} for node, k in kernels_in_graph(gm).items()]
+        lowered = lower_to_stablehlo(gm, report=report, graph_name=report.graph, keep_torch_ir=dump is not None,
+                                     kernel_rule=kernel_rule)
         COUNTERS["lowerings"] += 1
         if dump:
             dump.write("01-torch.mlir", lowered.torch_mlir)
@@ -289,6 +293,9 @@ class LoweredGraph:
         # passes: our StableHLO -> StableHLO pipeline, pass by pass
         with report.stage("passes"):
             report.passes = run_passes(self.module, self.options, dump, graph=report.graph)
+        # kernels: registered kernels swapped in for the fuse pass's composites, by name
+        self.kernels += swap_kernels(self.module, report)
+        report.kernels = self.kernels
         text = self.module.operation.get_asm(enable_debug_info=False)
         if dump:
             dump.write("04-final.mlir", text)
@@ -329,6 +336,7 @@ class LoweredGraph:
             "xla_compile_options": xla_compile_options(),
             "stages": {k: round(v, 6) for k, v in report.stages.items() if k not in self._stages_before},
             "stablehlo": encoding,
+            "kernels": self.kernels,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         }
 
@@ -389,6 +397,7 @@ def compile_cache(options) -> CompileCache | None:
 
 def _count(result: CacheResult, report: CompileReport, dump) -> None:
     report.cache = result.source
+    report.kernels = report.kernels or list(result.loaded.manifest.get("kernels", ()))  # a hit lowered nothing
     COUNTERS["memory_hits" if result.source == "memory" else "disk_hits" if result.source == "disk" else "misses"] += 1
     COUNTERS["bytes_written"] += result.bytes_written
     COUNTERS["bytes_read"] += result.bytes_read
@@ -437,6 +446,22 @@ def run_passes(module, options, dump=None, graph: str = "") -> list:
         if dump:
             dump.write(pass_file_name(index, one.name), str(module))
     return stats
+
+
+def swap_kernels(module, report: CompileReport) -> list[dict]:
+    """Put registered kernels in as the decompositions of the composites they serve (``passes.swap``)."""
+    from .kernels.lowering import composite_error, composite_lookup, has_composite_kernels
+
+    if not has_composite_kernels():
+        return []
+    from passes.swap import SwapError, swap_composites
+
+    with report.stage("kernels"):
+        try:
+            swaps = swap_composites(module, composite_lookup)
+        except SwapError as exc:
+            raise composite_error(exc.kernel, exc.site, str(exc)) from None
+    return [{"site": symbol, "kernel": kernel, "origin": "composite"} for symbol, kernel in swaps]
 
 
 class PassError(RuntimeError):

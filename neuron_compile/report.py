@@ -39,6 +39,7 @@ class CompileReport:
     signature: str = ""  # concrete input signature the executable was built for
     notes: list[str] = field(default_factory=list)
     fallback: dict[str, int] = field(default_factory=dict)  # ATen op run eagerly -> node count (fallback=eager)
+    kernels: list[dict] = field(default_factory=list)  # {site, kernel, origin}: a registered kernel served it
 
     @contextlib.contextmanager
     def stage(self, name: str):
@@ -64,13 +65,16 @@ class CompileReport:
             "signature": self.signature,
             "notes": list(self.notes),
             "fallback": dict(self.fallback),
+            "kernels": [dict(k) for k in self.kernels],
         }
 
     def summary(self) -> str:
         stages = "  ".join(f"{k} {v * 1e3:.1f}ms" for k, v in self.stages.items())
         cache = f" cache={self.cache}" if self.cache else ""
         eager = f" eager={dict(self.fallback)}" if self.fallback else ""
-        return f"{self.graph} [{self.kind}] {self.nodes} nodes, {sum(self.ops.values())} ops{cache}{eager}: {stages}"
+        kernels = f" kernels={len(self.kernels)}" if self.kernels else ""
+        return (f"{self.graph} [{self.kind}] {self.nodes} nodes, {sum(self.ops.values())} ops{cache}{eager}{kernels}: "
+                f"{stages}")
 
 
 def record(report: CompileReport) -> None:
@@ -101,12 +105,14 @@ def format_table(reports: list[CompileReport]) -> str:
         for name in r.stages:
             if name not in stage_names:
                 stage_names.append(name)
+    kernels = any(r.kernels for r in reports)  # a column only where a registered kernel served something
     rows = []
     for r in reports:
         rows.append(
-            [r.graph, r.kind, r.nodes, r.cache or "-"]
+            [r.graph, r.kind, r.nodes, r.cache or "-"] + ([len(r.kernels)] if kernels else [])
             + [f"{r.stages[s] * 1e3:.1f}" if s in r.stages else "" for s in stage_names]
             + [f"{r.total_seconds * 1e3:.1f}"]
         )
-    headers = ["graph", "kind", "nodes", "cache"] + [f"{s} ms" for s in stage_names] + ["total ms"]
+    headers = (["graph", "kind", "nodes", "cache"] + (["kernels"] if kernels else [])
+               + [f"{s} ms" for s in stage_names] + ["total ms"])
     return tabulate(rows, headers=headers, tablefmt="simple")
