@@ -272,7 +272,8 @@ class LoweredGraph:
         # lower: FX -> Torch-MLIR -> StableHLO, weights stay arguments; custom ops a kernel serves through it
         from .kernels.lowering import kernel_rule, kernels_in_graph
 
-        self.kernels = [{"site": node, "kernel": k.name, "origin": k.origin} for node, k in kernels_in_graph(gm).items()]
+        self.kernels = [{"site": node, "kind": "custom op", "kernel": k.name, "origin": k.origin}
+                        for node, k in kernels_in_graph(gm).items()]
         lowered = lower_to_stablehlo(gm, report=report, graph_name=report.graph, keep_torch_ir=dump is not None,
                                      kernel_rule=kernel_rule)
         COUNTERS["lowerings"] += 1
@@ -450,18 +451,12 @@ def run_passes(module, options, dump=None, graph: str = "") -> list:
 
 def swap_kernels(module, report: CompileReport) -> list[dict]:
     """Put registered kernels in as the decompositions of the composites they serve (``passes.swap``)."""
-    from .kernels.lowering import composite_error, composite_lookup, has_composite_kernels
+    from .kernels.lowering import has_composite_kernels, swap_composite_kernels
 
     if not has_composite_kernels():
         return []
-    from passes.swap import SwapError, swap_composites
-
     with report.stage("kernels"):
-        try:
-            swaps = swap_composites(module, composite_lookup)
-        except SwapError as exc:
-            raise composite_error(exc.kernel, exc.site, str(exc)) from None
-    return [{"site": symbol, "kernel": kernel, "origin": "composite"} for symbol, kernel in swaps]
+        return swap_composite_kernels(module)
 
 
 class PassError(RuntimeError):

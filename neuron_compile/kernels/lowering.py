@@ -5,10 +5,11 @@
   the form ``lowering.splice`` takes: the node then lowers through JAX inside
   the same StableHLO module as the rest of its graph. The kernel's results
   must have the op's shapes and dtypes exactly.
-* ``composite_lookup(site)``: for a ``stablehlo.composite "neuron.<kind>"``
-  left by the fuse pass, the StableHLO text of the kernel registered for that
-  kind (lowered by ``jax.jit`` at the composite's operand types), or None;
-  ``passes.swap`` puts it in as the composite's decomposition.
+* ``swap_composite_kernels(module)``: for each ``stablehlo.composite
+  "neuron.<kind>"`` left by the fuse pass, the StableHLO text of the kernel
+  registered for that kind (``composite_lookup``: lowered by ``jax.jit`` at the
+  composite's operand types), which ``passes.swap`` puts in as the
+  composite's decomposition.
 
 Every failure is a ``KernelLoweringError`` naming the kernel and saying what to
 do; the registry holds the kernels (``registry``).
@@ -158,6 +159,15 @@ def composite_lookup(site) -> tuple[str, str] | None:
         raise _fail(kernel, what, f"failed to lower ({type(exc).__name__}: {exc})") from exc
 
 
-def composite_error(kernel_name: str, site, problem: str) -> KernelLoweringError:
-    return _fail(lookup(kernel_name) or Kernel(kernel_name), f"the composite {site.symbol} ({site.name} "
-                 f"{site.signature})", problem)
+def swap_composite_kernels(module) -> list[dict]:
+    """``passes.swap`` with our lookup: one ``{site, kind, kernel, origin}`` per composite a kernel now serves."""
+    from passes.swap import SwapError, swap_composites
+
+    try:
+        swaps = swap_composites(module, composite_lookup)
+    except SwapError as exc:
+        kernel = lookup(exc.kernel) or Kernel(exc.kernel)
+        raise _fail(kernel, f"the composite {exc.site.symbol} ({exc.site.name} {exc.site.signature})",
+                    f"does not fit: {exc}") from None
+    return [{"site": symbol, "kind": "composite", "kernel": name, "origin": lookup(name).origin}
+            for symbol, name in swaps]

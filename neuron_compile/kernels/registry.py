@@ -25,6 +25,7 @@ JAX: registering costs a dict entry.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 import logging
@@ -132,15 +133,22 @@ def discover() -> None:
     from importlib.metadata import entry_points
 
     for point in entry_points(group=ENTRY_POINT_GROUP):
+        dist = getattr(point.dist, "name", "?") if getattr(point, "dist", None) else "?"
+        with _LOCK:
+            before = dict(_KERNELS)
         try:
             loaded = point.load()
             if callable(loaded) and not inspect.ismodule(loaded):
                 loaded()
         except Exception as exc:  # noqa: BLE001 - one broken package must not stop every compile
-            dist = getattr(point.dist, "name", "?") if getattr(point, "dist", None) else "?"
             log.warning("neuron_compile: the kernel package %s (entry point %r = %r in group %s) failed to load "
                         "and is skipped: %s: %s. Reinstall or uninstall it.", dist, point.name, point.value,
                         ENTRY_POINT_GROUP, type(exc).__name__, exc)
+            continue
+        with _LOCK:  # what it registered says where it came from (explain shows it)
+            for name, kernel in _KERNELS.items():
+                if before.get(name) is not kernel:
+                    _KERNELS[name] = dataclasses.replace(kernel, origin=f"entry point {point.name} of {dist}")
 
 
 def rediscover() -> None:
