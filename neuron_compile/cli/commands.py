@@ -11,7 +11,8 @@ backend options checked by ``common``:
 * ``compile``: ahead of time into the cache, per bucket size, in ``--jobs``
   fresh processes (``python -m neuron_compile compile``) sharing the cache;
 * ``explain``: graph breaks, recompiles, ops that don't lower (a graph that
-  fails runs eagerly so the rest is still looked at), bucketed dims, cache hits.
+  fails runs eagerly so the rest is still looked at), bucketed dims, cache hits, and which
+  registered kernel served each composite and custom op.
 """
 
 from __future__ import annotations
@@ -423,12 +424,14 @@ def cmd_explain(args) -> int:
     else:
         bucketing = f"buckets={buckets}: symbolic sizes are padded to buckets where the analysis proves it exact"
     cache = [{"graph": r.graph, "cache": r.cache or "off", "notes": list(r.notes)} for r in reports]
+    kernels = [{"graph": r.graph, **k} for r in reports for k in r.kernels]  # which kernel served which site
     result = {
         "spec": args.spec, "inputs": [c.describe_inputs() for c in calls],
         "graphs": explained.graph_count, "graph_breaks": explained.graph_break_count, "breaks": breaks,
         "ops_per_graph": [len(ops) for ops in explained.ops_per_graph],
         "recompiles": recompiles, "lowering_failures": failures,
         "bucketing": bucketing, "dynamic_dims": dims, "exact_shape_reasons": exact_reasons.messages, "compiled": [r.as_dict()["graph"] for r in reports], "cache": cache,
+        "kernels": kernels,
     }
     if args.json:
         emit_json(args, result)
@@ -481,6 +484,9 @@ def _print_explain(r: dict) -> None:
         print(f"  {d['graph']} was symbolic; {how}: {d['specialized_for']}")
     for reason in r["exact_shape_reasons"]:
         print(f"  not bucketed: {reason}")
+    print(f"\nkernels: {len(r['kernels'])} site(s) served by registered kernels")
+    for k in r["kernels"]:
+        print(f"  {k['graph']}: {k['kind']} {k['site']} <- kernel {k['kernel']} (from {k['origin']})")
     print("\ncache:")
     for c in r["cache"]:
         print(f"  {c['graph']}: {c['cache']}" + "".join(f"\n    {n}" for n in c["notes"]))
