@@ -156,16 +156,27 @@ def test_cumsum_is_exact_in_place_and_flip_falls_back_to_exact_shapes():
     assert len([r for r in fallbacks if r.signature]) == 5
 
 
+TINY = {
+    "gpt2": dict(vocab_size=128, n_embd=32, n_layer=2, n_head=2, n_positions=256, resid_pdrop=0.0, embd_pdrop=0.0,
+                 attn_pdrop=0.0),
+    "llama": dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                  num_key_value_heads=1, head_dim=16, max_position_embeddings=256),
+}
+
+
 @pytest.mark.slow
-def test_transformers_causal_lm_inference_and_training_step():
+@pytest.mark.parametrize("arch", sorted(TINY))
+def test_transformers_causal_lm_one_executable_per_bucket(arch):
+    """Issue 21: a Hugging Face causal LM with dynamic=True at 6 lengths over 2 buckets, inference
+    and a training step, equal to eager, one executable per bucket per graph (the mask functions
+    index position ids with aranges; the loss is a cross-entropy over shifted, padded labels)."""
     transformers = pytest.importorskip("transformers", reason="transformers is in the test extra")
-    cfg = transformers.AutoConfig.for_model(
-        "llama", vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024)
+    cfg = transformers.AutoConfig.for_model(arch, **TINY[arch], pad_token_id=0, bos_token_id=1, eos_token_id=2)
     model = transformers.AutoModelForCausalLM.from_config(cfg)
-    c = torch.compile(model, backend="neuron")
-    for t in [3, 127, 128, 129, 600]:
+    c = torch.compile(model, backend="neuron", dynamic=True)
+    for t in [37, 64, 100, 129, 200, 250]:
         ids = torch.randint(0, 128, (2, t))
+        torch._dynamo.mark_static(ids, 0)  # the length is what changes here
         model.eval()
         with torch.no_grad():
             torch.testing.assert_close(c(input_ids=ids).logits, model(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
@@ -181,9 +192,14 @@ def test_transformers_causal_lm_inference_and_training_step():
         for name, p in model.named_parameters():
             torch.testing.assert_close(got[name], p.grad, rtol=1e-3, atol=1e-5, msg=name)
     assert COUNTERS["bucketing_fallbacks"] == 0
-    # automatic dynamic shapes: t=3 compiles static; 127..600 touch buckets 128, 256, 640,
-    # each with an inference, a forward and a backward executable
-    assert len(bucket_reports()) == 9
+    per_graph = {}
+    for graph, signature in {(r.graph, r.signature) for r in bucket_reports()}:
+        per_graph.setdefault(graph, set()).add(signature)
+    # an inference graph, a forward and a backward, each compiled once per bucket (128, 256)
+    kinds = sorted(g.rsplit(".", 1)[-1] for g in per_graph)
+    assert kinds == ["backward", "forward", "inference"], per_graph
+    assert all(len(s) == 2 for s in per_graph.values()), per_graph
+    assert COUNTERS["xla_compiles"] == len(bucket_reports()) == 6
 
 
 def test_a_size_only_the_backward_reads_as_a_value():
