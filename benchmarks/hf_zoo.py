@@ -92,12 +92,12 @@ def _config_for_class(cfg):
     return cfg
 
 
-def build(arch: str):
+def build(arch: str, positions: int | None = None):
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
 
     torch.manual_seed(0)
-    cfg = zoo_configs.tiny_config(arch)
+    cfg = zoo_configs.tiny_config(arch, positions)
     kind = OTHER.get(arch, "causal-lm")
     cls = {"causal-lm": AutoModelForCausalLM, "masked-lm": AutoModelForMaskedLM,
            "seq2seq": AutoModelForSeq2SeqLM}[kind]
@@ -314,16 +314,18 @@ def run_one(arch: str, fallback: str, timeout: float) -> dict:
 class WorkerProcess:
     """A worker process that runs architecture after architecture (``--serve``), so that
     importing torch, transformers, jax and torch-mlir is paid once per worker, not per
-    architecture. One that crashes or runs past the timeout is replaced."""
+    architecture. One that crashes or runs past the timeout is replaced. ``script``: the file whose
+    ``--serve`` answers (another benchmark that reuses this machinery)."""
 
-    def __init__(self):
+    def __init__(self, script: str = __file__):
         self.proc = None
+        self.script = script
 
     def _start(self):
         import queue
         import threading
 
-        self.proc = subprocess.Popen([sys.executable, __file__, "--serve"], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, self.script, "--serve"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
                                      env=_worker_env(), cwd=str(HERE.parent))
         self.lines, self.errors = queue.Queue(), collections.deque(maxlen=20)  # the last stderr lines

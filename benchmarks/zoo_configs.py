@@ -187,12 +187,19 @@ def shrink(d: dict, top: bool = True) -> dict:
     return kw
 
 
-def tiny_config(arch: str):
+POSITION_NAMES = next(names for value, names in SIZES if "max_position_embeddings" in names)
+
+
+def tiny_config(arch: str, positions: int | None = None):
+    """``positions``: the longest sequence the model takes, where the default tiny 64 is too short
+    (the bucketing zoo runs lengths up to 250)."""
     from transformers import AutoConfig
 
     overrides = ARCH_OVERRIDES.get(arch, {})
     default = AutoConfig.for_model(arch)
     kw = dict(shrink(default.to_dict()), **TOKEN_IDS, tie_word_embeddings=False)
+    if positions is not None:
+        kw.update({name: positions for name in POSITION_NAMES if name in kw})
     for name, value in overrides.items():  # a dict for a sub-config is merged into it
         kw[name] = dict(kw[name], **value) if isinstance(value, dict) and isinstance(kw.get(name), dict) else value
     cfg = AutoConfig.for_model(arch, **kw)
