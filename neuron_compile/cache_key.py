@@ -156,6 +156,8 @@ def _kernels(gm: torch.fx.GraphModule | None) -> dict:
 
 
 def fx_cache_key(gm: torch.fx.GraphModule, pipeline_spec: str) -> CacheKey:
+    from .lowering.collectives import key_parts
+
     return CacheKey.build("fx", {
         "fx_graph": fx_graph_text(gm),
         "input_signature": input_signature(gm),
@@ -163,6 +165,7 @@ def fx_cache_key(gm: torch.fx.GraphModule, pipeline_spec: str) -> CacheKey:
         "neuron_compile": _ours(),
         **toolchain_parts(),
         **_kernels(gm),
+        **key_parts(gm),  # a graph with collectives: world size, rank, groups
     })
 
 
@@ -174,8 +177,10 @@ def strip_debug_locations(text: str) -> str:
     return _LOC.sub("", text)
 
 
-def stablehlo_cache_key(stablehlo_text: str, signature: list[str], pipeline_spec: str) -> CacheKey:
+def stablehlo_cache_key(stablehlo_text: str, signature: list[str], pipeline_spec: str,
+                        distributed: dict | None = None) -> CacheKey:
     return CacheKey.build("stablehlo", {
+        **(distributed or {}),
         "stablehlo": strip_debug_locations(stablehlo_text),
         "input_signature": signature,
         "pass_pipeline": pipeline_spec,

@@ -31,13 +31,15 @@ import torch.fx
 from runtime.artifact import Artifact, portable_stablehlo
 from runtime.cache import ArtifactCache, CacheResult, CompileCache, MemoryCache
 from runtime.cache_key import CacheKey
-from runtime.executor import DEVICE_ADAPTERS, PersistentBuffers, XlaExecutable, platform_description, to_tensor
+from runtime.executor import (DEVICE_ADAPTERS, PersistentBuffers, XlaExecutable, platform_description, replicas_of,
+                              to_tensor)
 
 from .cache_key import fx_cache_key, input_signature, output_signature, stablehlo_cache_key
 from .dump import GraphDump, pass_file_name
 from .capture.graph_rewrites import device_arguments_to_cpu, fold_one_hot_sums, zero_size_values_to_constants
 from .output_views import find_output_views, make_view
 from .lowering import drop_error_checks, lower_to_stablehlo
+from .lowering.collectives import collective_names, key_parts
 from .report import COUNTERS, CompileReport
 
 log = logging.getLogger("neuron_compile")
@@ -140,6 +142,11 @@ class Executable:
     to_tensor: object = field(repr=False, default=to_tensor)
     device: str = "cpu"  # where its inputs and outputs live
 
+    def __post_init__(self):
+        if self.xla is not None and self.xla.target is not None:
+            # an executable with collectives: its buffers live on the distributed client
+            self.buffers = PersistentBuffers(self.xla.to_buffer)
+
     def __call__(self, args: list) -> list:
         plan = self.plan
         passed = [args[value] for kind, value in plan.outputs if kind == FROM_ARG]
@@ -208,6 +215,7 @@ def compile_graph(gm: torch.fx.GraphModule, *, report: CompileReport, options) -
         dump.write("00-fx-graph.py", gm.print_readable(print_output=False, include_stride=True))
     if plan.num_xla_outputs == 0:
         return Executable(plan, None, report, **convert)
+    collectives = collective_names(gm)  # lowering fuses the graph's nodes in place: read them first
     cache = compile_cache(options)
     if cache is None:
         # lower, passes, compile: no key, no artifact
@@ -225,6 +233,8 @@ def compile_graph(gm: torch.fx.GraphModule, *, report: CompileReport, options) -
                           _fits(signature, plan), report, dump)
     if dump:
         dump.write_json("report.json", report.as_dict())
+    if xla.target is not None:
+        xla.what = f"graph {report.graph} ({', '.join(collectives)})"
     return Executable(plan, xla, report, front=front, signature=signature, **convert)
 
 
@@ -264,6 +274,7 @@ class LoweredGraph:
     def __init__(self, gm: torch.fx.GraphModule, report: CompileReport, options, dump, *, front, plan=None):
         self.gm, self.report, self.options, self.dump, self.front, self.plan = gm, report, options, dump, front, plan
         self._stages_before = set(report.stages)
+        distributed = key_parts(gm)  # before lowering, which fuses the graph's nodes in place
         # mlir-setup: load torch-mlir and the passes (first graph of a process; a cache hit never does)
         with report.stage("mlir-setup"):
             import passes  # noqa: F401
@@ -287,7 +298,7 @@ class LoweredGraph:
             # key: the StableHLO without debug locations, so other FX graphs and source lines share it
             with report.stage("cache-key"):
                 text = self.module.operation.get_asm(enable_debug_info=False)
-                self.key = stablehlo_cache_key(text, input_signature(gm), self.pipeline.spec)
+                self.key = stablehlo_cache_key(text, input_signature(gm), self.pipeline.spec, distributed)
 
     def compile(self) -> tuple[Artifact | None, XlaExecutable]:
         report, dump = self.report, self.dump
@@ -310,9 +321,9 @@ class LoweredGraph:
         with report.stage("serialize"):
             stablehlo, encoding = portable_stablehlo(text)
             executable = xla.serialize()
-        return Artifact(self._manifest(encoding), stablehlo, executable), xla
+        return Artifact(self._manifest(encoding, text), stablehlo, executable), xla
 
-    def _manifest(self, encoding: dict) -> dict:
+    def _manifest(self, encoding: dict, text: str) -> dict:
         import datetime
 
         from runtime.cache_key import tool_versions, xla_compile_options
@@ -334,6 +345,7 @@ class LoweredGraph:
             "passes": [p.as_dict() if hasattr(p, "as_dict") else dict(p.__dict__) for p in report.passes],
             "versions": {"neuron_compile": __version__, **tool_versions()},
             "platform": platform_description(),
+            "replicas": replicas_of(text),
             "xla_compile_options": xla_compile_options(),
             "stages": {k: round(v, 6) for k, v in report.stages.items() if k not in self._stages_before},
             "stablehlo": encoding,

@@ -40,6 +40,7 @@ class CompileReport:
     notes: list[str] = field(default_factory=list)
     fallback: dict[str, int] = field(default_factory=dict)  # ATen op run eagerly -> node count (fallback=eager)
     kernels: list[dict] = field(default_factory=list)  # {site, kernel, origin}: a registered kernel served it
+    collectives: dict[str, int] = field(default_factory=dict)  # "compiled"/"eager" -> collective nodes
 
     @contextlib.contextmanager
     def stage(self, name: str):
@@ -66,6 +67,7 @@ class CompileReport:
             "notes": list(self.notes),
             "fallback": dict(self.fallback),
             "kernels": [dict(k) for k in self.kernels],
+            "collectives": dict(self.collectives),
         }
 
     def summary(self) -> str:

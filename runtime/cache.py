@@ -550,7 +550,7 @@ class CompileCache:
         reason = check(artifact.manifest) if check else None
         if reason is None:
             try:
-                executable = XlaExecutable.deserialize(artifact.executable)
+                executable = XlaExecutable.deserialize(artifact.executable, artifact.manifest.get("replicas", 1))
             except Exception as exc:  # jaxlib raises XlaRuntimeError on a foreign or damaged executable
                 reason = f"XLA cannot load the executable: {str(exc)[:200]}"
         if reason is not None:

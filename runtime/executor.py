@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import re
 import sys
 import threading
 import time
@@ -34,6 +35,8 @@ import jaxlib
 import torch
 from jaxlib import _jax, utils, xla_client
 from torch.utils.dlpack import from_dlpack as _from_capsule
+
+from . import collectives
 
 __all__ = ["XlaExecutable", "XlaCompileError", "platform_description"]
 
@@ -160,6 +163,11 @@ def _to_buffer(tensor: torch.Tensor):
             raise RuntimeError(f"a {tensor.device} tensor reached the XLA executor: only CPU tensors and "
                                f"tensors of {sorted(DEVICE_ADAPTERS) or 'no device'} can be its inputs")
         return adapter.to_buffer(tensor)
+    return dlpack_buffer(tensor, _device())
+
+
+def dlpack_buffer(tensor: torch.Tensor, device):
+    """A PJRT buffer on ``device`` sharing a CPU tensor's memory where PJRT can."""
     if tensor.requires_grad:
         tensor = tensor.detach()
     if not tensor.is_contiguous():
@@ -169,7 +177,7 @@ def _to_buffer(tensor: torch.Tensor):
     # Device type 1 is kDLCPU; copy=None lets PJRT alias the torch storage when
     # it is suitably aligned and copy otherwise. torch._C._to_dlpack skips the
     # Python checks of Tensor.__dlpack__ (2 us a tensor), which we made above.
-    return _jax.dlpack_managed_tensor_to_buffer(_to_dlpack(tensor), _device(), None, None, 1)
+    return _jax.dlpack_managed_tensor_to_buffer(_to_dlpack(tensor), device, None, None, 1)
 
 
 def _to_tensor(array) -> torch.Tensor:
@@ -186,39 +194,74 @@ def _to_tensor(array) -> torch.Tensor:
         return torch.from_numpy(np.asarray(array).copy())
 
 
+_REPLICAS = re.compile(r"mhlo\.num_replicas = (\d+)")
+
+
+def replicas_of(stablehlo_text: str) -> int:
+    """How many processes a module runs on: its ``mhlo.num_replicas`` (1 unless it holds collectives)."""
+    found = _REPLICAS.search(stablehlo_text[:4096])
+    return int(found.group(1)) if found else 1
+
+
 @dataclass
 class XlaExecutable:
-    """One compiled XLA executable for a static-shape StableHLO module."""
+    """One compiled XLA executable for a static-shape StableHLO module.
+
+    ``target`` is None for the process's local client, or a
+    ``collectives.DistributedTarget`` for a module of several replicas (one per
+    torch.distributed rank), which compiles, loads and runs on that client.
+    """
 
     loaded: object
     compile_seconds: float = 0.0
     _outputs: int | None = None  # how many results the executable has, learned on the first run
+    target: object = None
+    what: str = "the executable"  # names it in a distributed failure: its graph and collectives
 
     @classmethod
     def compile(cls, stablehlo_text: str) -> "XlaExecutable":
         start = time.perf_counter()
         if "lapack_" in stablehlo_text:
             _ready_lapack()
+        replicas = replicas_of(stablehlo_text)
+        target = _distributed(replicas) if replicas > 1 else None
         try:
-            loaded = _while_importing_jax(
-                lambda: _client().compile_and_load(stablehlo_text, _device_list(), _compile_options()))
+            if target is not None:
+                loaded = _while_importing_jax(lambda: target.compile(stablehlo_text))
+            else:
+                loaded = _while_importing_jax(
+                    lambda: _client().compile_and_load(stablehlo_text, _device_list(), _compile_options()))
         except Exception as exc:  # jaxlib raises XlaRuntimeError
             raise XlaCompileError(str(exc)) from exc
-        return cls(loaded, time.perf_counter() - start)
+        return cls(loaded, time.perf_counter() - start, target=target)
 
     def serialize(self) -> bytes:
+        if self.target is not None:
+            return self.target.serialize(self.loaded)
         return bytes(_client().serialize_executable(self.loaded))
 
     @classmethod
-    def deserialize(cls, data: bytes) -> "XlaExecutable":
+    def deserialize(cls, data: bytes, replicas: int = 1) -> "XlaExecutable":
         start = time.perf_counter()
         if b"lapack_" in data:
             _ready_lapack()
+        if replicas > 1:
+            target = _distributed(replicas)
+            loaded = _while_importing_jax(lambda: target.deserialize(data))
+            return cls(loaded, time.perf_counter() - start, target=target)
         loaded = _while_importing_jax(lambda: _client().deserialize_executable(data, _device_list(), _compile_options()))
         return cls(loaded, time.perf_counter() - start)
 
+    def to_buffer(self, tensor: torch.Tensor):
+        return _to_buffer(tensor) if self.target is None else dlpack_buffer(tensor, self.target.device)
+
     def run_buffers(self, buffers: list) -> list:
         """Execute on PJRT buffers; returns one XLA array per output."""
+        if self.target is not None:
+            return self.target.run(lambda: self._run(buffers), self.what)
+        return self._run(buffers)
+
+    def _run(self, buffers: list) -> list:
         count = self._outputs
         if count is None:
             results = self.loaded.execute_sharded(buffers).disassemble_into_single_device_arrays()
@@ -230,7 +273,11 @@ class XlaExecutable:
         return [per_device[0] for per_device in results]
 
     def __call__(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [_to_tensor(a) for a in self.run_buffers([_to_buffer(t) for t in tensors])]
+        return [_to_tensor(a) for a in self.run_buffers([self.to_buffer(t) for t in tensors])]
+
+
+def _distributed(replicas: int):
+    return collectives.target(replicas)
 
 
 to_buffer = _to_buffer
@@ -250,10 +297,11 @@ class PersistentBuffers:
     every call and holding on to them would only keep memory alive.
     """
 
-    __slots__ = ("_entries",)
+    __slots__ = ("_entries", "_convert")
 
-    def __init__(self):
+    def __init__(self, convert=None):
         self._entries: dict[int, tuple] = {}
+        self._convert = convert or _to_buffer  # a distributed executable's buffers live on its own client
 
     def get(self, position: int, tensor: torch.Tensor):
         entry = self._entries.get(position)
@@ -261,7 +309,7 @@ class PersistentBuffers:
             ref, version, pointer, buffer = entry
             if ref() is tensor and tensor._version == version and tensor.data_ptr() == pointer:
                 return buffer
-        buffer = _to_buffer(tensor)
+        buffer = self._convert(tensor)
         # a device tensor is its buffer already, and its data_ptr() tells nothing: never kept (so the
         # device check stays off the path of a kept parameter, taken every call)
         if tensor.device.type == "cpu" and (isinstance(tensor, torch.nn.Parameter)

@@ -19,6 +19,13 @@ partitioned around the op it names:
 The default (``fallback="error"``) never reaches the partitioner: the
 ``LoweringError`` propagates, naming the op and the user's line.
 
+Collectives (``_c10d_functional.*``) are known before any lowering, whatever
+``fallback`` says (``lowering.collectives.route``): those compiled into the
+executable stay in the graph; the others are blocked at once, run on
+torch.distributed in the eager parent graph (each issued right after its
+input exists and waited on just before its first use, so compiled work in
+between overlaps it), with no failed lowering, repro folder or warning.
+
 Reporting: the graph's ``CompileReport.fallback`` maps each fallen-back op to
 its node count, ``notes`` name the nodes and their source lines, each compiled
 partition records a report of its own (``g0.forward.p0``...), and ``COUNTERS``
@@ -55,7 +62,11 @@ _PREFIX = "neuron_part_"
 
 
 def compile_with_fallback(gm: torch.fx.GraphModule, *, report: CompileReport, options):
-    """``compile_graph``, or with ``options.fallback == "eager"`` a partly eager executable."""
+    """``compile_graph``, or with ``options.fallback == "eager"`` (or collectives to run eagerly) a partly
+    eager executable."""
+    eager_collectives = _route_collectives(gm, report, options)
+    if eager_collectives:
+        return _compile_partitioned(_copy(gm), report, options, eager_collectives)
     if options.fallback != "eager":
         return compile_graph(gm, report=report, options=options)
     from runtime.executor import XlaCompileError
@@ -139,15 +150,38 @@ class _Lowerable(OperatorSupportBase):
         return True
 
 
-def _compile_partitioned(gm: torch.fx.GraphModule, report: CompileReport, options) -> "FallbackExecutable":
+def _route_collectives(gm: torch.fx.GraphModule, report: CompileReport, options) -> set[str]:
+    """Route the graph's collectives (notes and counts in the report); the names of the eager ones."""
+    from ..lowering import collectives
+
+    if not collectives.has_collectives(gm):
+        return set()
+    eager = set()
+    for node, why in collectives.route(gm, getattr(options, "collectives", "compiled")).items():
+        name = collectives.op_name(node)
+        path = "compiled" if why is None else "eager"
+        report.collectives[path] = report.collectives.get(path, 0) + 1
+        COUNTERS[f"collectives_{path}"] += 1
+        if why is None:
+            report.notes.append(f"collective: {name} (node {node.name}) is compiled into the executable")
+        else:
+            eager.add(node.name)
+            report.notes.append(f"collective: {name} (node {node.name}) runs eagerly on torch.distributed: {why}")
+    return eager
+
+
+def _compile_partitioned(gm: torch.fx.GraphModule, report: CompileReport, options,
+                         eager_collectives: frozenset = frozenset()) -> "FallbackExecutable":
     for _ in range(_MAX_ROUNDS):
         with report.stage("partition"):
-            parent, eager_nodes = _partition(_copy(gm), _learned())
+            parent, eager_nodes = _partition(_copy(gm), _learned(), eager_collectives)
         try:
             parts, whole_eager = _compile_parts(parent, report, options)
         except _Relearn:
             continue
-        _record_fallback(report, eager_nodes, whole_eager, gm)
+        eager_nodes = [n for n in eager_nodes if n.name not in eager_collectives]
+        if eager_nodes or whole_eager:
+            _record_fallback(report, eager_nodes, whole_eager, gm)
         return FallbackExecutable(parent, parts)
     raise RuntimeError(f"{report.graph}: eager fallback did not converge after {_MAX_ROUNDS} partitionings")
 
@@ -156,18 +190,46 @@ class _Relearn(Exception):
     pass
 
 
-def _partition(gm: torch.fx.GraphModule, learned: set[str]):
-    blocked = set(_blocked_nodes(gm, learned))
+def _partition(gm: torch.fx.GraphModule, learned: set[str], eager_collectives=frozenset()):
+    blocked = set(_blocked_nodes(gm, learned)) | {n for n in gm.graph.nodes if n.name in eager_collectives}
     support = _Lowerable(blocked)
     partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
     partitions = partitioner.propose_partitions()
     eager_nodes = [n for n in gm.graph.nodes if n in support.blocked]
     parent = fuse_by_partitions(gm, [p.nodes for p in partitions], prefix=_PREFIX, always_return_tuple=True)
+    if eager_collectives:
+        _overlap(parent, eager_collectives)
     return parent, eager_nodes
 
 
+def _overlap(parent: torch.fx.GraphModule, collectives: set[str]) -> None:
+    """Issue each eager collective as soon as its input exists and wait on it just before its first use."""
+    nodes = list(parent.graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    for node in nodes:
+        if node.name not in collectives:
+            continue
+        if node.target is torch.ops._c10d_functional.wait_tensor.default:
+            first_user = min(node.users, key=order.__getitem__, default=None)
+            if first_user is not None:
+                first_user.prepend(node)
+        else:
+            inputs = [a for a in node.all_input_nodes]
+            last = max(inputs, key=order.__getitem__, default=None)
+            if last is not None and last.op != "placeholder":
+                last.append(node)
+            elif last is not None:
+                first = next(n for n in parent.graph.nodes if n.op != "placeholder")
+                first.prepend(node)
+        order = {n: i for i, n in enumerate(parent.graph.nodes)}
+    parent.graph.lint()
+    parent.recompile()
+
+
 def _compile_parts(parent: torch.fx.GraphModule, report: CompileReport, options):
-    """Compile every fused submodule in place of itself; returns their executables and the ones left eager."""
+    """Compile every fused submodule in place of itself; returns their executables and the ones left eager.
+    Without ``fallback="eager"`` (a graph partitioned only around eager collectives) a part that does not
+    lower raises, as the whole graph would have."""
     parts, whole_eager = {}, []
     for node in parent.graph.nodes:
         if node.op != "call_module" or not node.target.startswith(_PREFIX):
@@ -178,6 +240,8 @@ def _compile_parts(parent: torch.fx.GraphModule, report: CompileReport, options)
         try:
             executable = compile_graph(_copy(sub), report=part_report, options=options)
         except LoweringError as exc:
+            if options.fallback != "eager":
+                raise
             if _learn(exc, sub):
                 raise _Relearn() from exc
             whole_eager.append((sub, f"{exc.op or 'an op'} does not lower ({exc.stage})"))
@@ -185,7 +249,7 @@ def _compile_parts(parent: torch.fx.GraphModule, report: CompileReport, options)
         except Exception as exc:  # noqa: BLE001 - XLA rejecting a partition: run that partition eagerly
             from runtime.executor import XlaCompileError
 
-            if not isinstance(exc, (XlaCompileError, NotImplementedError)):
+            if not isinstance(exc, (XlaCompileError, NotImplementedError)) or options.fallback != "eager":
                 raise
             whole_eager.append((sub, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"))
             continue

@@ -14,6 +14,7 @@ known ones (a typo must not be silently ignored).
 | fallback   | NEURON_COMPILE_FALLBACK       | "error" (or "eager")    |
 | verify     | NEURON_COMPILE_VERIFY (1 = on)| off: verify IR after every pass |
 | buckets    | NEURON_COMPILE_BUCKETS        | 128: symbolic sizes padded to multiples of 128; a list "128,512,1024"; 0/off: exact shapes |
+| collectives | NEURON_COMPILE_COLLECTIVES   | "compiled": into the executable where they can be (or "eager": on torch.distributed) |
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ class Options:
     fallback: str = "error"
     verify: bool = False
     buckets: object = 128  # int multiple, sorted tuple of sizes, or 0 (exact shapes only)
+    collectives: str = "compiled"  # or "eager": functional collectives run on torch.distributed
 
     @classmethod
     def resolve(cls, user: dict | None = None) -> "Options":
@@ -99,9 +101,12 @@ class Options:
             "fallback": os.environ.get("NEURON_COMPILE_FALLBACK") or "error",
             "verify": _env_flag("NEURON_COMPILE_VERIFY", False),
             "buckets": os.environ.get("NEURON_COMPILE_BUCKETS", "128"),
+            "collectives": os.environ.get("NEURON_COMPILE_COLLECTIVES") or "compiled",
         }
         env.update(user)
         env["buckets"] = parse_buckets(env["buckets"])
         if env["fallback"] not in ("error", "eager"):
             raise ValueError(f"option fallback must be 'error' or 'eager', not {env['fallback']!r}")
+        if env["collectives"] not in ("compiled", "eager"):
+            raise ValueError(f"option collectives must be 'compiled' or 'eager', not {env['collectives']!r}")
         return cls(**env)

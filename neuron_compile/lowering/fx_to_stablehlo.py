@@ -65,10 +65,12 @@ def lower_to_stablehlo(gm: torch.fx.GraphModule, *, report=None, graph_name: str
     ``kernel_rule(node)``: the JAX rule of a registered kernel serving that node, or None."""
     drop_error_checks(gm)
     _refuse_data_dependent_shapes(gm, graph_name)
+    from .collectives import has_collectives
     from .splice import jax_nodes, lower_spliced
 
     chosen = jax_nodes(gm, kernel_rule)
-    if chosen:
+    if chosen or has_collectives(gm):
+        # collectives lower to StableHLO collectives of their own (``collectives``)
         # ops Torch-MLIR has no lowering for: JAX lowers them, Torch-MLIR the rest, one module
         def lower_part(sub, name):
             return _lower_torch_mlir(sub, report, name, keep_torch_ir=False).module

@@ -39,6 +39,7 @@ import torch
 import torch.fx
 from torch.fx.node import map_arg
 
+from .collectives import is_collective, lower_group, world_size
 from .jax_rules import _ELEMENT_NAME, ALWAYS, RULES, _np_dtype
 
 
@@ -82,7 +83,7 @@ def jax_nodes(gm: torch.fx.GraphModule, kernel_rule=None) -> set[torch.fx.Node]:
 
 # --------------------------------------------------------------------------- partition and splice
 
-_JAX, _MLIR = "neuron_jax_", "neuron_mlir_"
+_JAX, _MLIR, _COLL = "neuron_jax_", "neuron_mlir_", "neuron_coll_"
 
 
 class _Support:
@@ -96,8 +97,9 @@ class _Support:
 
 
 def split(gm: torch.fx.GraphModule, chosen: set[torch.fx.Node]) -> torch.fx.GraphModule:
-    """``gm`` as a parent graph calling fused submodules: ``neuron_jax_*`` (the chosen nodes) and
-    ``neuron_mlir_*`` (the rest); the parent keeps only placeholders, calls, getitems and the output."""
+    """``gm`` as a parent graph calling fused submodules: ``neuron_coll_*`` (collectives),
+    ``neuron_jax_*`` (the chosen nodes) and ``neuron_mlir_*`` (the rest); the parent keeps only
+    placeholders, calls, getitems and the output."""
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
     from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
@@ -106,7 +108,8 @@ def split(gm: torch.fx.GraphModule, chosen: set[torch.fx.Node]) -> torch.fx.Grap
         partitions = [p.nodes for p in partitioner.propose_partitions()]
         return fuse_by_partitions(graph_module, partitions, prefix=prefix, always_return_tuple=True)
 
-    parent = fuse(gm, lambda n: n in chosen, _JAX)
+    parent = fuse(gm, is_collective, _COLL) if any(is_collective(n) for n in gm.graph.nodes) else gm
+    parent = fuse(parent, lambda n: n in chosen and not is_collective(n), _JAX)
 
     def structural(node):  # a getitem reading a submodule's tuple stays in the parent
         return node.target is operator.getitem and node.args[0].op == "call_module"
@@ -124,6 +127,8 @@ def lower_spliced(gm: torch.fx.GraphModule, chosen: set[torch.fx.Node], lower_ml
 
     from .diagnostics import LoweringError, new_context, run_pipeline
 
+    # a module with collectives runs as one replica per rank (the executor reads this attribute)
+    replicas = world_size(gm)  # before the split, which fuses gm's nodes in place
     with stage():
         parent = split(gm, chosen)
         ctx = new_context()
@@ -133,10 +138,14 @@ def lower_spliced(gm: torch.fx.GraphModule, chosen: set[torch.fx.Node], lower_ml
         if node.op != "call_module":
             continue
         sub = getattr(parent, node.target)
-        prefix = ("j" if node.target.startswith(_JAX) else "m") + str(len(parts)) + "_"
+        kind = "c" if node.target.startswith(_COLL) else "j" if node.target.startswith(_JAX) else "m"
+        prefix = kind + str(len(parts)) + "_"
         inputs = [_tensor_type(n.meta["val"]) for n in sub.graph.nodes if n.op == "placeholder"]
         results = [_tensor_type(n.meta["val"]) for n in _outputs(sub)]
-        if node.target.startswith(_JAX):
+        if kind == "c":
+            with stage():
+                module = ir.Module.parse(lower_group(sub, _tensor_type), ctx)
+        elif kind == "j":
             with stage():
                 module = ir.Module.parse(lower_jax(sub, graph_name=f"{graph_name}.{prefix[:-1]}",
                                                    kernel_rule=kernel_rule), ctx)
@@ -145,9 +154,10 @@ def lower_spliced(gm: torch.fx.GraphModule, chosen: set[torch.fx.Node], lower_ml
         functions += _renamed(module, prefix)
         parts[node.target] = (f"{prefix}main", inputs, results)
 
+    header = f"module attributes {{mhlo.num_replicas = {replicas} : i32}} {{\n" if replicas > 1 else "module {\n"
     with stage():
         try:
-            main = ir.Module.parse("module {\n" + _main_text(parent, parts) + "\n".join(functions) + "\n}", ctx)
+            main = ir.Module.parse(header + _main_text(parent, parts) + "\n".join(functions) + "\n}", ctx)
             run_pipeline(main, "builtin.module(inline,symbol-dce)")
         except Exception as exc:  # noqa: BLE001 - a splice that does not verify is our bug: say where
             raise LoweringError(f"neuron_compile could not splice the JAX-lowered ops of graph {graph_name}: {exc}",

@@ -1,0 +1,243 @@
+"""Functional collectives in a graph: compiled into the XLA executable, or run eagerly on torch.distributed.
+
+Tensor parallel, DTensor redistributes, SimpleFSDP-style parameters, DDP's
+python reducer under compiled autograd and a ``dist.all_reduce`` inside a
+compiled function all reach us as ``_c10d_functional`` ops (an async
+collective, then ``wait_tensor`` on its result). Torch-MLIR lowers none of
+them; every one is known here before any lowering is tried, whatever the
+``fallback`` option says, and takes one of two paths (``route``):
+
+``compiled`` (the default when it can serve)
+    the collective becomes a StableHLO collective in the graph's own
+    module, which then runs as one executable of ``world`` replicas on a
+    distributed PJRT CPU client (``runtime.collectives``); ``wait_tensor`` is
+    the identity. The lowerings, for a group of all ``W`` ranks (replica
+    ``i`` is rank ``i``):
+
+    ================================  =======================================================
+    all_reduce(x, op)                 ``stablehlo.all_reduce`` (sum, product, min, max; avg is
+                                      the sum divided by W)
+    all_gather_into_tensor(x, W)      ``stablehlo.all_gather`` along dim 0
+    reduce_scatter_tensor(x, op, W)   ``stablehlo.reduce_scatter`` along dim 0
+    all_to_all_single(x, None/equal)  ``stablehlo.all_to_all`` splitting and joining dim 0
+    broadcast(x, src)                 ``all_gather`` then the src's slice: exact, and XLA CPU
+                                      runs it where ``collective_broadcast`` is not lowered
+    ================================  =======================================================
+
+``eager``
+    the node stays in an eager parent graph (``capture.fallback``) and runs
+    on torch.distributed between compiled parts: issued as soon as its input
+    exists, waited on just before its first use. This path serves what the
+    compiled one can't, and says why in the compile report and ``explain``:
+    torch.distributed not initialized, a subgroup of the world (replica
+    groups need every group's layout), uneven all-to-all splits, a reduce op
+    or dtype XLA has no reduction for, device tensors, ``collectives="eager"``.
+
+World size, rank and each group's ranks go into the cache key (``key_parts``).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx
+
+NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
+_REDUCERS = {"sum": "add", "avg": "add", "product": "multiply", "min": "minimum", "max": "maximum"}
+_KINDS = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
+          "reduce_scatter_tensor": "reduce_scatter", "all_to_all_single": "all_to_all", "broadcast": "broadcast",
+          "wait_tensor": "wait"}
+
+
+def op_name(node: torch.fx.Node) -> str | None:
+    """``all_reduce`` for a ``_c10d_functional.all_reduce.default`` node; None for any other node."""
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return None
+    return target._opname if target.namespace in NAMESPACES else None
+
+
+def is_collective(node: torch.fx.Node) -> bool:
+    return op_name(node) is not None
+
+
+def has_collectives(gm: torch.fx.GraphModule) -> bool:
+    return any(is_collective(n) for n in gm.graph.nodes)
+
+
+# --------------------------------------------------------------------------- torch.distributed's view
+
+
+def group_ranks(group_name: str) -> list[int]:
+    """The global ranks of a process group named as functional collectives name it."""
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _resolve_process_group  # private: checked by a test
+
+    return dist.get_process_group_ranks(_resolve_process_group(group_name))
+
+
+def _world() -> tuple[int, int] | None:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return dist.get_rank(), dist.get_world_size()
+
+
+# --------------------------------------------------------------------------- routing
+
+
+def route(gm: torch.fx.GraphModule, mode: str = "compiled") -> dict[torch.fx.Node, str | None]:
+    """Every collective node of ``gm`` -> None (compiled into the executable) or why it runs eagerly."""
+    world = _world()
+    routes: dict[torch.fx.Node, str | None] = {}
+    for node in gm.graph.nodes:
+        name = op_name(node)
+        if name is None:
+            continue
+        if name == "wait_tensor":
+            source = node.args[0]
+            routes[node] = (routes.get(source, "it waits on a value from outside the graph")
+                            if isinstance(source, torch.fx.Node) else "it waits on no graph value")
+            continue
+        if mode == "eager":
+            routes[node] = 'collectives="eager"'
+        elif world is None:
+            routes[node] = "torch.distributed is not initialized"
+        else:
+            routes[node] = _why_not_compiled(node, name, world[1])
+    return routes
+
+
+def _why_not_compiled(node: torch.fx.Node, name: str, world: int) -> str | None:
+    if name not in _KINDS or node.target.namespace != "_c10d_functional":
+        return f"{node.target.namespace}.{name} has no StableHLO lowering here"
+    if world < 2:
+        return "the world is one process"
+    x, out = node.args[0], node.meta.get("val")
+    if not isinstance(x, torch.fx.Node) or not isinstance(out, torch.Tensor):
+        return "its input is not one tensor"
+    value = x.meta.get("val")
+    if value.device.type != "cpu":
+        return f"its tensors are on {value.device} (compiled collectives serve CPU tensors)"
+    if value.dtype == torch.bool or value.is_complex():
+        return f"XLA has no reduction of {value.dtype} here"
+    ranks = group_ranks(node.args[-1])
+    if ranks != list(range(world)):
+        return (f"its group holds ranks {ranks} of a world of {world}: replica groups need the layout of "
+                f"every group")
+    if name in ("all_reduce", "reduce_scatter_tensor"):
+        op = node.args[1]
+        if op not in _REDUCERS:
+            return f"reduce op {op!r} has no StableHLO reduction"
+        if op == "avg" and not value.is_floating_point():
+            return "avg of integers"
+    if name != "all_reduce" and value.dim() == 0:
+        return f"{name} of a 0-d tensor"
+    if name == "all_to_all_single":
+        rows = value.shape[0]
+        for splits in node.args[1:3]:
+            if splits is not None and len(set(splits)) > 1:
+                return f"uneven splits {list(splits)}"
+        if rows % world:
+            return f"{rows} rows do not split into {world} equal parts"
+    return None
+
+
+def collective_names(gm: torch.fx.GraphModule) -> list[str]:
+    """The collectives a graph issues (its waits left out), in graph order."""
+    return [op_name(n) for n in gm.graph.nodes if is_collective(n) and op_name(n) != "wait_tensor"]
+
+
+def key_parts(gm: torch.fx.GraphModule) -> dict:
+    """The cache-key part of a graph with collectives: world size, rank and each group's ranks."""
+    groups = sorted({n.args[-1] for n in gm.graph.nodes if is_collective(n) and op_name(n) != "wait_tensor"})
+    world = _world()
+    if not groups or world is None:
+        return {}
+    return {"distributed": {"rank": world[0], "world": world[1], "groups": {g: group_ranks(g) for g in groups}}}
+
+
+# --------------------------------------------------------------------------- lowering
+
+
+def world_size(gm: torch.fx.GraphModule) -> int:
+    world = _world()
+    return world[1] if world and has_collectives(gm) else 1
+
+
+def lower_group(sub: torch.fx.GraphModule, type_of) -> str:
+    """StableHLO text (a module with ``@main``) of a group of compiled collective nodes.
+
+    ``type_of(value)`` spells a fake tensor's MLIR type. Every node here was
+    routed to the compiled path, so its group is the whole world.
+    """
+    world = _world()[1]
+    groups = f"replica_groups = dense<[[{', '.join(map(str, range(world)))}]]> : tensor<1x{world}xi64>"
+    names: dict[torch.fx.Node, str] = {}
+    args, body = [], []
+    counter = iter(range(1 << 30))
+
+    def fresh() -> str:
+        return f"%v{next(counter)}"
+
+    for node in sub.graph.nodes:
+        if node.op == "placeholder":
+            names[node] = f"%arg{len(args)}"
+            args.append(f"{names[node]}: {type_of(node.meta['val'])}")
+            continue
+        if node.op == "output":
+            outs = node.args[0] if isinstance(node.args[0], (tuple, list)) else [node.args[0]]
+            body.append(f"    return {', '.join(names[o] for o in outs)} : "
+                        f"{', '.join(type_of(o.meta['val']) for o in outs)}")
+            results = ", ".join(type_of(o.meta["val"]) for o in outs)
+            continue
+        name = op_name(node)
+        if node.target is operator.getitem or name is None:
+            raise NotImplementedError(f"unexpected node {node.format_node()} in a collective group")
+        x = node.args[0]
+        tin, tout = type_of(x.meta["val"]), type_of(node.meta["val"])
+        if name == "wait_tensor":
+            names[node] = names[x]
+            continue
+        result = fresh()
+        if name in ("all_reduce", "reduce_scatter_tensor"):
+            op = node.args[1]
+            element = tin[tin.rindex("x") + 1:-1] if "x" in tin else tin[len("tensor<"):-1]
+            scalar = f"tensor<{element}>"
+            region = (f"({{\n      ^bb0(%lhs: {scalar}, %rhs: {scalar}):\n"
+                      f"        %r = stablehlo.{_REDUCERS[op]} %lhs, %rhs : {scalar}\n"
+                      f"        stablehlo.return %r : {scalar}\n    }})")
+            kind, extra = (("all_reduce", "") if name == "all_reduce"
+                           else ("reduce_scatter", "scatter_dimension = 0 : i64, "))
+            reduced = fresh() if op == "avg" else result
+            body.append(f'    {reduced} = "stablehlo.{kind}"({names[x]}) {region} {{{extra}{groups}}} : '
+                        f"({tin}) -> {tout}")
+            if op == "avg":
+                divisor = fresh()
+                body.append(f"    {divisor} = stablehlo.constant dense<{float(world)}> : {tout}")
+                body.append(f"    {result} = stablehlo.divide {reduced}, {divisor} : {tout}")
+        elif name == "all_gather_into_tensor":
+            body.append(f'    {result} = "stablehlo.all_gather"({names[x]}) {{all_gather_dim = 0 : i64, {groups}}} : '
+                        f"({tin}) -> {tout}")
+        elif name == "all_to_all_single":
+            body.append(f'    {result} = "stablehlo.all_to_all"({names[x]}) {{split_dimension = 0 : i64, '
+                        f"concat_dimension = 0 : i64, split_count = {world} : i64, {groups}}} : ({tin}) -> {tout}")
+        elif name == "broadcast":
+            shape = list(x.meta["val"].shape)
+            gathered_type = type_of(torch.empty([shape[0] * world, *shape[1:]], dtype=x.meta["val"].dtype,
+                                                  device="meta"))
+            gathered, src = fresh(), node.args[1]
+            body.append(f'    {gathered} = "stablehlo.all_gather"({names[x]}) {{all_gather_dim = 0 : i64, '
+                        f"{groups}}} : ({tin}) -> {gathered_type}")
+            start = [src * shape[0]] + [0] * (len(shape) - 1)
+            limit = [(src + 1) * shape[0]] + shape[1:]
+            body.append(f'    {result} = "stablehlo.slice"({gathered}) {{start_indices = array<i64: '
+                        f"{', '.join(map(str, start))}>, limit_indices = array<i64: {', '.join(map(str, limit))}>, "
+                        f"strides = array<i64: {', '.join('1' for _ in shape)}>}} : ({gathered_type}) -> {tout}")
+        else:
+            raise NotImplementedError(f"no lowering of {node.target}")
+        names[node] = result
+    return (f"module {{\n  func.func @main({', '.join(args)}) -> ({results}) {{\n" + "\n".join(body)
+            + "\n  }\n}\n")

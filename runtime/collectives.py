@@ -1,0 +1,249 @@
+"""XLA executables holding collectives: one PJRT CPU client spanning the torch.distributed world.
+
+A graph whose collectives are compiled into it (StableHLO ``all_reduce``,
+``all_gather``, ``reduce_scatter``, ``all_to_all``) runs as one executable of
+``world`` replicas, one per process, and XLA moves the data itself over gloo
+(jaxlib's CPU collectives). What that needs, made once per process on the
+first such graph, by every rank at once (as each rank compiles the same
+graph):
+
+    coordinator  jaxlib's distributed runtime service, started by rank 0 on
+                 the host torch.distributed's store listens on (never on every
+                 interface), on a free port; its address travels to the other
+                 ranks through that store
+    client       a distributed runtime client per process (heartbeats, the
+                 key-value store gloo meets through), with torch.distributed's
+                 timeout for the default group
+    pjrt         a CPU client made with that client and gloo TCP collectives:
+                 ``world`` devices, one addressable here
+
+Graphs without collectives keep the process's own local client
+(``executor._client``); buffers of the two clients are not mixed: a tensor
+reaches a distributed executable through DLPack on this client's device.
+
+Failure: every run of a distributed executable is waited on with the group's
+timeout. A peer that never joins, raises or dies makes the run raise
+``CollectiveError`` naming the rank, the graph and its collectives, never hang;
+after that the client is broken and every later run says so at once. A
+peer whose heartbeats stop for that long ends this process too, with the
+coordinator's message (jaxlib's behaviour: its Python callback for it does
+not convert the status and aborts). Nothing here touches the cache:
+an executable is stored after it compiles, before any run.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import ipaddress
+import logging
+import queue
+import socket
+import threading
+
+import numpy as np
+
+log = logging.getLogger("neuron_compile")
+
+__all__ = ["CollectiveError", "DistributedTarget", "target"]
+
+_STORE_KEY = "neuron_compile/xla_coordinator"
+
+
+class CollectiveError(RuntimeError):
+    """A run of an executable with collectives failed or timed out on this rank."""
+
+
+def _torch_world():
+    """(store, rank, world, timeout seconds) of torch.distributed's default group, or None.
+
+    The one place that reads torch.distributed's private state: the default
+    store (``_get_default_store``) and the timeout the default group was made
+    with (its CPU backend's ``options._timeout``; the backend-wide default
+    where that can't be read). tests/test_distributed_collectives.py checks
+    they still exist.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    from torch.distributed import distributed_c10d as c10d
+
+    store = c10d._get_default_store()
+    try:
+        timeout = dist.group.WORLD._get_backend(torch.device("cpu")).options._timeout
+    except (AttributeError, RuntimeError):
+        timeout = c10d._get_default_timeout(dist.get_backend())
+    return store, dist.get_rank(), dist.get_world_size(), timeout.total_seconds()
+
+
+def _store_host(store) -> str:
+    """The address the store's server listens on (a PrefixStore wraps it), else MASTER_ADDR."""
+    import os
+
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    host = getattr(store, "host", None) or os.environ.get("MASTER_ADDR") or "127.0.0.1"
+    return socket.gethostbyname(host) if host != "localhost" else "127.0.0.1"
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+class DistributedTarget:
+    """This process's share of a distributed PJRT CPU client: what executables with collectives
+    compile for, load with and run on."""
+
+    def __init__(self, rank: int, world: int, timeout_s: float, store):
+        from jaxlib import _jax, utils, xla_client
+
+        self.rank, self.world, self.timeout_s = rank, world, timeout_s
+        self.broken: str | None = None
+        host = _store_host(store)
+        seconds = max(1, int(timeout_s))
+        utils.absl_set_min_log_level(1)  # the coordinator's INFO lines stay off the user's terminal
+        try:
+            self.service = None
+            if rank == 0:
+                address = f"{host}:{_free_port(host)}"
+                self.service = _jax.get_distributed_runtime_service(
+                    address, world, heartbeat_timeout=seconds, shutdown_timeout=seconds)
+                store.set(_STORE_KEY, address)
+            address = store.get(_STORE_KEY).decode()
+            self.client = _jax.get_distributed_runtime_client(
+                address, rank, init_timeout=seconds, shutdown_timeout=seconds, heartbeat_timeout=seconds,
+                use_compression=True)
+            self.client.connect()
+            # gloo listens where this rank's torch.distributed traffic goes: loopback stays loopback
+            local = ipaddress.ip_address(host).is_loopback
+            collectives = _jax.make_gloo_tcp_collectives(distributed_client=self.client,
+                                                         hostname=host if local else None)
+            self.pjrt = xla_client.make_cpu_client(asynchronous=False, distributed_client=self.client,
+                                                   node_id=rank, num_nodes=world, collectives=collectives)
+        finally:
+            utils.absl_set_min_log_level(0)
+        self.devices = sorted(self.pjrt.devices(), key=lambda d: d.process_index)
+        self.device = self.pjrt.local_devices()[0]
+        self.device_list = xla_client.DeviceList(tuple(self.devices))
+        self._worker = _Worker(f"neuron_compile-collectives-rank{rank}")
+        atexit.register(self.shutdown)
+
+    # -- compile and load
+
+    def compile_options(self):
+        from jaxlib import xla_client
+
+        options = xla_client.CompileOptions()
+        options.num_replicas = self.world
+        options.num_partitions = 1
+        # replica i is rank i's device
+        options.device_assignment = xla_client.DeviceAssignment.create(np.array([[d.id] for d in self.devices]))
+        return options
+
+    def compile(self, text: str):
+        return self.pjrt.compile_and_load(text, self.device_list, self.compile_options())
+
+    def deserialize(self, data: bytes):
+        return self.pjrt.deserialize_executable(data, self.device_list, self.compile_options())
+
+    def serialize(self, loaded) -> bytes:
+        return bytes(self.pjrt.serialize_executable(loaded))
+
+    # -- run
+
+    def run(self, work, what: str):
+        """``work()`` (an execute) on the worker thread, waited on with the group's timeout."""
+        if self.broken:
+            raise CollectiveError(f"rank {self.rank}: {what} cannot run: the distributed XLA client broke "
+                                  f"earlier ({self.broken})")
+        done = self._worker.submit(work)
+        if not done.wait(self.timeout_s):
+            self.broken = f"{what} timed out after {datetime.timedelta(seconds=self.timeout_s)}"
+            raise CollectiveError(
+                f"rank {self.rank} of {self.world}: {what} did not complete within "
+                f"{datetime.timedelta(seconds=self.timeout_s)} (torch.distributed's timeout for the default "
+                f"group): a peer never joined it, raised or died. Later runs of executables with collectives "
+                f"raise at once; look at the other ranks' logs for the first error.")
+        if done.error is not None:
+            raise CollectiveError(f"rank {self.rank} of {self.world}: {what} failed: {done.error}") from done.error
+        return done.value
+
+    def shutdown(self) -> None:
+        client, service = getattr(self, "client", None), getattr(self, "service", None)
+        self.client = self.service = None
+        from jaxlib import utils
+
+        utils.absl_set_min_log_level(1)
+        try:
+            if client is not None and not self.broken:
+                try:
+                    client.shutdown()  # a barrier: every rank leaves together
+                except Exception:  # noqa: BLE001 - a peer already gone: nothing left to wait for
+                    pass
+            if service is not None:
+                service.shutdown()
+        finally:
+            utils.absl_set_min_log_level(0)
+
+
+class _Done:
+    __slots__ = ("event", "value", "error")
+
+    def __init__(self):
+        self.event, self.value, self.error = threading.Event(), None, None
+
+    def wait(self, timeout: float) -> bool:
+        return self.event.wait(timeout)
+
+
+class _Worker:
+    """One daemon thread running the distributed executes: a stuck collective leaves the caller
+    free to raise (and the process free to exit)."""
+
+    def __init__(self, name: str):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._loop, name=name, daemon=True).start()
+
+    def submit(self, work) -> _Done:
+        done = _Done()
+        self._jobs.put((work, done))
+        return done
+
+    def _loop(self) -> None:
+        while True:
+            work, done = self._jobs.get()
+            try:
+                done.value = work()
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
+                done.error = exc
+            done.event.set()
+
+
+_TARGET: DistributedTarget | None = None
+_LOCK = threading.Lock()
+
+
+def target(replicas: int) -> DistributedTarget:
+    """The distributed client for executables of ``replicas`` replicas, made on first use.
+
+    Raises ``CollectiveError`` when torch.distributed is not initialized or its
+    world is not ``replicas`` processes (an artifact compiled for another world).
+    """
+    global _TARGET
+    with _LOCK:
+        if _TARGET is None:
+            world = _torch_world()
+            if world is None:
+                raise CollectiveError(f"an executable of {replicas} replicas needs torch.distributed initialized "
+                                      f"with {replicas} processes (dist.init_process_group under torchrun)")
+            store, rank, size, timeout_s = world
+            if size != replicas:
+                raise CollectiveError(f"an executable of {replicas} replicas cannot run in a world of {size}")
+            _TARGET = DistributedTarget(rank, size, timeout_s, store)
+        elif _TARGET.world != replicas:
+            raise CollectiveError(f"an executable of {replicas} replicas cannot run in a world of {_TARGET.world}")
+        return _TARGET

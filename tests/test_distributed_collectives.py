@@ -1,0 +1,411 @@
+"""torch.distributed's own APIs compiled with ``backend="neuron"``, collectives inside the XLA executable.
+
+Two ranks under torchrun (gloo on 127.0.0.1, CPU tensors), default options:
+each scenario trains a model compiled with the neuron backend next to the
+same model run eagerly in the same processes, and records losses and
+gradients (or parameters) of both; the tests compare them. Scenarios:
+tensor parallel (``parallelize_module``, Colwise/Rowwise), SimpleFSDP-style
+DTensor parameters (all_gather forward, reduce_scatter backward), a
+``dist.all_reduce`` inside a compiled function, DDP (DDPOptimizer), FSDP2 with
+per-block compile (torchtitan's order) and DDP's python reducer under
+compiled autograd. A second launch with a 3 s group timeout checks that a
+compiled collective a peer never joins raises on the waiting rank, naming
+the graph, the collective and the rank, instead of hanging.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")]
+
+WORKER = textwrap.dedent('''
+    import copy, datetime, json, os, sys, time, traceback
+    import torch, torch.distributed as dist
+    import torch.nn.functional as F
+    import neuron_compile
+
+    out_dir, scenarios, timeout_s = sys.argv[1], sys.argv[2].split(","), float(sys.argv[3])
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    results = {}
+
+
+    class Block(torch.nn.Module):
+        def __init__(self, width_in, width_out, act=True):
+            super().__init__()
+            self.linear, self.act = torch.nn.Linear(width_in, width_out), act
+
+        def forward(self, x):
+            y = self.linear(x)
+            return torch.tanh(y) if self.act else y
+
+
+    class MLP(torch.nn.Module):
+        # user code, as models are: Dynamo starts no frame in torch's own files (an nn.Sequential of
+        # torch layers compiles nothing under DDP or per-block compile)
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([Block(8, 16), Block(16, 8), Block(8, 4, act=False)])
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return x
+
+
+    def mlp():
+        torch.manual_seed(0)
+        return MLP()
+
+
+    def batches(n=3):
+        torch.manual_seed(100 + rank)  # each rank its own batches
+        return [(torch.randn(4, 8), torch.randn(4, 4)) for _ in range(n)]
+
+
+    def local(t):
+        t = t.full_tensor() if hasattr(t, "full_tensor") else t
+        return t.detach().reshape(-1).tolist()
+
+
+    def train(model, step_model, step=None):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses, grads = [], []
+        for x, y in batches():
+            opt.zero_grad()
+            if step is None:
+                loss = F.mse_loss(step_model(x), y)
+                loss.backward()
+            else:
+                loss = step(x, y)
+            grads.append([local(p.grad) for p in model.parameters()])
+            opt.step()
+            losses.append(loss.item())
+        return {"losses": losses, "grads": grads, "params": [local(p) for p in model.parameters()]}
+
+
+    def reports_since(before):
+        return [r.as_dict() for r in neuron_compile.compile_reports()[before:] if r.kind != "eager"]
+
+
+    def both(build, **kw):
+        """The same setup run eagerly and compiled (neuron backend, default options)."""
+        eager_model, eager_step = build(compiled=False)
+        before = len(neuron_compile.compile_reports())
+        model, step = build(compiled=True)
+        out = {"eager": train(eager_model, eager_step, **kw), "compiled": train(model, step, **kw)}
+        out["reports"] = reports_since(before)
+        return out
+
+
+    def tp(compiled, options=None):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+        mesh = init_device_mesh("cpu", (world,))
+        model = parallelize_module(mlp(), mesh, {"blocks.0.linear": ColwiseParallel(),
+                                                 "blocks.1.linear": RowwiseParallel()})
+        return model, torch.compile(model, backend="neuron", options=options) if compiled else model
+
+
+    def tp_eager_collectives(compiled):
+        return tp(compiled, {"collectives": "eager"})
+
+
+    class SimpleFSDPLinear(torch.nn.Module):
+        """SimpleFSDP's idea in small: the weight lives sharded (a DTensor on Shard(0)); forward
+        all-gathers it (redistribute to Replicate), backward reduce-scatters its gradient (Partial)."""
+        def __init__(self, linear, mesh):
+            super().__init__()
+            from torch.distributed.tensor import Shard, distribute_tensor
+            self.mesh = mesh
+            self.weight = torch.nn.Parameter(distribute_tensor(linear.weight.detach(), mesh, [Shard(0)]))
+            self.bias = torch.nn.Parameter(distribute_tensor(linear.bias.detach(), mesh, [Shard(0)]))
+
+        def forward(self, x):
+            from torch.distributed.tensor import Partial, Replicate
+            w = self.weight.redistribute(self.mesh, [Replicate()]).to_local(grad_placements=[Partial()])
+            b = self.bias.redistribute(self.mesh, [Replicate()]).to_local(grad_placements=[Partial()])
+            return F.linear(x, w, b)
+
+
+    def simple_fsdp(compiled):
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh("cpu", (world,))
+        model = mlp()
+        for block in model.blocks:
+            block.linear = SimpleFSDPLinear(block.linear, mesh)
+        return model, torch.compile(model, backend="neuron") if compiled else model
+
+
+    def all_reduce_fn(compiled):
+        def f(x):
+            y = torch.tanh(x) * 2
+            dist.all_reduce(y)
+            return y.sum(0) + 1
+        g = torch.compile(f, backend="neuron") if compiled else f
+        x = torch.arange(12.0).reshape(3, 4) + rank
+        return g(x).tolist()
+
+
+    def ddp(compiled):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        model = mlp()
+        wrapped = DDP(model)
+        return model, torch.compile(wrapped, backend="neuron") if compiled else wrapped
+
+
+    def fsdp2(compiled):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        mesh = init_device_mesh("cpu", (world,))
+        model = mlp()
+        for block in model.blocks:
+            if compiled:  # torchtitan's order: compile each block, then shard it
+                block.compile(backend="neuron")
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model, model
+
+
+    def ddp_python_reducer(compiled):
+        """The whole step compiled, its backward by compiled autograd: DDP's reducer becomes
+        functional all_reduces in the backward graph."""
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        model = mlp()
+        if not compiled:
+            return model, DDP(model)
+        torch._dynamo.config.optimize_ddp = "python_reducer"
+        wrapped = DDP(model)
+
+        @torch.compile(backend="neuron")
+        def step(x, y):
+            loss = F.mse_loss(wrapped(x), y)
+            loss.backward()
+            return loss
+
+        def run(x, y):
+            with torch._dynamo.compiled_autograd._enable(torch.compile(backend="neuron")):
+                return step(x, y)
+        return model, run
+
+
+    def stuck():
+        """A compiled all_reduce rank 1 never joins: rank 0 must raise after the group's timeout."""
+        f = torch.compile(lambda x: (dist.all_reduce(x), x * 2)[1], backend="neuron")
+        f(torch.ones(4))  # both ranks: compiles, runs
+        found = {}
+        if rank == 0:
+            start = time.time()
+            try:
+                f(torch.ones(4))
+                found = {"error": None}
+            except Exception as e:
+                found = {"error": f"{type(e).__name__}: {e}", "seconds": time.time() - start}
+        else:
+            time.sleep(timeout_s + 3)
+        return found
+
+
+    for name in scenarios:
+        start = time.time()
+        try:
+            if name == "ddp_python_reducer":
+                eager_model, eager_step = ddp_python_reducer(False)
+                before = len(neuron_compile.compile_reports())
+                model, step = ddp_python_reducer(True)
+                results[name] = {"eager": train(eager_model, eager_step), "compiled": train(model, None, step=step),
+                                 "reports": reports_since(before)}
+            elif name in ("all_reduce_fn", "stuck"):
+                results[name] = (globals()[name]() if name == "stuck"
+                                 else {"eager": all_reduce_fn(False), "compiled": all_reduce_fn(True)})
+            else:
+                results[name] = both(globals()[name])
+        except Exception:
+            results[name] = {"exception": traceback.format_exc()}
+        results.setdefault("seconds", {})[name] = round(time.time() - start, 2)
+    results["counters"] = dict(neuron_compile.COUNTERS) if hasattr(neuron_compile, "COUNTERS") else {}
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(results, f)
+    if "stuck" in scenarios:
+        os._exit(0)  # rank 0's stuck collective: nothing left to wait for
+    dist.destroy_process_group()
+''')
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(folder, scenarios: str, timeout_s: float, ranks=(0, 1)) -> list[dict]:
+    script = folder / "worker.py"
+    script.write_text(WORKER)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+               "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), str(script), str(folder),
+               scenarios, str(timeout_s)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", NEURON_COMPILE_DUMP_DIR=str(folder / "dump"),
+               NEURON_COMPILE_CACHE_DIR=str(folder / "cache"))
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    results = []
+    for rank in ranks:
+        path = folder / f"rank{rank}.json"
+        assert path.exists(), f"rank {rank} wrote nothing (rc {done.returncode}):\n{done.stderr[-6000:]}"
+        results.append(json.loads(path.read_text()))
+    return results
+
+
+@pytest.fixture(scope="module")
+def parallel(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("parallel")
+    return folder, _launch(folder, "tp,tp_eager_collectives,simple_fsdp,all_reduce_fn", 60)
+
+
+@pytest.fixture(scope="module")
+def data_parallel(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("data_parallel")
+    return folder, _launch(folder, "ddp,fsdp2,ddp_python_reducer", 60)
+
+
+def _ran(results, name) -> list[dict]:
+    runs = [r[name] for r in results]
+    for rank, run in enumerate(runs):
+        assert "exception" not in run, f"rank {rank}:\n{run['exception']}"
+    return runs
+
+
+def _same_training(results, name):
+    for run in _ran(results, name):
+        eager, compiled = run["eager"], run["compiled"]
+        assert_close(compiled["losses"], eager["losses"], rtol=1e-5, atol=1e-6)
+        for step_c, step_e in zip(compiled["grads"], eager["grads"]):
+            for g, h in zip(step_c, step_e):
+                assert_close(torch.tensor(g), torch.tensor(h), rtol=1e-5, atol=1e-6)
+        for p, q in zip(compiled["params"], eager["params"]):
+            assert_close(torch.tensor(p), torch.tensor(q), rtol=1e-5, atol=1e-6)
+    # the ranks trained on different batches
+    assert results[0][name]["compiled"]["losses"] != results[1][name]["compiled"]["losses"]
+
+
+def _graphs(run, kind):
+    """The graphs Dynamo handed us of that kind (the compiled parts of an eager parent graph left out)."""
+    return [r for r in run["reports"] if r["kind"] == kind and ".p" not in r["graph"]]
+
+
+def test_tensor_parallel_trains_as_eager_with_its_all_reduce_in_the_executable(parallel):
+    folder, results = parallel
+    _same_training(results, "tp")
+    for run in _ran(results, "tp"):
+        forward = _graphs(run, "forward")
+        assert len(forward) == 1, [r["graph"] for r in run["reports"]]
+        # one executable: the all_reduce (and its wait) compiled in, nothing run eagerly around it
+        assert forward[0]["collectives"] == {"compiled": 2}
+        assert forward[0]["fallback"] == {}
+        assert not any(r["graph"].startswith(forward[0]["graph"] + ".p") for r in run["reports"])
+
+
+def test_tensor_parallel_forward_stablehlo_holds_the_all_reduce(parallel):
+    """Golden check of the final StableHLO (after our passes) of the forward graph: the column-parallel
+    matmul, the row-parallel one, their all_reduce, then the replicated layer, in one module."""
+    filecheck = pytest.importorskip("filecheck", reason="the test extra installs filecheck")
+    folder, results = parallel
+    forward = _graphs(results[0]["tp"], "forward")[0]["graph"]
+    texts = sorted(folder.glob(f"dump/pid*/{forward}/04-final.mlir"))
+    assert texts, f"no dump of {forward} under {folder / 'dump'}"
+    checks = folder / "tp_forward.check"
+    checks.write_text(textwrap.dedent("""\
+        CHECK: module attributes {mhlo.num_replicas = 2 : i32}
+        CHECK-LABEL: func.func @main
+        CHECK: stablehlo.composite "neuron.matmul_epilogue"
+        CHECK: stablehlo.composite "neuron.matmul_epilogue"
+        CHECK: "stablehlo.all_reduce"
+        CHECK-SAME: replica_groups = dense<{{\\[\\[}}0, 1{{\\]\\]}}> : tensor<1x2xi64>
+        CHECK: stablehlo.add
+        CHECK: stablehlo.return
+        CHECK: stablehlo.tanh
+        CHECK: stablehlo.composite "neuron.matmul_epilogue"
+        CHECK: return
+        CHECK-NOT: all_reduce
+        """))
+    done = subprocess.run([sys.executable, "-m", "filecheck", str(checks)], stdin=open(texts[0]),
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_collectives_eager_runs_them_on_torch_distributed_between_compiled_parts(parallel):
+    folder, results = parallel
+    _same_training(results, "tp_eager_collectives")
+    for run in _ran(results, "tp_eager_collectives"):
+        forward = _graphs(run, "forward")[0]
+        assert forward["collectives"] == {"eager": 2} and forward["fallback"] == {}, forward
+        assert any('collectives="eager"' in note for note in forward["notes"]), forward["notes"]
+        # the matmuls before and after the all_reduce are compiled parts of the eager parent graph
+        assert [r["graph"] for r in run["reports"] if r["graph"].startswith(forward["graph"] + ".p")], run["reports"]
+
+
+def test_simple_fsdp_dtensor_parameters_train_as_eager(parallel):
+    folder, results = parallel
+    _same_training(results, "simple_fsdp")
+    for run in _ran(results, "simple_fsdp"):
+        counts = {path: sum(r["collectives"].get(path, 0) for r in run["reports"]) for path in ("compiled", "eager")}
+        assert counts["compiled"] > 0 and counts["eager"] == 0, counts
+
+
+def test_all_reduce_in_a_compiled_function_matches_eager(parallel):
+    folder, results = parallel
+    runs = _ran(results, "all_reduce_fn")
+    for run in runs:
+        assert_close(torch.tensor(run["compiled"]), torch.tensor(run["eager"]))
+    assert runs[0]["compiled"] == runs[1]["compiled"]  # reduced over both ranks
+
+
+def test_ddp_trains_as_eager(data_parallel):
+    _same_training(data_parallel[1], "ddp")
+
+
+def test_fsdp2_per_block_compile_trains_as_eager(data_parallel):
+    folder, results = data_parallel
+    _same_training(results, "fsdp2")
+    for run in _ran(results, "fsdp2"):
+        assert {"forward", "backward"} <= {r["kind"] for r in run["reports"]}
+
+
+def test_ddp_python_reducer_under_compiled_autograd_trains_as_eager(data_parallel):
+    folder, results = data_parallel
+    _same_training(results, "ddp_python_reducer")
+    for run in _ran(results, "ddp_python_reducer"):
+        # compiled autograd's backward graph holds the reducer's all_reduce
+        assert sum(r["collectives"].get("compiled", 0) for r in run["reports"]) > 0, run["reports"]
+
+
+def test_a_collective_a_peer_never_joins_raises_naming_it(tmp_path):
+    # only rank 0's word counts: rank 1, left sleeping, is ended by the coordinator once rank 0 is gone
+    results = _launch(tmp_path, "stuck", 3, ranks=(0,))
+    found = results[0]["stuck"]
+    assert "exception" not in found, found["exception"]
+    error = found["error"]
+    assert error is not None, "the stuck all_reduce returned"
+    assert error.startswith("CollectiveError"), error
+    assert "rank 0 of 2" in error and "all_reduce" in error and "did not complete within" in error, error
+    assert found["seconds"] < 30, found  # the group's 3 s timeout, not forever
+
+
+def test_the_private_torch_distributed_state_we_read_still_exists():
+    """runtime.collectives reads the default store and timeout, lowering.collectives resolves group names:
+    private torch.distributed functions that must fail loudly here when torch changes them."""
+    from torch.distributed import distributed_c10d as c10d
+
+    for name in ("_get_default_store", "_get_default_timeout", "_resolve_process_group"):
+        assert callable(getattr(c10d, name, None)), f"torch.distributed.distributed_c10d.{name} is gone"
+    assert isinstance(c10d._get_default_timeout("gloo").total_seconds(), float)
+    assert hasattr(c10d.ProcessGroupGloo, "options") and hasattr(c10d.ProcessGroupGloo.Options, "_timeout")
