@@ -173,21 +173,20 @@ class DistributedTarget:
         return done.value
 
     def shutdown(self) -> None:
+        """Leave the distributed runtime (at exit): the client's shutdown is a barrier of every rank."""
         client, service = getattr(self, "client", None), getattr(self, "service", None)
         self.client = self.service = None
         from jaxlib import utils
 
+        # the coordinator's goodbye lines (INFO) stay off the terminal: the process is ending anyway
         utils.absl_set_min_log_level(1)
-        try:
-            if client is not None and not self.broken:
-                try:
-                    client.shutdown()  # a barrier: every rank leaves together
-                except Exception:  # noqa: BLE001 - a peer already gone: nothing left to wait for
-                    pass
-            if service is not None:
-                service.shutdown()
-        finally:
-            utils.absl_set_min_log_level(0)
+        if client is not None and not self.broken:
+            try:
+                client.shutdown()
+            except Exception:  # noqa: BLE001 - a peer already gone: nothing left to wait for
+                pass
+        if service is not None:
+            service.shutdown()
 
 
 class _Done:

@@ -1,0 +1,153 @@
+"""A tensor-parallel training step on 2 processes: collectives compiled into the executable vs run eagerly,
+beside eager PyTorch and Inductor, in one run.
+
+The GPT-2-style model of ``neuron-compile demo`` (``cli/models.TinyGPT``, 4
+layers, 256 wide, batch 4x128), its MLPs split Megatron-style over 2 ranks with
+``parallelize_module`` (``fc`` column-parallel, ``out`` row-parallel: one
+all_reduce per block forward, one per block backward for the input gradient),
+gloo on 127.0.0.1, CPU tensors. Each rank trains it (forward, backward, SGD)
+under every mode, in these processes, one after another, same weights and
+batches:
+
+    eager                  PyTorch, collectives on torch.distributed
+    inductor               torch.compile(backend="inductor")
+    neuron                 torch.compile(backend="neuron"): collectives compiled into the XLA executable
+    neuron-eager-coll      the same with options={"collectives": "eager"}: compiled parts, collectives on
+                           torch.distributed in between
+
+and reports the first step and the median steady step (rank 0's), steady
+step ratios to eager, and checks every mode's losses against eager's.
+Results: ``benchmarks/results/distributed.{md,json}``.
+
+    python benchmarks/bench_distributed.py [--steps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MODES = ["eager", "inductor", "neuron", "neuron-eager-coll"]
+
+
+def worker(out: str, steps: int) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from neuron_compile.cli.models import GPTConfig, TinyGPT
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(1)
+    mesh = init_device_mesh("cpu", (world,))
+    cfg = GPTConfig(vocab_size=256, n_positions=128, n_embd=256, n_head=4, n_layer=4)
+    torch.manual_seed(100 + rank)
+    batches = [torch.randint(0, cfg.vocab_size, (4, 128)) for _ in range(steps)]
+    results = {}
+    for mode in MODES:
+        torch.manual_seed(0)
+        model = TinyGPT(cfg)
+        plan = {}
+        for i in range(cfg.n_layer):
+            plan[f"blocks.{i}.fc"] = ColwiseParallel()
+            plan[f"blocks.{i}.out"] = RowwiseParallel()
+        parallelize_module(model, mesh, plan)
+        step_model = model
+        if mode == "inductor":
+            step_model = torch.compile(model, backend="inductor")
+        elif mode.startswith("neuron"):
+            options = {"collectives": "eager"} if mode == "neuron-eager-coll" else None
+            step_model = torch.compile(model, backend="neuron", options=options)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        times, losses = [], []
+        for ids in batches:
+            dist.barrier()
+            start = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            loss = step_model(ids, labels=ids)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            times.append(time.perf_counter() - start)
+        results[mode] = {"first_s": times[0], "steady_ms": statistics.median(times[2:]) * 1e3, "losses": losses}
+        torch._dynamo.reset()
+    if rank == 0:
+        Path(out).write_text(json.dumps(results))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--out", default=str(HERE / "results"))
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        return worker(args.worker, args.steps)
+
+    import torch
+
+    sys.path.insert(0, str(HERE.parent))
+    from neuron_compile.cli.bench import machine
+
+    with tempfile.TemporaryDirectory() as tmp:
+        result_file = Path(tmp) / "rank0.json"
+        env = dict(os.environ, OMP_NUM_THREADS="1", NEURON_COMPILE_CACHE_DIR=str(Path(tmp) / "cache"),
+                   TORCHINDUCTOR_CACHE_DIR=str(Path(tmp) / "inductor"))
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                   "127.0.0.1", "--master-port", str(_free_port()), __file__, "--worker", str(result_file),
+                   "--steps", str(args.steps)]
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        if done.returncode or not result_file.exists():
+            sys.exit(f"the 2-rank run failed (rc {done.returncode}):\n{done.stderr[-4000:]}")
+        modes = json.loads(result_file.read_text())
+    eager = modes["eager"]
+    for mode, r in modes.items():
+        r["ratio_to_eager"] = r["steady_ms"] / eager["steady_ms"]
+        r["max_loss_diff"] = max(abs(a - b) for a, b in zip(r["losses"], eager["losses"]))
+    result = {"machine": machine(), "torch": torch.__version__, "steps": args.steps,
+              "workload": "TinyGPT 4 layers, 256 wide, batch 4x128, MLPs tensor-parallel over 2 ranks (gloo), "
+                          "forward + backward + SGD", "modes": modes}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "distributed.json").write_text(json.dumps(result, indent=1))
+    m = result["machine"]
+    lines = [
+        "# Tensor-parallel training step on 2 processes", "",
+        f"{result['workload']}. Both ranks on one machine: {m['cpu']}, {m['cores']} cores, {m['platform']}, "
+        f"torch {result['torch']}; one thread per rank. rank 0's times; steady = median of steps 3..{args.steps}. "
+        "Shared machine: ratios matter, not times.", "",
+        "Rerun: `python benchmarks/bench_distributed.py`", "",
+        "| mode | first step (s) | steady step (ms) | steady / eager | max loss diff vs eager |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for mode, r in modes.items():
+        lines.append(f"| {mode} | {r['first_s']:.2f} | {r['steady_ms']:.1f} | {r['ratio_to_eager']:.2f} | "
+                     f"{r['max_loss_diff']:.1e} |")
+    neuron, split = modes["neuron"], modes["neuron-eager-coll"]
+    lines += ["", f"Collectives compiled into the executable against run eagerly between compiled parts: "
+              f"{split['steady_ms'] / neuron['steady_ms']:.2f}x faster steady step."]
+    (out / "distributed.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
