@@ -157,6 +157,35 @@ WORKER = textwrap.dedent('''
         return g(x).tolist()
 
 
+    def collectives_fn():
+        """Every lowered collective, reduce ops and an int64 tensor, and one the executable can't hold
+        (uneven all_to_all splits: eager between compiled parts), compiled against eager."""
+        import torch.distributed._functional_collectives as funcol
+        group = dist.group.WORLD
+
+        def f(x, i):
+            return (funcol.all_reduce(x * 2, "avg", group) + 1, funcol.all_reduce(x, "max", group),
+                    funcol.all_reduce(x, "product", group), funcol.all_gather_tensor(x, 0, group),
+                    funcol.reduce_scatter_tensor(x, "sum", 0, group), funcol.all_to_all_single(x, None, None, group),
+                    funcol.broadcast(x, 1, group), funcol.all_reduce(i, "sum", group) * 3)
+
+        def g(x):
+            # rank 0 sends 1 row to itself and 3 to rank 1; rank 1 sends 2 and 2: 3 rows arrive at rank 0, 5 at 1
+            sent = [1, 3] if rank == 0 else [2, 2]
+            received = [1, 2] if rank == 0 else [3, 2]
+            return funcol.all_to_all_single(torch.tanh(x), received, sent, group) * 2
+
+        x = torch.arange(16.0).reshape(4, 4) + rank * 10
+        i = torch.arange(4) + rank
+        before = len(neuron_compile.compile_reports())
+        out = {"eager": [t.tolist() for t in f(x, i)],
+               "compiled": [t.tolist() for t in torch.compile(f, backend="neuron")(x, i)]}
+        out["uneven_eager"] = g(x).tolist()
+        out["uneven_compiled"] = torch.compile(g, backend="neuron")(x).tolist()
+        out["reports"] = reports_since(before)
+        return out
+
+
     def ddp(compiled):
         from torch.nn.parallel import DistributedDataParallel as DDP
         model = mlp()
@@ -225,6 +254,8 @@ WORKER = textwrap.dedent('''
                 model, step = ddp_python_reducer(True)
                 results[name] = {"eager": train(eager_model, eager_step), "compiled": train(model, None, step=step),
                                  "reports": reports_since(before)}
+            elif name == "collectives_fn":
+                results[name] = collectives_fn()
             elif name in ("all_reduce_fn", "stuck"):
                 results[name] = (globals()[name]() if name == "stuck"
                                  else {"eager": all_reduce_fn(False), "compiled": all_reduce_fn(True)})
@@ -268,7 +299,7 @@ def _launch(folder, scenarios: str, timeout_s: float, ranks=(0, 1)) -> list[dict
 @pytest.fixture(scope="module")
 def parallel(tmp_path_factory):
     folder = tmp_path_factory.mktemp("parallel")
-    return folder, _launch(folder, "tp,tp_eager_collectives,simple_fsdp,all_reduce_fn", 60)
+    return folder, _launch(folder, "tp,tp_eager_collectives,simple_fsdp,all_reduce_fn,collectives_fn", 60)
 
 
 @pytest.fixture(scope="module")
@@ -367,6 +398,19 @@ def test_all_reduce_in_a_compiled_function_matches_eager(parallel):
     for run in runs:
         assert_close(torch.tensor(run["compiled"]), torch.tensor(run["eager"]))
     assert runs[0]["compiled"] == runs[1]["compiled"]  # reduced over both ranks
+
+
+def test_every_lowered_collective_matches_eager(parallel):
+    folder, results = parallel
+    for run in _ran(results, "collectives_fn"):
+        for got, want in zip(run["compiled"], run["eager"]):
+            assert_close(torch.tensor(got), torch.tensor(want))
+        assert_close(torch.tensor(run["uneven_compiled"]), torch.tensor(run["uneven_eager"]))
+        first, uneven = _graphs(run, "inference")
+        assert first["collectives"] == {"compiled": 16}, first  # 8 collectives and their waits
+        # uneven splits: the all_to_all (and its wait) on torch.distributed, tanh and * 2 compiled around it
+        assert uneven["collectives"] == {"eager": 2}, uneven
+        assert any("uneven splits" in note for note in uneven["notes"]), uneven["notes"]
 
 
 def test_ddp_trains_as_eager(data_parallel):
