@@ -8,7 +8,7 @@ tensor parallel (``parallelize_module``, Colwise/Rowwise), SimpleFSDP-style
 DTensor parameters (all_gather forward, reduce_scatter backward), a
 ``dist.all_reduce`` inside a compiled function, DDP (DDPOptimizer), FSDP2 with
 per-block compile (torchtitan's order) and DDP's python reducer under
-compiled autograd. A second launch with a 3 s group timeout checks that a
+compiled autograd. A second launch with a 2 s group timeout checks that a
 compiled collective a peer never joins raises on the waiting rank, naming
 the graph, the collective and the rank, instead of hanging.
 """
@@ -241,7 +241,7 @@ WORKER = textwrap.dedent('''
             except Exception as e:
                 found = {"error": f"{type(e).__name__}: {e}", "seconds": time.time() - start}
         else:
-            time.sleep(timeout_s + 3)
+            time.sleep(timeout_s + 1)
         return found
 
 
@@ -298,14 +298,11 @@ def _launch(folder, scenarios: str, timeout_s: float, ranks=(0, 1)) -> list[dict
 
 @pytest.fixture(scope="module")
 def parallel(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("parallel")
-    return folder, _launch(folder, "tp,tp_eager_collectives,simple_fsdp,all_reduce_fn,collectives_fn", 60)
-
-
-@pytest.fixture(scope="module")
-def data_parallel(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("data_parallel")
-    return folder, _launch(folder, "ddp,fsdp2,ddp_python_reducer", 60)
+    """Both ranks' results: one torchrun launch runs every training scenario (starting two processes
+    that import torch and jax is most of its time)."""
+    folder = tmp_path_factory.mktemp("ranks")
+    return folder, _launch(folder, "tp,tp_eager_collectives,simple_fsdp,all_reduce_fn,collectives_fn,"
+                                   "ddp,fsdp2,ddp_python_reducer", 60)
 
 
 def _ran(results, name) -> list[dict]:
@@ -413,19 +410,19 @@ def test_every_lowered_collective_matches_eager(parallel):
         assert any("uneven splits" in note for note in uneven["notes"]), uneven["notes"]
 
 
-def test_ddp_trains_as_eager(data_parallel):
-    _same_training(data_parallel[1], "ddp")
+def test_ddp_trains_as_eager(parallel):
+    _same_training(parallel[1], "ddp")
 
 
-def test_fsdp2_per_block_compile_trains_as_eager(data_parallel):
-    folder, results = data_parallel
+def test_fsdp2_per_block_compile_trains_as_eager(parallel):
+    folder, results = parallel
     _same_training(results, "fsdp2")
     for run in _ran(results, "fsdp2"):
         assert {"forward", "backward"} <= {r["kind"] for r in run["reports"]}
 
 
-def test_ddp_python_reducer_under_compiled_autograd_trains_as_eager(data_parallel):
-    folder, results = data_parallel
+def test_ddp_python_reducer_under_compiled_autograd_trains_as_eager(parallel):
+    folder, results = parallel
     _same_training(results, "ddp_python_reducer")
     for run in _ran(results, "ddp_python_reducer"):
         # compiled autograd's backward graph holds the reducer's all_reduce
@@ -434,14 +431,14 @@ def test_ddp_python_reducer_under_compiled_autograd_trains_as_eager(data_paralle
 
 def test_a_collective_a_peer_never_joins_raises_naming_it(tmp_path):
     # only rank 0's word counts: rank 1, left sleeping, is ended by the coordinator once rank 0 is gone
-    results = _launch(tmp_path, "stuck", 3, ranks=(0,))
+    results = _launch(tmp_path, "stuck", 2, ranks=(0,))
     found = results[0]["stuck"]
     assert "exception" not in found, found["exception"]
     error = found["error"]
     assert error is not None, "the stuck all_reduce returned"
     assert error.startswith("CollectiveError"), error
     assert "rank 0 of 2" in error and "all_reduce" in error and "did not complete within" in error, error
-    assert found["seconds"] < 30, found  # the group's 3 s timeout, not forever
+    assert found["seconds"] < 30, found  # the group's 2 s timeout, not forever
 
 
 def test_the_private_torch_distributed_state_we_read_still_exists():
