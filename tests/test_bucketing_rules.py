@@ -69,3 +69,26 @@ def test_index_with_data_indices_along_the_padded_dim_keeps_exact_shapes(caplog)
     assert COUNTERS["bucketing_fallbacks"] == 1
     reasons = exact_shape_reasons(caplog)
     assert reasons and "aten.index.Tensor along padded dim 1" in reasons[0], reasons
+
+
+# ----------------------------------------------------------------------------- sizes that change
+
+
+def test_topk_and_convolution_give_their_new_sizes_a_fresh_layout():
+    # topk's k along an unpadded dim (MoE routers: top-2 of the experts per token), then flattened with
+    # the padded token dim; a convolution's output channels over a padded batch. Both took the input's
+    # layout for the resized dim: the view was refused, and the convolution's bucketed compile failed.
+    conv = torch.nn.Conv1d(3, 8, 3)
+
+    def route(x, y):
+        return torch.topk(x, 2, dim=-1).indices.view(-1) * 2, conv(y)
+
+    def make_args(t):
+        x, y = torch.randn(t, 4), torch.randn(t, 3, 16)
+        for tensor, dim in ((x, 1), (y, 1), (y, 2)):
+            torch._dynamo.mark_static(tensor, dim)
+        return x, y
+
+    with torch.no_grad():
+        run_lengths(route, make_args)
+    assert_bucketed()

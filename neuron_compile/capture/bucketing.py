@@ -444,7 +444,10 @@ def _analyze_node(node, layouts, result, facts):
         dims = _op_dims(node, tensor_args[0][2])
         if any(_padded(tensor_args[0][2][d]) for d in dims):
             raise NotBucketable(f"{node.name}: {target} moves data across a padded dim")
-        layouts[node] = tensor_args[0][2] if isinstance(val, torch.Tensor) else [tensor_args[0][2]] * len(val)
+        # a dim keeps its layout where its size does (topk's k, convolution's channels and windows
+        # are fresh sizes: not padded, checked above)
+        layouts[node] = [_fresh_or_inherit(v, tensor_args[:1]) for v in val] if isinstance(val, (tuple, list)) \
+            else _fresh_or_inherit(val, tensor_args[:1])
     else:
         raise NotBucketable(f"{node.name}: {target} on a padded tensor is not known to be padding-safe")
     if rewrite.masks or rewrite.true_values or rewrite.mean_dims or rewrite.pad_fix:
@@ -470,10 +473,10 @@ def _op_dims(node, layout):
 
 
 def _fresh_or_inherit(val, tensor_args):
+    """The input's layout in every dim whose size is the input's, a fresh one elsewhere."""
     if len(tensor_args) == 1 and tensor_args[0][2] is not None and len(tensor_args[0][2]) == val.dim():
-        lay = tensor_args[0][2]
-        if all(_dim_expr(a) == _expr(s) for a, s in zip(lay, val.shape)):
-            return lay
+        return tuple(a if _dim_expr(a) == _expr(s) else layout_of_shape([s])[0]
+                     for a, s in zip(tensor_args[0][2], val.shape))
     return layout_of_shape(val.shape)
 
 
