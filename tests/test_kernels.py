@@ -181,6 +181,7 @@ def test_shipped_attention_kernel_against_sdpa():
     q, k, v = (torch.randn(2, 2, 16, 8, requires_grad=True) for _ in range(3))
     keep = torch.rand(16, 16) > 0.3
     keep[:, 0] = True
+    keep[5] = False  # a row with no key: zeros, as ATen's
     bias = torch.randn(2, 1, 16, 16)
 
     def three(attend, q, k, v):  # causal, a boolean mask, an additive mask: one graph
@@ -200,6 +201,12 @@ def test_shipped_attention_kernel_against_sdpa():
     for g, t in zip(got, (q, k, v)):
         torch.testing.assert_close(g, t.grad)
     assert _kernels() == [("forward", "neuron::attention")] * 3 + [("backward", "neuron::attention")] * 3
+
+    # more than 128 tokens, causal: the queries in blocks of 128 rows (here 128 + 8)
+    q, k, v = (torch.randn(1, 1, 136, 8) for _ in range(3))
+    with torch.no_grad():
+        out = torch.compile(lambda *t: kernel(*t, is_causal=True), backend="neuron")(q, k, v)
+        torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))
 
 
 def test_kernel_version_and_source_are_in_the_cache_key():
@@ -277,6 +284,8 @@ def test_register_kernel_refuses_what_it_cannot_serve():
         register_kernel("rms_norm", _rms)
     with pytest.raises(KernelError, match="a backward is for custom ops"):
         register_kernel("neuron.rms_norm", _rms, backward=_rms)
+    with pytest.raises(KernelError, match="a custom op's kernel is a JAX function"):
+        register_kernel("neuron_test_kernels::plain", stablehlo="module {}")
 
 
 def test_explain_lists_the_kernels(tmp_path, capsys):

@@ -95,8 +95,8 @@ def _define_companion(name: str, companion: str, schema) -> None:
         values = list(args) + [kwargs.get(a.name, a.default_value) for a in arguments[len(args):]]
         return [values[i] for i in tensors]
 
-    def fake(grad, *args, **kwargs):
-        return [grad.new_empty(0) if t is None else torch.empty_like(t) for t in slots(grad, args, kwargs)]
+    def fake(grad, *args, **kwargs):  # contiguous, as the kernel's results are (empty_like would keep a view's strides)
+        return [grad.new_empty(0) if t is None else t.new_empty(t.shape) for t in slots(grad, args, kwargs)]
 
     def eager(grad, *args, **kwargs):  # the backward kernel through JAX on the CPU
         return run_backward_eagerly(name, grad, args, kwargs, slots(grad, args, kwargs))

@@ -28,7 +28,8 @@ class KernelLoweringError(LoweringError):
     """A registered kernel failed to lower, or returned what its op or composite does not."""
 
 
-def _fail(kernel: Kernel, what: str, problem: str, source: str | None = None) -> KernelLoweringError:
+def _fail(kernel: Kernel, what: str, problem: str, source: str | None = None, op: str | None = None
+          ) -> KernelLoweringError:
     lines = [f"neuron_compile's kernel {kernel.name!r} (version {kernel.version}, from {kernel.origin}) {problem} "
              f"for {what}."]
     if source:
@@ -36,7 +37,9 @@ def _fail(kernel: Kernel, what: str, problem: str, source: str | None = None) ->
     lines.append("What to do: fix the kernel (it must return the results the default lowering would: same "
                  "shapes and dtypes), or unregister it (neuron_compile.kernels.unregister_kernel) to use the "
                  "default lowering.")
-    return KernelLoweringError("\n".join(lines), op=kernel.name, source=source, repro_dir=None, stage="kernels")
+    # op: the node's ATen-style name where there is one, so that fallback=eager can run that op eagerly
+    return KernelLoweringError("\n".join(lines), op=op or kernel.name, source=source, repro_dir=None,
+                               stage="kernels")
 
 
 def _node_kernel(node: torch.fx.Node) -> tuple[Kernel, bool] | None:
@@ -53,6 +56,10 @@ def _node_kernel(node: torch.fx.Node) -> tuple[Kernel, bool] | None:
     discover()
     kernel = lookup(name)
     return (kernel, False) if kernel is not None and not kernel.is_composite else None
+
+
+def _op(node: torch.fx.Node) -> str:
+    return str(node.target).replace("::", ".")
 
 
 def kernels_in_graph(gm: torch.fx.GraphModule) -> dict[str, Kernel]:
@@ -78,16 +85,13 @@ def kernel_rule(node: torch.fx.Node):
             if is_backward:
                 grads = kernel.backward(*args, **kwargs)
                 result = _gradients(grads, out, kernel, what, node)
-            elif kernel.fn is not None:
-                result = kernel.fn(*args, **kwargs)
             else:
-                raise _fail(kernel, what, "is StableHLO text; a custom op's kernel must be a JAX function",
-                            user_source_line(node))
+                result = kernel.fn(*args, **kwargs)
         except LoweringError:
             raise
         except Exception as exc:  # noqa: BLE001 - whatever the kernel raised, name it
             raise _fail(kernel, what, f"failed to lower ({type(exc).__name__}: {exc})",
-                        user_source_line(node)) from exc
+                        user_source_line(node), _op(node)) from exc
         _check(result, out, kernel, what, node)
         return result
 
@@ -100,7 +104,7 @@ def _gradients(grads, out: list, kernel: Kernel, what: str, node):
     grads = list(grads) if isinstance(grads, (tuple, list)) else [grads]
     if len(grads) != len(out):
         raise _fail(kernel, what, f"returned {len(grads)} gradients from its backward; the op has "
-                                  f"{len(out)} tensor arguments", user_source_line(node))
+                                  f"{len(out)} tensor arguments", user_source_line(node), _op(node))
     return [jnp.zeros(o.shape, _dtype(o.dtype)) if g is None else g for g, o in zip(grads, out)]
 
 
@@ -118,14 +122,14 @@ def _check(result, out, kernel: Kernel, what: str, node) -> None:
     results = list(result) if isinstance(result, (tuple, list)) else [result]
     if len(results) != len(outs):
         raise _fail(kernel, what, f"returned {len(results)} values; the op returns {len(outs)}",
-                    user_source_line(node))
+                    user_source_line(node), _op(node))
     for i, (r, o) in enumerate(zip(results, outs)):
         r = jnp.asarray(r)
         got = f"{r.dtype}{list(r.shape)}"
         want = f"{jnp.dtype(_dtype(o.dtype))}{list(o.shape)}"
         if got != want:
             raise _fail(kernel, what, f"returned {got} as result {i}; the op's signature says {want}",
-                        user_source_line(node))
+                        user_source_line(node), _op(node))
 
 
 # --------------------------------------------------------------------------- composites

@@ -47,7 +47,7 @@ class KernelError(RuntimeError):
 class Kernel:
     name: str  # "neuron.<kind>" or "ns::op"
     fn: Callable | None = None  # JAX function
-    stablehlo: str | None = None  # or a module's text whose @main takes the operands
+    stablehlo: str | None = None  # composites: or a module's text whose @main takes the operands
     version: str = "1"
     backward: Callable | None = None  # custom ops: (grad, *args) -> one gradient per tensor argument
     match: Callable | None = None  # composites: site -> bool (False: the default lowering stays)
@@ -105,6 +105,8 @@ def make_kernel(target, fn: Callable | None = None, *, version: str = "1", backw
                           "or a custom op 'namespace::name'")
     if (fn is None) == (stablehlo is None):
         raise KernelError(f"kernel {name!r}: give a JAX function or StableHLO text, exactly one")
+    if stablehlo is not None and "::" in name:
+        raise KernelError(f"kernel {name!r}: a custom op's kernel is a JAX function (StableHLO text serves composites)")
     if backward is not None and "::" not in name:
         raise KernelError(f"kernel {name!r}: a backward is for custom ops; a composite's gradient is "
                           "computed before the composite is formed")
