@@ -92,3 +92,22 @@ def test_topk_and_convolution_give_their_new_sizes_a_fresh_layout():
     with torch.no_grad():
         run_lengths(route, make_args)
     assert_bucketed()
+
+
+# ----------------------------------------------------------------------------- index_put
+
+
+def test_index_put_into_a_padded_dim_wraps_negative_indices_with_the_true_size():
+    # a static KV cache's index_copy_ at cache_position during decode: the cache length is padded, the
+    # position is data; -1 must name the true last row, not the bucket's
+    def write(cache, pos, row):
+        return cache.index_put((pos,), row) * 1
+
+    def make_args(t):
+        cache, row = torch.randn(t, 4), torch.randn(1, 4)
+        torch._dynamo.mark_static(cache, 1)
+        torch._dynamo.mark_static(row, 1)
+        return cache, torch.tensor([-1 if t % 2 else t // 2]), row
+
+    run_lengths(write, make_args)
+    assert_bucketed()

@@ -10,7 +10,8 @@ What ``bucketing.analyze`` proved, applied per call by ``CompiledGraph``:
   ``valid_mask``), sizes used as values read from the true sizes the
   executable receives in a small int64 tensor (``sym_to_value``), a mean
   divided by the true count, ``constant_pad_nd`` writing its value at the true
-  end. The result is a static graph for the ordinary compile path;
+  end, an ``index_put`` into a padded dim wrapping negative indices with the
+  true size. The result is a static graph for the ordinary compile path;
 * ``pad_to_bucket`` and ``slice_from_bucket``: a call's inputs zero-padded to
   the bucket shape atom by atom, its outputs sliced back to their true shape.
 """
@@ -163,6 +164,12 @@ class BucketInterpreter(torch.fx.Interpreter):
         for index, dims, identity in rewrite.masks:
             if dims:
                 args[index] = apply_mask(args[index], dims, identity, self.buckets_env, self.true_env)
+        for k, atoms in rewrite.index_wrap or ():
+            # index_put into a padded dim: a negative index counts from the true end, not the bucket's
+            indices = list(args[1])
+            n = sym_to_value(_dim_expr(atoms), self.true_env)
+            indices[k] = torch.where(indices[k] < 0, indices[k] + n, indices[k])
+            args[1] = indices
         if rewrite.mean_dims is not None:
             # mean over a padded dim: masked sum divided by the true element count
             x = args[0]

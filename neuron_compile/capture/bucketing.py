@@ -92,6 +92,7 @@ class Rewrite:
     true_values: dict = field(default_factory=dict)  # arg index -> sympy expr of a size used as a value
     mean_dims: list | None = None  # mean over padded dims: divide by the true count
     pad_fix: list | None = None  # constant_pad_nd: (dim, atoms of the input dim, left pad)
+    index_wrap: list | None = None  # index_put: (position in the index list, atoms of that padded dim)
 
 
 @dataclass(frozen=True)
@@ -401,12 +402,23 @@ def _analyze_node(node, layouts, result, facts):
     elif target in (aten.index_put.default, aten.index_put_.default):
         accumulate = args[3] if len(args) > 3 else node.kwargs.get("accumulate", False)
         target_lay = tensor_args[0][2]
-        if _padded_layout(target_lay) and any(_padded(a) for a in target_lay[:len(args[1])]):
-            raise NotBucketable(f"{node.name}: index_put into a padded dim")
         values = _tensor_layout(layouts, args[2])
         idx_padded = any(_padded_layout(_tensor_layout(layouts, x)) for x in args[1] if x is not None)
         if idx_padded and not accumulate:
             raise NotBucketable(f"{node.name}: index_put without accumulate from padded indices")
+        into_padded = [k for k, i in enumerate(args[1]) if i is not None and _padded(target_lay[k])]
+        if into_padded:
+            # a write at unpadded indices into a padded dim (a static KV cache's index_copy_ at
+            # cache_position): a valid index i in [-n, n - 1] of the true size n names the same element
+            # as i + n when negative, so the indices are wrapped with the true n before the write
+            # (at the bucket a negative index would count from the bucket's end); the values then
+            # land where eager puts them, padding stays padding
+            if idx_padded or len(into_padded) > 1 or len(target_lay[into_padded[0]]) != 1:
+                raise NotBucketable(f"{node.name}: index_put into a padded dim from padded indices")
+            _index_put_values_align(node, target_lay, values)
+            rewrite.index_wrap = [(into_padded[0], target_lay[into_padded[0]])]
+        elif _padded_layout(target_lay) and any(_padded(a) for a in target_lay[:len(args[1])]):
+            raise NotBucketable(f"{node.name}: index_put into a padded dim")
         if values is not None and _padded_layout(values):
             rewrite.masks.append((2, [(k, a) for k, a in enumerate(values) if _padded(a)], 0))
         layouts[node] = target_lay
@@ -450,8 +462,24 @@ def _analyze_node(node, layouts, result, facts):
             else _fresh_or_inherit(val, tensor_args[:1])
     else:
         raise NotBucketable(f"{node.name}: {target} on a padded tensor is not known to be padding-safe")
-    if rewrite.masks or rewrite.true_values or rewrite.mean_dims or rewrite.pad_fix:
+    if rewrite.masks or rewrite.true_values or rewrite.mean_dims or rewrite.pad_fix or rewrite.index_wrap:
         result.rewrites[node.name] = rewrite
+
+
+def _index_put_values_align(node, target_lay, values):
+    """The values of an index_put into a padded dim: their padded dims must be padded as the target's
+    (values broadcast to target[:first] + index dims + target[last + 1:], the index dims unpadded)."""
+    indices = node.args[1]
+    used = [k for k, i in enumerate(indices) if i is not None]
+    if values is None or not _padded_layout(values):
+        return
+    if used != list(range(used[0], used[-1] + 1)):
+        raise NotBucketable(f"{node.name}: index_put with padded values and non-adjacent indices")
+    n_idx = max(i.meta["val"].dim() for i in indices if i is not None)
+    expect = list(target_lay[:used[0]]) + [()] * n_idx + list(target_lay[used[-1] + 1:])
+    for k in range(1, len(values) + 1):
+        if _padded(values[-k]) and _norm(values[-k]) != _norm(expect[-k]):
+            raise NotBucketable(f"{node.name}: index_put values padded unlike the target")
 
 
 def _op_dims(node, layout):
