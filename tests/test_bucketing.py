@@ -157,9 +157,9 @@ def test_cumsum_is_exact_in_place_and_flip_falls_back_to_exact_shapes():
 
 
 TINY = {
-    "gpt2": dict(vocab_size=128, n_embd=32, n_layer=2, n_head=2, n_positions=256, resid_pdrop=0.0, embd_pdrop=0.0,
+    "gpt2": dict(vocab_size=128, n_embd=32, n_layer=1, n_head=2, n_positions=256, resid_pdrop=0.0, embd_pdrop=0.0,
                  attn_pdrop=0.0),
-    "llama": dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+    "llama": dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=1, head_dim=16, max_position_embeddings=256),
 }
 

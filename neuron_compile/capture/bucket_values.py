@@ -12,8 +12,8 @@ The facts, per node, at real positions only (what padded positions hold is
 never assumed):
 
 * ``Interval(lo, hi)``: every value lies in ``[lo, hi]``, sympy expressions
-  of the true sizes. ``arange(start, end)`` holds ``[start, end - 1]`` at its
-  real positions (the bucketed arange runs to the bucket, but its first
+  of the true sizes. ``arange(start, end)`` with a static start holds ``[start, end - 1]``
+  at its real positions (the bucketed arange runs to the bucket, but its first
   ``end - start`` values are the true ones); ``x + c`` shifts by ``c`` (an int
   or a size used as a value, which the executable reads as its true value);
   ``x + y`` adds the bounds; views, expands, slices, copies and indexing of
@@ -97,7 +97,9 @@ def value_fact(node: torch.fx.Node, facts: dict):
         start, end = (0, args[0]) if target is aten.arange.default else (args[0], args[1])
         step = args[2] if target is aten.arange.start_step and len(args) > 2 else 1
         lo, hi = _sym(start), _sym(end)
-        if lo is None or hi is None or step != 1 or val.dtype.is_floating_point:
+        # a static start only: a size in it would be the bucket's at the bucket (arange's arguments are
+        # shapes), so its first values would not be the true ones; the end only sets the length
+        if lo is None or hi is None or not lo.is_number or step != 1 or val.dtype.is_floating_point:
             return None
         return Interval(lo, hi - 1)
     if target in _KEEP or target is aten.index.Tensor:
