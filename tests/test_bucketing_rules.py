@@ -111,3 +111,21 @@ def test_index_put_into_a_padded_dim_wraps_negative_indices_with_the_true_size()
 
     run_lengths(write, make_args)
     assert_bucketed()
+
+
+def test_index_backward_accumulates_into_a_padded_dim():
+    # x[arange(t)]'s backward is index_put(zeros, [arange], grad, accumulate=True) into the padded dim
+    # (falcon's training step): padded index positions add masked zeros
+    def pick(table, x):
+        return table[torch.arange(x.shape[0])] * x
+
+    compiled = torch.compile(pick, backend="neuron", dynamic=True)
+    for t in LENGTHS:
+        table, x = torch.randn(t, 8, requires_grad=True), torch.randn(t, 8)
+        torch._dynamo.mark_static(table, 1)
+        torch._dynamo.mark_static(x, 1)
+        twin = table.detach().clone().requires_grad_()
+        compiled(table, x).sum().backward()
+        pick(twin, x).sum().backward()
+        torch.testing.assert_close(table.grad, twin.grad)
+    assert_bucketed()

@@ -408,14 +408,15 @@ def _analyze_node(node, layouts, result, facts):
             raise NotBucketable(f"{node.name}: index_put without accumulate from padded indices")
         into_padded = [k for k, i in enumerate(args[1]) if i is not None and _padded(target_lay[k])]
         if into_padded:
-            # a write at unpadded indices into a padded dim (a static KV cache's index_copy_ at
-            # cache_position): a valid index i in [-n, n - 1] of the true size n names the same element
-            # as i + n when negative, so the indices are wrapped with the true n before the write
-            # (at the bucket a negative index would count from the bucket's end); the values then
-            # land where eager puts them, padding stays padding
-            if idx_padded or len(into_padded) > 1 or len(target_lay[into_padded[0]]) != 1:
-                raise NotBucketable(f"{node.name}: index_put into a padded dim from padded indices")
-            _index_put_values_align(node, target_lay, values)
+            # a write into a padded dim of true size n (a static KV cache's index_copy_ at cache_position;
+            # index backward's accumulate into zeros): a valid index i in [-n, n - 1] names the same
+            # element as i + n when negative, so the indices are wrapped with the true n before the
+            # write (at the bucket a negative index would count from the bucket's end) and every real
+            # index lands where eager's does. Padded index positions, only with accumulate, add the
+            # values' masked zeros wherever they point; padding stays padding
+            if len(into_padded) > 1 or len(target_lay[into_padded[0]]) != 1:
+                raise NotBucketable(f"{node.name}: index_put into several padded dims")
+            _index_put_values_align(node, target_lay, values, layouts)
             rewrite.index_wrap = [(into_padded[0], target_lay[into_padded[0]])]
         elif _padded_layout(target_lay) and any(_padded(a) for a in target_lay[:len(args[1])]):
             raise NotBucketable(f"{node.name}: index_put into a padded dim")
@@ -466,20 +467,23 @@ def _analyze_node(node, layouts, result, facts):
         result.rewrites[node.name] = rewrite
 
 
-def _index_put_values_align(node, target_lay, values):
-    """The values of an index_put into a padded dim: their padded dims must be padded as the target's
-    (values broadcast to target[:first] + index dims + target[last + 1:], the index dims unpadded)."""
-    indices = node.args[1]
-    used = [k for k, i in enumerate(indices) if i is not None]
-    if values is None or not _padded_layout(values):
+def _index_put_values_align(node, target_lay, values, layouts):
+    """The values of an index_put into a padded dim: their padded dims must be padded as what they
+    broadcast to (target[:first] + the indices' broadcast + target[last + 1:]), so that the mask of
+    the values' padding covers every padded index position."""
+    indices = [i for i in node.args[1] if i is not None]
+    used = [k for k, i in enumerate(node.args[1]) if i is not None]
+    index_lay = _broadcast([_tensor_layout(layouts, i) for i in indices],
+                           torch.broadcast_shapes(*(i.meta["val"].shape for i in indices)))
+    if values is None or not (_padded_layout(values) or _padded_layout(index_lay)):
         return
     if used != list(range(used[0], used[-1] + 1)):
         raise NotBucketable(f"{node.name}: index_put with padded values and non-adjacent indices")
-    n_idx = max(i.meta["val"].dim() for i in indices if i is not None)
-    expect = list(target_lay[:used[0]]) + [()] * n_idx + list(target_lay[used[-1] + 1:])
-    for k in range(1, len(values) + 1):
-        if _padded(values[-k]) and _norm(values[-k]) != _norm(expect[-k]):
-            raise NotBucketable(f"{node.name}: index_put values padded unlike the target")
+    expect = list(target_lay[:used[0]]) + list(index_lay) + list(target_lay[used[-1] + 1:])
+    for k in range(1, len(expect) + 1):
+        have = values[-k] if k <= len(values) else ()
+        if (_padded(have) or _padded(expect[-k])) and _norm(have) != _norm(expect[-k]):
+            raise NotBucketable(f"{node.name}: index_put values padded unlike what they write")
 
 
 def _op_dims(node, layout):
