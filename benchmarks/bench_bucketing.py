@@ -1,6 +1,7 @@
 """Shape bucketing vs exact-shape compiles vs Inductor (dynamic=True), side by side in one run.
 
-A tiny llama (2 layers, 64 wide, random weights) runs inference over N batches
+A Hugging Face Llama (transformers' LlamaForCausalLM from a tiny config: 2 layers,
+64 wide, random weights; its mask functions index position ids, issue 21) runs inference over N batches
 (default 200) of random lengths in [1, 1024], batch 2, the same lengths for
 every mode. Each mode runs in its own fresh process with empty caches:
 
@@ -110,7 +111,7 @@ def main(argv=None):
     from neuron_compile.cli.bench import machine_line
 
     machine = machine_line()
-    text = (f"# Shape bucketing: tiny llama, {args.batches} batches of random lengths in [1, 1024], batch 2, inference\n\n"
+    text = (f"# Shape bucketing: Hugging Face Llama (tiny config), {args.batches} batches of random lengths in [1, 1024], batch 2, inference\n\n"
             f"Machine: {machine}. {results[0]['distinct_lengths']} distinct lengths. Each mode in a fresh process, "
             f"empty caches; total includes every compile.\nRerun: `python benchmarks/bench_bucketing.py --batches {args.batches}`\n\n"
             f"{table}\n")
