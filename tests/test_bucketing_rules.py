@@ -129,3 +129,19 @@ def test_index_backward_accumulates_into_a_padded_dim():
         pick(twin, x).sum().backward()
         torch.testing.assert_close(table.grad, twin.grad)
     assert_bucketed()
+
+
+def test_repeat_tiles_a_padded_dim_as_copies_with_their_own_padding():
+    # bloom's alibi repeats a per-position tensor over heads; repeating along the padded dim itself
+    # gives a layout (copies, length): each copy's prefix is real, reduced over exactly
+    def tile(x):
+        y = x.repeat(3, 2)  # [3 * b, 2 * t]
+        return y.softmax(-1), y.view(3, x.shape[0], 2, x.shape[1]).sum(-1)
+
+    def make_args(t):
+        x = torch.randn(4, t)
+        torch._dynamo.mark_static(x, 0)
+        return (x,)
+
+    run_lengths(tile, make_args)
+    assert_bucketed()

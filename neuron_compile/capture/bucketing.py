@@ -43,6 +43,7 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass, field
 
+import sympy
 import torch
 import torch.fx
 
@@ -272,6 +273,19 @@ def _analyze_node(node, layouts, result, facts):
                 lay.append(src[k])
             else:
                 lay.append(layout_of_shape([val.shape[d]])[0])
+        layouts[node] = tuple(lay)
+    elif target is aten.repeat.default:
+        # repeat r times along dim k: out[j * n + i] = x[i], a row-major (r, n) whose real region is
+        # each copy's prefix: the layout (r, *atoms of k); new leading dims are fresh
+        src, reps = tensor_args[0][2], list(args[1])
+        lead = len(reps) - len(src)
+        if not all(isinstance(r, int) for r in reps):
+            raise NotBucketable(f"{node.name}: repeat by symbolic counts {reps}")
+        lay = list(layout_of_shape(val.shape[:lead]))
+        for k, atoms in enumerate(src):
+            r = reps[lead + k]
+            lay.append(atoms if r == 1 else _norm((sympy.Integer(r),) + tuple(atoms)) if _padded(atoms)
+                       else layout_of_shape([val.shape[lead + k]])[0])
         layouts[node] = tuple(lay)
     elif target is aten.permute.default:
         src = tensor_args[0][2]
