@@ -263,7 +263,8 @@ def main(argv=None) -> int:
     if (args.resume or args.table) and (out / "bucketing_zoo.json").exists():
         results = json.loads((out / "bucketing_zoo.json").read_text())
     if args.table:
-        write_table(results, out, args.note)
+        rank = {a: i for i, a in enumerate(ORDER)}
+        write_table(dict(sorted(results.items(), key=lambda kv: rank.get(kv[0], len(rank)))), out, args.note)
         return 0
     archs = args.arch.split(",") if args.arch else hf_zoo.all_archs() if args.all else ORDER
     todo = [a for a in archs if args.arch or a not in results]

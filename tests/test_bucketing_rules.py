@@ -145,3 +145,50 @@ def test_repeat_tiles_a_padded_dim_as_copies_with_their_own_padding():
 
     run_lengths(tile, make_args)
     assert_bucketed()
+
+
+# ----------------------------------------------------------------------------- ways shapes become dynamic
+
+
+@pytest.mark.parametrize("way", ["mark_dynamic", "automatic", "batch"])
+def test_every_way_a_size_becomes_symbolic_buckets(way):
+    # torch._dynamo.mark_dynamic, automatic dynamic shapes (no flag: the second distinct length makes
+    # the graph symbolic), and a batch dim that changes (an epoch's smaller last batch)
+    compiled = torch.compile(mask_by_position_lookup, backend="neuron")
+    shapes = [(2, t) for t in LENGTHS] if way != "batch" else [(8, 16), (8, 16), (5, 16), (3, 16)]
+    for b, t in shapes:
+        x = torch.randn(b, t, 8)
+        if way == "mark_dynamic":
+            torch._dynamo.mark_dynamic(x, 1)
+        torch.testing.assert_close(compiled(x), mask_by_position_lookup(x), rtol=1e-5, atol=1e-5)
+    assert COUNTERS["bucketing_fallbacks"] == 0
+    buckets = {r.signature for r in neuron_compile.compile_reports() if r.signature.startswith("bucket")}
+    static = [r for r in neuron_compile.compile_reports() if not r.signature]
+    # automatic: the first shape compiles static, the graph recompiled symbolic buckets the rest
+    assert len(static) == (0 if way == "mark_dynamic" else 1)
+    assert len(buckets) == (1 if way == "batch" else 2), buckets
+
+
+@pytest.mark.slow
+def test_generate_with_a_static_cache_compiles_its_decode_step_once_per_bucket():
+    # transformers' generate compiles the forward it decodes with (a static cache sized per prompt):
+    # the cache length is symbolic from the second prompt on, and the cache write (index_copy_ at
+    # cache_position) into its padded length is exact
+    transformers = pytest.importorskip("transformers", reason="transformers is in the test extra")
+    cfg = transformers.AutoConfig.for_model(
+        "llama", vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, max_position_embeddings=512, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    compile_config = transformers.CompileConfig(backend="neuron", mode=None)
+    compile_config._compile_all_devices = True  # generate compiles on CPU only when told
+    for t in [37, 64, 100, 129, 200]:
+        ids = torch.randint(3, 128, (1, t))
+        kw = dict(do_sample=False, max_new_tokens=4, min_new_tokens=4, cache_implementation="static")
+        got = model.generate(ids, compile_config=compile_config, **kw)
+        torch.testing.assert_close(got, model.generate(ids, disable_compile=True, **kw), rtol=0, atol=0)
+    assert COUNTERS["bucketing_fallbacks"] == 0
+    reports = neuron_compile.compile_reports()
+    # the first prompt's decode step compiles static; the symbolic one once per bucket (128, 256)
+    assert sorted(r.signature.split(" ")[0] for r in reports) == ["", "bucket", "bucket"], \
+        [(r.graph, r.signature) for r in reports]
