@@ -192,3 +192,20 @@ def test_generate_with_a_static_cache_compiles_its_decode_step_once_per_bucket()
     # the first prompt's decode step compiles static; the symbolic one once per bucket (128, 256)
     assert sorted(r.signature.split(" ")[0] for r in reports) == ["", "bucket", "bucket"], \
         [(r.graph, r.signature) for r in reports]
+
+
+def test_index_put_along_an_unpadded_dim_of_a_padded_tensor():
+    # out[:, idx] = v: index_put(out, [None, idx], v), the padded dim left whole and written row by row
+    def scatter_columns(x, idx, v):
+        out = x.clone()
+        out[:, idx] = v
+        return out.softmax(0)
+
+    def make_args(t):
+        x, idx, v = torch.randn(t, 4), torch.tensor([3, 0]), torch.randn(t, 2)
+        for tensor, dim in ((x, 1), (idx, 0), (v, 1)):
+            torch._dynamo.mark_static(tensor, dim)
+        return x, idx, v
+
+    run_lengths(scatter_columns, make_args)
+    assert_bucketed()

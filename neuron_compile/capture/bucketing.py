@@ -430,10 +430,10 @@ def _analyze_node(node, layouts, result, facts):
             # values' masked zeros wherever they point; padding stays padding
             if len(into_padded) > 1 or len(target_lay[into_padded[0]]) != 1:
                 raise NotBucketable(f"{node.name}: index_put into several padded dims")
-            _index_put_values_align(node, target_lay, values, layouts)
             rewrite.index_wrap = [(into_padded[0], target_lay[into_padded[0]])]
-        elif _padded_layout(target_lay) and any(_padded(a) for a in target_lay[:len(args[1])]):
-            raise NotBucketable(f"{node.name}: index_put into a padded dim")
+        # a padded dim the indices leave whole (None) is written row by row from the values' same
+        # padded dim: real rows from real rows
+        _index_put_values_align(node, target_lay, values, layouts)
         if values is not None and _padded_layout(values):
             rewrite.masks.append((2, [(k, a) for k, a in enumerate(values) if _padded(a)], 0))
         layouts[node] = target_lay
