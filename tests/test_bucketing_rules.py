@@ -209,3 +209,19 @@ def test_index_put_along_an_unpadded_dim_of_a_padded_tensor():
 
     run_lengths(scatter_columns, make_args)
     assert_bucketed()
+
+
+def test_a_slice_from_a_symbolic_start_keeps_exact_shapes():
+    # the last t entries of a static table (mpt's alibi): at the bucket the start would be 512 - 128,
+    # not 512 - t. It compiled bucketed and returned other entries of the table
+    table = torch.arange(512.0)
+
+    def tail(x):
+        return x + table[512 - x.shape[1]:]
+
+    def make_args(t):
+        x = torch.randn(2, t)
+        torch._dynamo.mark_static(x, 0)
+        return (x,)
+
+    run_lengths(tail, make_args, lengths=[37, 64, 100])

@@ -81,6 +81,7 @@ _SOFTMAX = {aten._softmax.default, aten._log_softmax.default}
 # reductions that are exact only when no reduced dim is padded (statistics over hidden sizes)
 _ROW_REDUCTIONS = {aten.var_mean.correction, aten.var.correction, aten.std.correction, aten.var_mean.dim,
                    aten.var.dim, aten.std.dim}
+_POSITIONED = {aten.slice.Tensor, aten.select.int}
 _ROW_LOCAL_INDEXING = {aten.gather.default, aten.scatter.value, aten.scatter.src, aten.scatter_add.default,
                        aten.scatter_reduce.two}
 
@@ -248,10 +249,12 @@ def _analyze_node(node, layouts, result, facts):
     if target is aten.scalar_tensor.default and _is_sym_node(args[0]):  # torch.tensor(n): a value
         rewrite.true_values[0] = args[0].meta["val"].node.expr
 
-    if isinstance(val, (tuple, list)) and not any_padded and target not in _CREATION and target not in _LIKE \
-            and all(isinstance(v, torch.Tensor) for v in val):
+    # ops on unpadded tensors keep their layout, except those whose position arguments (a slice's
+    # start, a select's index) could be sizes: at the bucket those read the bucket's value
+    plain = not any_padded and target not in _CREATION and target not in _LIKE and target not in _POSITIONED
+    if isinstance(val, (tuple, list)) and plain and all(isinstance(v, torch.Tensor) for v in val):
         layouts[node] = [_fresh_or_inherit(v, tensor_args) for v in val]
-    elif isinstance(val, torch.Tensor) and not any_padded and target not in _CREATION and target not in _LIKE:
+    elif isinstance(val, torch.Tensor) and plain:
         layouts[node] = _fresh_or_inherit(val, tensor_args)
     elif target in _CREATION:
         layouts[node] = layout_of_shape(val.shape)
@@ -307,10 +310,14 @@ def _analyze_node(node, layouts, result, facts):
         src = tensor_args[0][2]
         d = (args[1] if len(args) > 1 else 0) % len(src)
         step = args[4] if len(args) > 4 else 1
-        start = args[2] if len(args) > 2 else 0
+        start = args[2] if len(args) > 2 and args[2] is not None else 0
         lay = list(src)
+        if not isinstance(start, int):
+            # a start is a shape argument: at the bucket it is the bucket's value, and the slice would
+            # begin elsewhere (the last n rows of a static table, mpt's alibi: wrong values, not padding)
+            raise NotBucketable(f"{node.name}: slice of dim {d} from a symbolic start {start}")
         if _padded(src[d]):
-            if len(src[d]) != 1 or step != 1 or not isinstance(start, int) or start < 0:
+            if len(src[d]) != 1 or step != 1 or start < 0:
                 raise NotBucketable(f"{node.name}: slice of padded dim {d} with start={start}, step={step}")
             lay[d] = (_expr(val.shape[d]),)
         else:
@@ -319,7 +326,9 @@ def _analyze_node(node, layouts, result, facts):
     elif target is aten.select.int:
         src = list(tensor_args[0][2])
         d = args[1] % len(src)
-        if _padded(src[d]) and not (isinstance(args[2], int) and args[2] >= 0):
+        if not isinstance(args[2], int):  # as a slice's start: the bucket's value at the bucket
+            raise NotBucketable(f"{node.name}: select at a symbolic index {args[2]}")
+        if _padded(src[d]) and args[2] < 0:
             raise NotBucketable(f"{node.name}: select from the end of a padded dim")
         layouts[node] = tuple(src[:d] + src[d + 1:])
     elif target is aten.cat.default:
