@@ -37,6 +37,7 @@ import atexit
 import datetime
 import ipaddress
 import logging
+import os
 import queue
 import socket
 import threading
@@ -80,8 +81,6 @@ def _torch_world():
 
 def _store_host(store) -> str:
     """The address the store's server listens on (a PrefixStore wraps it), else MASTER_ADDR."""
-    import os
-
     while hasattr(store, "underlying_store"):
         store = store.underlying_store
     host = getattr(store, "host", None) or os.environ.get("MASTER_ADDR") or "127.0.0.1"

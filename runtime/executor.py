@@ -224,7 +224,7 @@ class XlaExecutable:
         if "lapack_" in stablehlo_text:
             _ready_lapack()
         replicas = replicas_of(stablehlo_text)
-        target = _distributed(replicas) if replicas > 1 else None
+        target = collectives.target(replicas) if replicas > 1 else None
         try:
             if target is not None:
                 loaded = _while_importing_jax(lambda: target.compile(stablehlo_text))
@@ -246,7 +246,7 @@ class XlaExecutable:
         if b"lapack_" in data:
             _ready_lapack()
         if replicas > 1:
-            target = _distributed(replicas)
+            target = collectives.target(replicas)
             loaded = _while_importing_jax(lambda: target.deserialize(data))
             return cls(loaded, time.perf_counter() - start, target=target)
         loaded = _while_importing_jax(lambda: _client().deserialize_executable(data, _device_list(), _compile_options()))
@@ -274,10 +274,6 @@ class XlaExecutable:
 
     def __call__(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         return [_to_tensor(a) for a in self.run_buffers([self.to_buffer(t) for t in tensors])]
-
-
-def _distributed(replicas: int):
-    return collectives.target(replicas)
 
 
 to_buffer = _to_buffer

@@ -157,7 +157,7 @@ def _route_collectives(gm: torch.fx.GraphModule, report: CompileReport, options)
     if not collectives.has_collectives(gm):
         return set()
     eager = set()
-    for node, why in collectives.route(gm, getattr(options, "collectives", "compiled")).items():
+    for node, why in collectives.route(gm, options.collectives).items():
         name = collectives.op_name(node)
         path = "compiled" if why is None else "eager"
         report.collectives[path] = report.collectives.get(path, 0) + 1
@@ -214,8 +214,7 @@ def _overlap(parent: torch.fx.GraphModule, collectives: set[str]) -> None:
             if first_user is not None:
                 first_user.prepend(node)
         else:
-            inputs = [a for a in node.all_input_nodes]
-            last = max(inputs, key=order.__getitem__, default=None)
+            last = max(node.all_input_nodes, key=order.__getitem__, default=None)
             if last is not None and last.op != "placeholder":
                 last.append(node)
             elif last is not None:

@@ -38,6 +38,7 @@ World size, rank and each group's ranks go into the cache key (``key_parts``).
 
 from __future__ import annotations
 
+import itertools
 import operator
 
 import torch
@@ -98,7 +99,7 @@ def route(gm: torch.fx.GraphModule, mode: str = "compiled") -> dict[torch.fx.Nod
             continue
         if name == "wait_tensor":
             source = node.args[0]
-            routes[node] = (routes.get(source, "it waits on a value from outside the graph")
+            routes[node] = (routes.get(source, "it waits on a value no collective of this graph issued")
                             if isinstance(source, torch.fx.Node) else "it waits on no graph value")
             continue
         if mode == "eager":
@@ -177,7 +178,7 @@ def lower_group(sub: torch.fx.GraphModule, type_of) -> str:
     groups = f"replica_groups = dense<[[{', '.join(map(str, range(world)))}]]> : tensor<1x{world}xi64>"
     names: dict[torch.fx.Node, str] = {}
     args, body = [], []
-    counter = iter(range(1 << 30))
+    counter = itertools.count()
 
     def fresh() -> str:
         return f"%v{next(counter)}"
@@ -204,8 +205,7 @@ def lower_group(sub: torch.fx.GraphModule, type_of) -> str:
         result = fresh()
         if name in ("all_reduce", "reduce_scatter_tensor"):
             op = node.args[1]
-            element = tin[tin.rindex("x") + 1:-1] if "x" in tin else tin[len("tensor<"):-1]
-            scalar = f"tensor<{element}>"
+            scalar = type_of(torch.empty((), dtype=x.meta["val"].dtype, device="meta"))
             region = (f"({{\n      ^bb0(%lhs: {scalar}, %rhs: {scalar}):\n"
                       f"        %r = stablehlo.{_REDUCERS[op]} %lhs, %rhs : {scalar}\n"
                       f"        stablehlo.return %r : {scalar}\n    }})")
