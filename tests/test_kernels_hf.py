@@ -9,8 +9,8 @@ import torch
 
 import neuron_compile
 
-pytest.importorskip("kernels")
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("kernels", reason="Hugging Face kernels is in the test extra")
+transformers = pytest.importorskip("transformers", reason="transformers is in the test extra")
 
 
 def _llama(attn_implementation: str):
