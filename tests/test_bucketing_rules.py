@@ -225,3 +225,88 @@ def test_a_slice_from_a_symbolic_start_keeps_exact_shapes():
         return (x,)
 
     run_lengths(tail, make_args, lengths=[37, 64, 100])
+
+
+# ----------------------------------------------------------------------------- sort along a padded dim
+
+
+class GroupedExperts(torch.nn.Module):
+    """transformers' grouped experts (integrations/moe.py, every MoE of the zoo), as its graph has it:
+    the (batch, token, top-k) pairs sorted by expert id, the tokens gathered as ``tokens[perm // k]``,
+    expert offsets from a histogram, each row multiplied by its expert's weights, the rows put back by
+    the inverse permutation ``inv[perm] = arange``."""
+
+    def __init__(self, hidden=8, experts=4, top_k=2):
+        super().__init__()
+        self.router = torch.nn.Linear(hidden, experts, bias=False)
+        self.weight = torch.nn.Parameter(torch.randn(experts, hidden, hidden) * 0.3)
+        self.experts, self.top_k = experts, top_k
+
+    def forward(self, x):
+        b, t, h = x.shape
+        tokens = x.reshape(-1, h)
+        weights, ids = self.router(tokens).softmax(-1).topk(self.top_k, dim=-1)
+        ids_sorted, perm = torch.sort(ids.reshape(-1))
+        rows = tokens[perm // self.top_k]
+        counts = torch.histc(ids_sorted.float(), bins=self.experts, min=0, max=self.experts - 1)
+        offsets = torch.cumsum(counts, 0).to(torch.int64)
+        expert = (torch.arange(rows.shape[0])[:, None] >= offsets[None, :]).sum(1).clamp(max=self.experts - 1)
+        out = torch.bmm(rows[:, None, :], self.weight[expert])[:, 0] * weights.reshape(-1)[perm][:, None]
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.shape[0])
+        return out[inv].view(b * t, self.top_k, h).sum(1).view(b, t, h)
+
+
+def test_moe_sort_of_expert_ids_over_padded_tokens_is_bucketed_in_inference_and_training():
+    # the batch is static, so a token's position (b, t) is b * S + t at the bucket and b * s + t in
+    # eager: the sort's indices are positions in the padded layout, the sort puts the padded pairs
+    # last, and the indices the forward saves for the backward cross as eager's positions
+    torch.manual_seed(0)
+    moe = GroupedExperts()
+    compiled = torch.compile(moe, backend="neuron", dynamic=True)
+    for t in LENGTHS:
+        x = torch.randn(2, t, 8)
+        torch._dynamo.mark_static(x, 0)
+        xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+        got = compiled(xc)
+        (got * torch.linspace(-1, 1, 8)).sum().backward()
+        grads = [xc.grad] + [p.grad.clone() for p in moe.parameters()]
+        moe.zero_grad()
+        want = moe(xe)
+        (want * torch.linspace(-1, 1, 8)).sum().backward()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        for g, w in zip(grads, [xe.grad] + [p.grad for p in moe.parameters()]):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+        moe.zero_grad()
+    assert_bucketed()
+
+
+def test_sort_along_a_padded_dim_returns_eager_values_and_eager_indices():
+    def sort_flat(x):
+        values, indices = torch.sort(x.reshape(-1), descending=True)
+        return values * 2, indices
+
+    def make_args(t):
+        x = torch.randn(2, t)
+        torch._dynamo.mark_static(x, 0)
+        return (x,)
+
+    run_lengths(sort_flat, make_args)
+    assert_bucketed()
+
+
+def test_arithmetic_on_a_padded_sorts_indices_keeps_exact_shapes(caplog):
+    # the indices are positions in the padded layout: as values (here scaled) they are not eager's
+    def scaled_order(x):
+        return torch.sort(x.reshape(-1))[1] * 3
+
+    def make_args(t):
+        x = torch.randn(2, t)
+        torch._dynamo.mark_static(x, 0)
+        return (x,)
+
+    caplog.set_level(logging.DEBUG, logger="neuron_compile")
+    run_lengths(scaled_order, make_args)
+    assert COUNTERS["bucketing_fallbacks"] == 1
+    reasons = exact_shape_reasons(caplog)
+    assert reasons and "positions in the padded layout" in reasons[0], reasons

@@ -161,6 +161,9 @@ class CompiledGraph:
                     boundary_layouts.update({name: lay for name, lay in zip(self.bucketing.output_names,
                                                                            self.bucketing.output_layouts)
                                              if isinstance(lay, tuple)})
+                    # what is known of their values (an index's interval, a sort's positions)
+                    boundary_layouts.update({("fact", name): fact for name, fact in zip(
+                        self.bucketing.output_names, self.bucketing.output_facts) if fact is not None})
                 COUNTERS["bucketed_graphs"] += 1
             else:
                 COUNTERS["bucketing_fallbacks"] += 1

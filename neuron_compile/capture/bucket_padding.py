@@ -135,6 +135,32 @@ def apply_mask(x: torch.Tensor, dims, identity, buckets_env, true_env) -> torch.
     return torch.where(mask, x, torch.full((), fill, dtype=x.dtype))
 
 
+def _sort_padding_last(x, dim, atoms, descending, buckets_env, true_env):
+    """``sort(x, dim)`` with the padded elements of ``dim`` after every real one, the real ones in
+    the order the sort gives them: sorted, then each real element moved to its rank among the
+    real ones and each padded one after them (a permutation: a scatter, no second sort)."""
+    values, order = aten.sort.default(x, dim, bool(descending))
+    shape = [1] * x.dim()
+    shape[dim] = -1
+    real = torch.gather(valid_mask(atoms, buckets_env, true_env).view(shape).expand(x.shape), dim, order)
+    ones = real.to(torch.int64)
+    dest = torch.where(real, torch.cumsum(ones, dim) - 1, ones.sum(dim, keepdim=True) + torch.cumsum(1 - ones, dim) - 1)
+    return torch.zeros_like(values).scatter(dim, dest, values), torch.zeros_like(order).scatter(dim, dest, order)
+
+
+def convert_positions(p: torch.Tensor, atoms: Atoms, src_env: dict, dst_env: dict) -> torch.Tensor:
+    """Positions along a dim laid out as ``atoms`` at the sizes of ``src_env``, as positions of the
+    same elements at the sizes of ``dst_env`` (bucket to true: eager's positions; and back)."""
+    src = [sym_to_value(a, src_env) for a in atoms]
+    dst = [sym_to_value(a, dst_env) for a in atoms]
+    out = torch.zeros_like(p)
+    stride_src, stride_dst = 1, 1
+    for s, d in zip(reversed(src), reversed(dst)):
+        out = out + (p // stride_src) % s * stride_dst
+        stride_src, stride_dst = stride_src * s, stride_dst * d
+    return out
+
+
 class BucketInterpreter(torch.fx.Interpreter):
     """Runs the symbolic graph at bucket sizes under make_fx, applying the analysis' rewrites."""
 
@@ -147,6 +173,7 @@ class BucketInterpreter(torch.fx.Interpreter):
     def run_with_true_sizes(self, true_sizes: torch.Tensor, *args):
         # symbols that are not padded (value symbols, specialized exactly) are their bucket value
         self.true_env = {**self.buckets_env, **{s: true_sizes[i] for i, s in enumerate(self.analysis.symbols)}}
+        self._position = 0
         return self.run(*args)
 
     def call_function(self, target, args, kwargs):
@@ -170,6 +197,9 @@ class BucketInterpreter(torch.fx.Interpreter):
             n = sym_to_value(_dim_expr(atoms), self.true_env)
             indices[k] = torch.where(indices[k] < 0, indices[k] + n, indices[k])
             args[1] = indices
+        if rewrite.sort_last is not None:
+            descending = kwargs.get("descending", args[2] if len(args) > 2 else False)
+            return _sort_padding_last(args[0], *rewrite.sort_last, descending, self.buckets_env, self.true_env)
         if rewrite.mean_dims is not None:
             # mean over a padded dim: masked sum divided by the true element count
             x = args[0]
@@ -200,6 +230,18 @@ class BucketInterpreter(torch.fx.Interpreter):
     def run_node(self, n):
         self._current = n
         return super().run_node(n)
+
+    def placeholder(self, target, args, kwargs):
+        value = super().placeholder(target, args, kwargs)
+        atoms = self.analysis.position_inputs.get(self._position)
+        self._position += 1
+        return value if atoms is None else convert_positions(value, atoms, self.true_env, self.buckets_env)
+
+    def output(self, target, args, kwargs):
+        outs = list(args[0]) if isinstance(args[0], (tuple, list)) else [args[0]]
+        for k, atoms in self.analysis.position_outputs.items():
+            outs[k] = convert_positions(outs[k], atoms, self.buckets_env, self.true_env)
+        return type(args[0])(outs) if isinstance(args[0], (tuple, list)) else outs[0]
 
 
 # ----------------------------------------------------------------------------- call-time padding

@@ -23,8 +23,28 @@ never assumed):
   likewise; ``where(Const(b), t, f)`` is ``t`` or ``f``. This is what proves
   the negative-index wrap ``where(i < 0, i + n, i)`` is ``i`` for an arange.
 
+* ``Positions(atoms, bijective)``: the indices of a sort along a padded dim
+  (a MoE router's ``sort(expert_ids)``). At the bucket they are positions in
+  the padded layout ``atoms`` (row-major), so with a symbolic atom after the
+  first they are *not* eager's values: position ``(b, t)`` of ``(2, s)`` is
+  ``b * S + t`` at the bucket and ``b * s + t`` in eager. What they are good
+  for holds anyway: every real entry points at a real element (``bijective``:
+  each exactly once, and padded entries at padded ones), so ``src[p]``
+  gathers real rows and ``out[p] = v`` writes them back. ``p // k`` by a
+  static last atom ``m`` (``k`` dividing it) is ``Positions(atoms[:-1] + (m // k,))``;
+  ``p < 0`` is false. With no symbolic atom after the first the positions are
+  eager's (``exact``) and the fact is an interval too;
+* ``Uniform``: every element the same value (zeros, ``full``, their expands and
+  copies): a tensor with no layout of its own, which an ``index_put`` by
+  positions may lay out as the positions say;
+* ``Tainted``: arithmetic on inexact positions (the dead branch of the
+  negative-index wrap ``where(p < 0, p + n, p)``).
+
 Anything else has no fact (``None``), and a rule that needs one keeps exact
-shapes.
+shapes. A node whose real values are not eager's (an inexact ``Positions`` or
+``Tainted``) may only be read by the ops that know it (``check_reads``), and
+may leave the graph only as an activation saved for the backward, its fact
+carried across with its layout.
 """
 
 from __future__ import annotations
@@ -35,7 +55,7 @@ import sympy
 import torch
 import torch.fx
 
-from .bucket_layouts import NotBucketable, _broadcast, _padded
+from .bucket_layouts import NotBucketable, _broadcast, _dim_expr, _norm, _padded, _static
 
 aten = torch.ops.aten
 
@@ -49,6 +69,42 @@ class Interval:
 @dataclass(frozen=True)
 class Const:
     value: bool
+
+
+@dataclass(frozen=True)
+class Positions:
+    atoms: tuple
+    bijective: bool = False
+
+    @property
+    def exact(self) -> bool:
+        return all(_static(a) for a in _norm(self.atoms)[1:])
+
+
+@dataclass(frozen=True)
+class Uniform:
+    pass
+
+
+class Tainted:
+    """Values derived from inexact positions: never read as values."""
+
+    def __eq__(self, other):
+        return isinstance(other, Tainted)
+
+    def __hash__(self):
+        return 0
+
+
+def inexact(fact) -> bool:
+    """The node's real values are not eager's."""
+    return isinstance(fact, Tainted) or (isinstance(fact, Positions) and not fact.exact)
+
+
+def as_interval(fact):
+    if isinstance(fact, Positions) and fact.exact:
+        return Interval(sympy.Integer(0), _dim_expr(fact.atoms) - 1)
+    return fact if isinstance(fact, Interval) else None
 
 
 def _sym(x):
@@ -74,6 +130,7 @@ def provably_le(a, b) -> bool:
 
 def within(fact, size) -> bool:
     """Every value in ``[0, size - 1]``: an index that stays in a dim of true size ``size``."""
+    fact = as_interval(fact)
     return isinstance(fact, Interval) and provably_le(0, fact.lo) and provably_le(fact.hi, size - 1)
 
 
@@ -81,8 +138,44 @@ _KEEP = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, ate
          aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.permute.default,
          aten.transpose.int, aten.t.default, aten.slice.Tensor, aten.select.int, aten.clone.default,
          aten.alias.default, aten.lift_fresh_copy.default, aten.detach.default, aten.contiguous.default}
+# the same values in the same order: a permutation stays one
+_SAME = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.unsqueeze.default,
+         aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.clone.default, aten.alias.default,
+         aten.lift_fresh_copy.default, aten.detach.default, aten.contiguous.default}
 _CONVERT = {aten._to_copy.default, torch.ops.prims.convert_element_type.default}
 _COMPARE = {aten.lt.Scalar: "lt", aten.ge.Scalar: "ge", aten.gt.Scalar: "gt", aten.le.Scalar: "le"}
+_UNIFORM = {aten.full.default, aten.zeros.default, aten.ones.default, aten.scalar_tensor.default,
+            aten.new_zeros.default, aten.new_ones.default, aten.new_full.default, aten.full_like.default,
+            aten.zeros_like.default, aten.ones_like.default}
+# what may read a node whose values are not eager's (check_reads): value_fact knows each of them
+_READS_INEXACT = _KEEP | _CONVERT | set(_COMPARE) | {
+    aten.add.Tensor, aten.sub.Tensor, aten.where.self, aten.div.Tensor_mode, aten.index.Tensor,
+    aten.index_put.default, aten.index_put_.default, aten.full_like.default, aten.zeros_like.default,
+    aten.ones_like.default, aten.empty_like.default}
+
+
+def _fact_inputs(node):
+    for a in node.args:
+        if isinstance(a, torch.fx.Node):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from (x for x in a if isinstance(x, torch.fx.Node))
+
+
+def check_reads(node: torch.fx.Node, facts: dict) -> None:
+    """NotBucketable when ``node`` reads, as values, a node whose real values are not eager's."""
+    bad = [a for a in _fact_inputs(node) if inexact(facts.get(a))]
+    if not bad:
+        return
+    target = node.target
+    ok = target in _READS_INEXACT
+    if target is aten.div.Tensor_mode:
+        ok = node.kwargs.get("rounding_mode") == "floor" and isinstance(value_fact(node, facts), Positions)
+    if target in (aten.index_put.default, aten.index_put_.default):
+        ok = not any(a is node.args[2] or a is node.args[0] for a in bad)  # only as indices
+    if not ok:
+        raise NotBucketable(f"{node.name}: {target} reads {bad[0].name}, positions in the padded layout "
+                            "(a sort's indices along a padded dim), as values")
 
 
 def value_fact(node: torch.fx.Node, facts: dict):
@@ -93,6 +186,8 @@ def value_fact(node: torch.fx.Node, facts: dict):
     if not isinstance(val, torch.Tensor):
         return None
     get = lambda a: facts.get(a) if isinstance(a, torch.fx.Node) else None  # noqa: E731
+    if target in _UNIFORM or (target in _KEEP | _CONVERT and isinstance(get(args[0]), Uniform)):
+        return Uniform()
     if target in (aten.arange.default, aten.arange.start, aten.arange.start_step):
         start, end = (0, args[0]) if target is aten.arange.default else (args[0], args[1])
         step = args[2] if target is aten.arange.start_step and len(args) > 2 else 1
@@ -103,17 +198,33 @@ def value_fact(node: torch.fx.Node, facts: dict):
             return None
         return Interval(lo, hi - 1)
     if target in _KEEP or target is aten.index.Tensor:
-        return get(args[0])
+        fact = get(args[0])
+        if isinstance(fact, Positions) and fact.bijective and target not in _SAME:
+            return Positions(fact.atoms)  # a subset or repeats of a permutation: no longer one
+        return fact
+    if target is aten.div.Tensor_mode and node.kwargs.get("rounding_mode") == "floor":
+        fact, k = get(args[0]), args[1]
+        atoms = _norm(fact.atoms) if isinstance(fact, Positions) else ()
+        if isinstance(k, int) and not isinstance(k, bool) and k > 0 and atoms and _static(atoms[-1]) \
+                and int(atoms[-1]) % k == 0:
+            # p = q * m + r with r < m static: p // k = q * (m // k) + r // k, real exactly where q is
+            return Positions(_norm(atoms[:-1] + (sympy.Integer(int(atoms[-1]) // k),)))
+        return Tainted() if inexact(fact) else None
     if target in _CONVERT and not val.dtype.is_floating_point and val.dtype != torch.bool:
         src = args[0].meta.get("val") if isinstance(args[0], torch.fx.Node) else None
         widening = isinstance(src, torch.Tensor) and not src.dtype.is_floating_point and src.dtype != torch.bool \
             and val.dtype.itemsize >= src.dtype.itemsize
-        return get(args[0]) if widening else None  # a widening integer copy keeps every value
+        if widening:
+            return get(args[0])  # a widening integer copy keeps every value
+        return Tainted() if inexact(get(args[0])) else None
     if target in (aten.add.Tensor, aten.sub.Tensor) and not val.dtype.is_floating_point:
         alpha = node.kwargs.get("alpha", 1)
         a, b = args[0], args[1]
-        fa = get(a)
+        if any(inexact(get(x)) for x in (a, b)):
+            return Tainted()
+        fa = as_interval(get(a))
         fb = get(b) if isinstance(b, torch.fx.Node) and isinstance(b.meta.get("val"), torch.Tensor) else None
+        fb = as_interval(fb)
         cb = _sym(b) if fb is None else None
         if alpha != 1 or not isinstance(fa, Interval):
             return None
@@ -126,6 +237,11 @@ def value_fact(node: torch.fx.Node, facts: dict):
         return Interval(fa.lo - fb.hi, fa.hi - fb.lo)
     if target in _COMPARE:
         fa, c = get(args[0]), _sym(args[1])
+        if isinstance(fa, Positions) and c is not None and provably_le(c, 0) and _COMPARE[target] in ("lt", "ge"):
+            return Const(_COMPARE[target] == "ge")  # positions are >= 0
+        if inexact(fa):
+            return Tainted()
+        fa = as_interval(fa)
         if not isinstance(fa, Interval) or c is None:
             return None
         op = _COMPARE[target]
@@ -138,41 +254,18 @@ def value_fact(node: torch.fx.Node, facts: dict):
         cond = get(args[0])
         if isinstance(cond, Const):
             return get(args[1] if cond.value else args[2])
+        return Tainted() if any(inexact(get(a)) for a in args) else None
+    if target in (aten.index_put.default, aten.index_put_.default):
+        accumulate = args[3] if len(args) > 3 else node.kwargs.get("accumulate", False)
+        facts_in = [get(i) for i in args[1] if i is not None]
+        if not accumulate and len(facts_in) == 1 and isinstance(facts_in[0], Positions) and facts_in[0].bijective:
+            return get(args[2])  # every real element written once, from a real value (bucket_indexing)
         return None
+    if target is aten.empty_like.default:
+        return None  # the values are not read
+    if any(inexact(get(a)) for a in _fact_inputs(node)):
+        return Tainted()
     if target is aten.logical_not.default:
         fa = get(args[0])
         return Const(not fa.value) if isinstance(fa, Const) else None
     return None
-
-
-def index_layout(node: torch.fx.Node, src, index_layouts: list, facts: dict):
-    """Layout of ``aten.index.Tensor(src, indices)`` on a padded tensor, or NotBucketable.
-
-    ``out[j] = src[..., i_0[j], ..., i_k[j], ...]``: a real output position ``j`` (real in the
-    broadcast of the index layouts) reads ``src`` at the index values there. Along a source dim
-    that is not padded any value reads a real element; along a padded dim of true size ``n`` the
-    index's real values must lie in ``[0, n - 1]`` (an ``Interval`` fact: an arange over that
-    dim, the position ids gathered from one, ...), so the read stays in the real prefix. What
-    padded ``j`` read is garbage, as padding is anyway (XLA's gather clamps, so no read is out of
-    bounds). The result's layout: the broadcast index dims where the indexed dims were (in front
-    when they are not adjacent), then the source's other dims, as their layouts.
-    """
-    indices = node.args[1]
-    val = node.meta["val"]
-    used = [k for k, i in enumerate(indices) if i is not None]
-    for k in used:
-        idx = indices[k]
-        ival = idx.meta.get("val") if isinstance(idx, torch.fx.Node) else None
-        if not isinstance(ival, torch.Tensor) or ival.dtype == torch.bool:
-            raise NotBucketable(f"{node.name}: aten.index.Tensor with a mask or non-tensor index on a padded tensor")
-        if _padded(src[k]):
-            fact = facts.get(idx)
-            if len(src[k]) != 1 or not within(fact, src[k][0]):
-                raise NotBucketable(f"{node.name}: aten.index.Tensor along padded dim {k}: its index is not "
-                                    "provably within the real region (not an arange over that dim)")
-    if used == list(range(used[0], used[-1] + 1)):  # adjacent: the index dims replace them in place
-        before, after = list(src[:used[0]]), list(src[used[-1] + 1:])
-    else:
-        before, after = [], [src[k] for k in range(len(src)) if k not in used]
-    shape = val.shape[len(before):val.dim() - len(after)]
-    return tuple(before) + _broadcast(index_layouts, shape) + tuple(after)

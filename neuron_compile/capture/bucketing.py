@@ -49,7 +49,8 @@ import torch.fx
 
 from .bucket_layouts import (NotBucketable, _broadcast, _dim_expr, _expr, _norm, _padded, _padded_layout, _regroup,
                              _static, layout_of_shape)
-from .bucket_values import index_layout, value_fact
+from .bucket_indexing import index_layout, index_put_layout, sort_layout
+from .bucket_values import Positions, Uniform, check_reads, inexact, value_fact
 
 aten = torch.ops.aten
 
@@ -95,6 +96,7 @@ class Rewrite:
     mean_dims: list | None = None  # mean over padded dims: divide by the true count
     pad_fix: list | None = None  # constant_pad_nd: (dim, atoms of the input dim, left pad)
     index_wrap: list | None = None  # index_put: (position in the index list, atoms of that padded dim)
+    sort_last: tuple | None = None  # sort along a padded dim: (dim, its atoms): the padded elements go last
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,10 @@ class BucketAnalysis:
     input_layouts: dict = field(default_factory=dict)  # arg position -> Layout
     sym_inputs: dict = field(default_factory=dict)  # arg position -> size expression (fed at the bucket)
     output_layouts: list = field(default_factory=list)  # per output: Layout, SymOutput or None
+    output_facts: list = field(default_factory=list)  # per output: what bucket_values knows of its values
+    # positions in a padded layout cross graph boundaries as eager's positions: arg/output index -> atoms
+    position_inputs: dict = field(default_factory=dict)
+    position_outputs: dict = field(default_factory=dict)
     rewrites: dict = field(default_factory=dict)  # node name -> Rewrite
     output_names: list = field(default_factory=list)
 
@@ -168,6 +174,10 @@ def _analyze(gm, boundary_layouts) -> BucketAnalysis:
                         bindings[a] = (pos, d)
             layouts[node] = lay
             result.input_layouts[pos] = lay
+            if boundary_layouts.get(("fact", node.name)) is not None:
+                facts[node] = boundary_layouts[("fact", node.name)]
+                if inexact(facts[node]):
+                    result.position_inputs[pos] = facts[node].atoms
         elif isinstance(val, torch.SymInt):
             result.sym_inputs[pos] = val.node.expr
             if val.node.expr.is_Symbol:
@@ -196,15 +206,24 @@ def _analyze(gm, boundary_layouts) -> BucketAnalysis:
         if node.target is operator.getitem:
             parent = layouts.get(node.args[0])
             layouts[node] = parent[node.args[1]] if isinstance(parent, list) else None
+            if isinstance(facts.get(node.args[0]), list) and facts[node.args[0]][node.args[1]] is not None:
+                facts[node] = facts[node.args[0]][node.args[1]]
             continue
+        check_reads(node, facts)
         _analyze_node(node, layouts, result, facts)
-        fact = value_fact(node, facts)
+        fact = facts.get(node) or value_fact(node, facts)
         if fact is not None:
             facts[node] = fact
 
     output = next(n for n in gm.graph.nodes if n.op == "output")
     outs = output.args[0] if isinstance(output.args[0], (tuple, list)) else (output.args[0],)
-    for value in outs:
+    for k, value in enumerate(outs):
+        result.output_facts.append(facts.get(value) if isinstance(value, torch.fx.Node) else None)
+        if isinstance(result.output_facts[-1], Positions) and inexact(result.output_facts[-1]):
+            result.position_outputs[k] = result.output_facts[-1].atoms  # handed out as eager's positions
+        elif inexact(result.output_facts[-1]):
+            raise NotBucketable(f"output {value.name} is computed from positions in the padded layout (a sort's "
+                                "indices along a padded dim), not eager's values")
         if isinstance(value, torch.fx.Node):
             val = value.meta.get("val")
             if isinstance(val, torch.Tensor):
@@ -234,6 +253,7 @@ def _analyze_node(node, layouts, result, facts):
     rewrite = Rewrite()
     args = list(node.args)
     tensor_args = [(i, a, _tensor_layout(layouts, a)) for i, a in enumerate(args) if _tensor_layout(layouts, a) is not None]
+    tensor_args = _adopt_uniform(tensor_args, facts)
     list_args = [(i, a) for i, a in enumerate(args) if isinstance(a, (list, tuple))
                  and any(_tensor_layout(layouts, x) is not None for x in a)]
     any_padded = any(_padded_layout(lay) for _, _, lay in tensor_args) or any(
@@ -316,7 +336,9 @@ def _analyze_node(node, layouts, result, facts):
             # a start is a shape argument: at the bucket it is the bucket's value, and the slice would
             # begin elsewhere (the last n rows of a static table, mpt's alibi: wrong values, not padding)
             raise NotBucketable(f"{node.name}: slice of dim {d} from a symbolic start {start}")
-        if _padded(src[d]):
+        if _padded(src[d]) and start == 0 and step == 1 and _expr(val.shape[d]) == _dim_expr(src[d]):
+            pass  # the whole dim (backward's slice of a gradient to its input's size)
+        elif _padded(src[d]):
             if len(src[d]) != 1 or step != 1 or start < 0:
                 raise NotBucketable(f"{node.name}: slice of padded dim {d} with start={start}, step={step}")
             lay[d] = (_expr(val.shape[d]),)
@@ -423,29 +445,10 @@ def _analyze_node(node, layouts, result, facts):
         index_layouts = [_tensor_layout(layouts, i) for i in args[1] if i is not None]
         layouts[node] = index_layout(node, tensor_args[0][2], index_layouts, facts)
     elif target in (aten.index_put.default, aten.index_put_.default):
-        accumulate = args[3] if len(args) > 3 else node.kwargs.get("accumulate", False)
-        target_lay = tensor_args[0][2]
-        values = _tensor_layout(layouts, args[2])
-        idx_padded = any(_padded_layout(_tensor_layout(layouts, x)) for x in args[1] if x is not None)
-        if idx_padded and not accumulate:
-            raise NotBucketable(f"{node.name}: index_put without accumulate from padded indices")
-        into_padded = [k for k, i in enumerate(args[1]) if i is not None and _padded(target_lay[k])]
-        if into_padded:
-            # a write into a padded dim of true size n (a static KV cache's index_copy_ at cache_position;
-            # index backward's accumulate into zeros): a valid index i in [-n, n - 1] names the same
-            # element as i + n when negative, so the indices are wrapped with the true n before the
-            # write (at the bucket a negative index would count from the bucket's end) and every real
-            # index lands where eager's does. Padded index positions, only with accumulate, add the
-            # values' masked zeros wherever they point; padding stays padding
-            if len(into_padded) > 1 or len(target_lay[into_padded[0]]) != 1:
-                raise NotBucketable(f"{node.name}: index_put into several padded dims")
-            rewrite.index_wrap = [(into_padded[0], target_lay[into_padded[0]])]
-        # a padded dim the indices leave whole (None) is written row by row from the values' same
-        # padded dim: real rows from real rows
-        _index_put_values_align(node, target_lay, values, layouts)
-        if values is not None and _padded_layout(values):
-            rewrite.masks.append((2, [(k, a) for k, a in enumerate(values) if _padded(a)], 0))
-        layouts[node] = target_lay
+        layouts[node] = index_put_layout(node, lambda a: _tensor_layout(layouts, a), facts, rewrite)
+    elif target in (aten.sort.default, aten.sort.stable) and any(
+            _padded(tensor_args[0][2][d]) for d in _op_dims(node, tensor_args[0][2])):
+        layouts[node], facts[node] = sort_layout(node, tensor_args[0][2], rewrite)
     elif target in (aten.nll_loss_forward.default, aten.nll_loss_backward.default):
         t_index = 1 if target is aten.nll_loss_forward.default else 2
         ignore = args[t_index + 3] if len(args) > t_index + 3 else -100
@@ -475,7 +478,7 @@ def _analyze_node(node, layouts, result, facts):
                 lay[d] = layout_of_shape([val.shape[d]])[0]
         rewrite.pad_fix = fixes
         layouts[node] = tuple(lay)
-    elif target in (aten.flip.default, aten.sort.default, aten.topk.default, aten.roll.default,
+    elif target in (aten.flip.default, aten.sort.default, aten.sort.stable, aten.topk.default, aten.roll.default,
                     aten.cumprod.default, aten.convolution.default):
         dims = _op_dims(node, tensor_args[0][2])
         if any(_padded(tensor_args[0][2][d]) for d in dims):
@@ -486,27 +489,30 @@ def _analyze_node(node, layouts, result, facts):
             else _fresh_or_inherit(val, tensor_args[:1])
     else:
         raise NotBucketable(f"{node.name}: {target} on a padded tensor is not known to be padding-safe")
-    if rewrite.masks or rewrite.true_values or rewrite.mean_dims or rewrite.pad_fix or rewrite.index_wrap:
+    if rewrite.masks or rewrite.true_values or rewrite.mean_dims or rewrite.pad_fix or rewrite.index_wrap \
+            or rewrite.sort_last:
         result.rewrites[node.name] = rewrite
 
 
-def _index_put_values_align(node, target_lay, values, layouts):
-    """The values of an index_put into a padded dim: their padded dims must be padded as what they
-    broadcast to (target[:first] + the indices' broadcast + target[last + 1:]), so that the mask of
-    the values' padding covers every padded index position."""
-    indices = [i for i in node.args[1] if i is not None]
-    used = [k for k, i in enumerate(node.args[1]) if i is not None]
-    index_lay = _broadcast([_tensor_layout(layouts, i) for i in indices],
-                           torch.broadcast_shapes(*(i.meta["val"].shape for i in indices)))
-    if values is None or not (_padded_layout(values) or _padded_layout(index_lay)):
-        return
-    if used != list(range(used[0], used[-1] + 1)):
-        raise NotBucketable(f"{node.name}: index_put with padded values and non-adjacent indices")
-    expect = list(target_lay[:used[0]]) + list(index_lay) + list(target_lay[used[-1] + 1:])
-    for k in range(1, len(expect) + 1):
-        have = values[-k] if k <= len(values) else ()
-        if (_padded(have) or _padded(expect[-k])) and _norm(have) != _norm(expect[-k]):
-            raise NotBucketable(f"{node.name}: index_put values padded unlike what they write")
+def _adopt_uniform(tensor_args, facts):
+    """A tensor whose elements are all alike (``Uniform``: zeros expanded to a merged size) has no
+    layout of its own: along a dim where another operand is padded with the same size, it takes
+    that operand's layout (backward's ``scatter_add(zeros, -1, topk_index, ones)``)."""
+    others = [lay for _, a, lay in tensor_args if not isinstance(facts.get(a), Uniform)]
+    out = []
+    for i, a, lay in tensor_args:
+        if isinstance(facts.get(a), Uniform) and others:
+            new = list(lay)
+            for d, atoms in enumerate(lay):
+                for other in others:
+                    k = d - (len(lay) - len(other))
+                    if 0 <= k < len(other) and _padded(other[k]) and \
+                            sympy.simplify(_dim_expr(other[k]) - _dim_expr(atoms)) == 0:
+                        new[d] = other[k]
+                        break
+            lay = tuple(new)
+        out.append((i, a, lay))
+    return out
 
 
 def _op_dims(node, layout):
@@ -514,8 +520,8 @@ def _op_dims(node, layout):
     nd = len(layout)
     if t is aten.flip.default:
         return [d % nd for d in node.args[1]]
-    if t in (aten.sort.default,):
-        return [(node.args[1] if len(node.args) > 1 else -1) % nd]
+    if t in (aten.sort.default, aten.sort.stable):
+        return [(node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", -1)) % nd]
     if t is aten.topk.default:
         return [(node.args[2] if len(node.args) > 2 else -1) % nd]
     if t is aten.roll.default:

@@ -1,0 +1,154 @@
+"""Padding rules for ops that move data by index: advanced indexing, ``index_put`` and ``sort``.
+
+``bucketing.py`` asks these for a node's layout; what they need to know about
+index *values* (an arange over a padded dim, the positions a sort produced)
+comes from ``bucket_values``. Each rule's algebra is in its docstring. A case
+no rule proves raises ``NotBucketable``: the graph keeps exact shapes.
+"""
+
+from __future__ import annotations
+
+import sympy
+import torch
+import torch.fx
+
+from .bucket_layouts import NotBucketable, _broadcast, _dim_expr, _norm, _padded, _padded_layout
+from .bucket_values import Positions, Uniform, inexact, within
+
+aten = torch.ops.aten
+
+
+def _matches(fact, atoms) -> bool:
+    """``fact`` is positions in a dim laid out exactly as ``atoms``."""
+    return isinstance(fact, Positions) and _norm(fact.atoms) == _norm(atoms)
+
+
+def index_layout(node: torch.fx.Node, src, index_layouts: list, facts: dict):
+    """Layout of ``aten.index.Tensor(src, indices)`` on a padded tensor, or NotBucketable.
+
+    ``out[j] = src[..., i_0[j], ..., i_k[j], ...]``: a real output position ``j`` (real in the
+    broadcast of the index layouts) reads ``src`` at the index values there. Along a source dim
+    that is not padded any value reads a real element (if the values are eager's); along a padded
+    dim of true size ``n`` the index's real values must lie in ``[0, n - 1]`` (an ``Interval``
+    fact: an arange over that dim, the position ids gathered from one, ...), so the read stays in
+    the real prefix; along a padded dim of any layout, positions of real elements in that very
+    layout (``Positions``: a MoE router's ``hidden[perm // top_k]``) read real elements too. What
+    padded ``j`` read is garbage, as padding is anyway (XLA's gather clamps, so no read is out of
+    bounds). The result's layout: the broadcast index dims where the indexed dims were (in front
+    when they are not adjacent), then the source's other dims, as their layouts.
+    """
+    indices = node.args[1]
+    val = node.meta["val"]
+    used = [k for k, i in enumerate(indices) if i is not None]
+    for k in used:
+        idx = indices[k]
+        ival = idx.meta.get("val") if isinstance(idx, torch.fx.Node) else None
+        if not isinstance(ival, torch.Tensor) or ival.dtype == torch.bool:
+            raise NotBucketable(f"{node.name}: aten.index.Tensor with a mask or non-tensor index on a padded tensor")
+        fact = facts.get(idx)
+        if _matches(fact, src[k]):
+            continue
+        if inexact(fact):
+            raise NotBucketable(f"{node.name}: aten.index.Tensor along dim {k} by positions in another layout")
+        if _padded(src[k]) and (len(src[k]) != 1 or not within(fact, src[k][0])):
+            raise NotBucketable(f"{node.name}: aten.index.Tensor along padded dim {k}: its index is not "
+                                "provably within the real region (not an arange over that dim)")
+    if used == list(range(used[0], used[-1] + 1)):  # adjacent: the index dims replace them in place
+        before, after = list(src[:used[0]]), list(src[used[-1] + 1:])
+    else:
+        before, after = [], [src[k] for k in range(len(src)) if k not in used]
+    shape = val.shape[len(before):val.dim() - len(after)]
+    return tuple(before) + _broadcast(index_layouts, shape) + tuple(after)
+
+
+def index_put_layout(node: torch.fx.Node, layout_of, facts: dict, rewrite):
+    """Layout of ``index_put(target, indices, values, accumulate)``, its rewrites in ``rewrite``.
+
+    * Into a padded dim of true size ``n`` with exact indices (a static KV cache's index_copy_ at
+      cache_position; index backward's accumulate into zeros): a valid index ``i`` in
+      ``[-n, n - 1]`` names the same element as ``i + n`` when negative, so the indices are
+      wrapped with the true ``n`` before the write (at the bucket a negative index would count
+      from the bucket's end) and every real index lands where eager's does. Padded index
+      positions, only with accumulate, add the values' masked zeros wherever they point.
+    * Positions of real elements in the target dim's own layout (a sort's indices, ``//`` a
+      top-k): with accumulate, real entries add real values at real elements and padded ones
+      add masked zeros (the backward of ``hidden[perm // k]``). Without accumulate, only a
+      permutation (``Positions.bijective``): every real element is written exactly once, from a
+      real position, and padded entries write padded elements; so the target's old values are
+      never read, and the result's dim is laid out as the positions say (``inv[perm] = arange``).
+      A target whose elements are all alike (``Uniform``: zeros) has no layout of its own: its
+      dim is laid out as the positions say before either rule.
+    * A padded dim the indices leave whole (None) is written row by row from the values' same
+      padded dim: real rows from real rows.
+    """
+    args = node.args
+    accumulate = args[3] if len(args) > 3 else node.kwargs.get("accumulate", False)
+    target_lay = layout_of(args[0])
+    values = layout_of(args[2])
+    used = [k for k, i in enumerate(args[1]) if i is not None]
+    idx_facts = {k: facts.get(args[1][k]) for k in used}
+    if isinstance(facts.get(args[0]), Uniform):
+        # every element alike (zeros to accumulate into): any layout of the dim's size is the target's
+        target_lay = tuple(_norm(idx_facts[k].atoms) if k in used and isinstance(idx_facts[k], Positions)
+                           and sympy.simplify(_dim_expr(idx_facts[k].atoms) - _dim_expr(a)) == 0 else a
+                           for k, a in enumerate(target_lay))
+    lay = list(target_lay)
+    if not accumulate and len(used) == 1 and isinstance(idx_facts[used[0]], Positions) \
+            and idx_facts[used[0]].bijective and sympy.simplify(
+                _dim_expr(idx_facts[used[0]].atoms) - _dim_expr(target_lay[used[0]])) == 0:
+        lay[used[0]] = _norm(idx_facts[used[0]].atoms)
+        _values_align(node, tuple(lay), values, layout_of)
+        return tuple(lay)
+    if any(_padded_layout(layout_of(args[1][k])) for k in used) and not accumulate:
+        raise NotBucketable(f"{node.name}: index_put without accumulate from padded indices")
+    for k in used:
+        if inexact(idx_facts[k]) and not _matches(idx_facts[k], target_lay[k]):
+            raise NotBucketable(f"{node.name}: index_put along dim {k} by positions in another layout")
+    into_padded = [k for k in used if _padded(target_lay[k]) and not _matches(idx_facts[k], target_lay[k])]
+    if into_padded:
+        if len(into_padded) > 1 or len(target_lay[into_padded[0]]) != 1:
+            raise NotBucketable(f"{node.name}: index_put into several padded dims")
+        rewrite.index_wrap = [(into_padded[0], target_lay[into_padded[0]])]
+    _values_align(node, target_lay, values, layout_of)
+    if values is not None and _padded_layout(values):
+        rewrite.masks.append((2, [(k, a) for k, a in enumerate(values) if _padded(a)], 0))
+    return target_lay
+
+
+def _values_align(node, target_lay, values, layout_of):
+    """The values of an index_put into a padded dim: their padded dims must be padded as what they
+    broadcast to (target[:first] + the indices' broadcast + target[last + 1:]), so that the mask of
+    the values' padding covers every padded index position."""
+    indices = [i for i in node.args[1] if i is not None]
+    used = [k for k, i in enumerate(node.args[1]) if i is not None]
+    index_lay = _broadcast([layout_of(i) for i in indices],
+                           torch.broadcast_shapes(*(i.meta["val"].shape for i in indices)))
+    if values is None or not (_padded_layout(values) or _padded_layout(index_lay)):
+        return
+    if used != list(range(used[0], used[-1] + 1)):
+        raise NotBucketable(f"{node.name}: index_put with padded values and non-adjacent indices")
+    expect = list(target_lay[:used[0]]) + list(index_lay) + list(target_lay[used[-1] + 1:])
+    for k in range(1, len(expect) + 1):
+        have = values[-k] if k <= len(values) else ()
+        if (_padded(have) or _padded(expect[-k])) and _norm(have) != _norm(expect[-k]):
+            raise NotBucketable(f"{node.name}: index_put values padded unlike what they write")
+
+
+def sort_layout(node: torch.fx.Node, src, rewrite):
+    """Layouts and facts of ``sort(x, dim)`` along a padded dim: ``([values, indices], [None, Positions])``.
+
+    At the bucket the sort runs with the padded elements last (``rewrite.sort_last``: a stable
+    sort by value, then a stable sort by "is padding"), so the real elements come first, in
+    eager's order: restricted to the real elements, an order by (value, position) is the same
+    whatever else is sorted with them, and positions keep their order under padding. The sorted
+    dim is then laid out as one atom, the product of the input's (its real region a prefix of
+    that length), the values are eager's, and the indices are positions of real elements in the
+    input's layout, each once (eager's values when that layout has no symbolic atom after its
+    first).
+    """
+    dim = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", -1)) % len(src)
+    atoms = _norm(src[dim])
+    rewrite.sort_last = (dim, atoms)
+    lay = list(src)
+    lay[dim] = (_dim_expr(atoms),)
+    return [tuple(lay), tuple(lay)], [None, Positions(atoms, bijective=True)]
