@@ -211,20 +211,23 @@ def test_index_put_along_an_unpadded_dim_of_a_padded_tensor():
     assert_bucketed()
 
 
-def test_a_slice_from_a_symbolic_start_keeps_exact_shapes():
+def test_a_slice_from_a_symbolic_start_reads_at_the_true_start():
     # the last t entries of a static table (mpt's alibi): at the bucket the start would be 512 - 128,
-    # not 512 - t. It compiled bucketed and returned other entries of the table
+    # not 512 - t (a wrong number once: it compiled bucketed and returned other entries). The
+    # bucketed slice now reads from the true start; a select at a size likewise
     table = torch.arange(512.0)
+    rows = torch.arange(512.0 * 3).view(512, 3)
 
     def tail(x):
-        return x + table[512 - x.shape[1]:]
+        return x + table[512 - x.shape[1]:] + rows[x.shape[1] - 1].sum()
 
     def make_args(t):
         x = torch.randn(2, t)
         torch._dynamo.mark_static(x, 0)
         return (x,)
 
-    run_lengths(tail, make_args, lengths=[37, 64, 100])
+    run_lengths(tail, make_args)
+    assert_bucketed()
 
 
 # ----------------------------------------------------------------------------- sort along a padded dim
@@ -310,3 +313,69 @@ def test_arithmetic_on_a_padded_sorts_indices_keeps_exact_shapes(caplog):
     assert COUNTERS["bucketing_fallbacks"] == 1
     reasons = exact_shape_reasons(caplog)
     assert reasons and "positions in the padded layout" in reasons[0], reasons
+
+
+# ----------------------------------------------------------------------------- windows, concatenation, norms
+
+
+def run_training_lengths(fn, make_args, lengths=LENGTHS, rtol=1e-4, atol=1e-5, weights=()):
+    """``fn`` compiled and eager at each length: the result and the gradient of every argument.
+    Every argument's batch (dim 0) is static, the arguments at ``weights`` wholly (as parameters)."""
+    compiled = torch.compile(fn, backend="neuron", dynamic=True)
+    for t in lengths:
+        args = make_args(t)
+        mine = [a.clone().requires_grad_() for a in args]
+        ref = [a.clone().requires_grad_() for a in args]
+        for k, a in enumerate(mine):
+            torch._dynamo.mark_static(a, None if k in weights else 0)
+        got, want = compiled(*mine), fn(*ref)
+        weight = torch.randn(want.shape, generator=torch.Generator().manual_seed(t))
+        (got * weight).sum().backward()
+        (want * weight).sum().backward()
+        torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
+        for m, r in zip(mine, ref):
+            torch.testing.assert_close(m.grad, r.grad, rtol=rtol, atol=atol)
+
+
+def test_convolution_over_padded_tokens_is_bucketed():
+    # a Mamba block's causal depthwise conv (padding k - 1, the first t outputs), trained, and a
+    # strided conv (its output length a FloorDiv of t): real outputs read real inputs, or zeros where
+    # eager reads its zero padding, once the padded inputs are masked to zeros; the input gradient is
+    # a transposed conv and the weight gradient a conv by the padded output gradient, masked alike
+    def causal(x, w):
+        return torch.nn.functional.conv1d(x.transpose(1, 2), w, padding=3, groups=8)[..., :x.shape[1]]
+
+    def strided(x, w):
+        return torch.nn.functional.conv1d(x.transpose(1, 2), w, stride=2, padding=1, groups=8)
+
+    def make_args(t):
+        w = torch.randn(8, 1, 4)
+        torch._dynamo.mark_static(w)  # a weight: static, as a module's parameters are
+        return torch.randn(2, t, 8), w
+
+    # the weight's gradient sums 2 x 250 products: float32 noise is 1e-5
+    run_training_lengths(causal, lambda t: (torch.randn(2, t, 8), torch.randn(8, 1, 4)), atol=1e-4, weights=(1,))
+    assert_bucketed()
+    neuron_compile.reset()
+    run_lengths(strided, make_args, rtol=1e-5, atol=1e-5)
+    assert_bucketed()
+
+
+def test_cat_after_a_padded_piece_puts_its_elements_where_eager_does():
+    # gpt-oss's attention sinks: a column cat after the padded key dim, softmaxed with it, sliced off;
+    # the backward slices the sink's gradient from a symbolic start (the true key length)
+    def sink_attention(q, k, sinks):
+        scores = q @ k.transpose(1, 2)
+        scores = torch.cat([scores, sinks.view(1, 1, 1).expand(q.shape[0], q.shape[1], 1)], -1)
+        return scores.softmax(-1)[..., :-1] @ k
+
+    run_training_lengths(sink_attention, lambda t: (torch.randn(2, t, 8), torch.randn(2, t, 8), torch.randn(1)))
+    assert_bucketed()
+
+
+def test_vector_norm_over_a_padded_dim_is_bucketed():
+    def normalize(x):
+        return x / torch.linalg.vector_norm(x, dim=1, keepdim=True) + torch.linalg.vector_norm(x, ord=float("inf"))
+
+    run_training_lengths(normalize, lambda t: (torch.randn(2, t, 8),))
+    assert_bucketed()

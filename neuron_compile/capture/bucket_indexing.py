@@ -1,4 +1,5 @@
-"""Padding rules for ops that move data by index: advanced indexing, ``index_put`` and ``sort``.
+"""Padding rules for ops that move data by index: advanced indexing, ``index_put``, ``sort``, and
+slices and selects at a position.
 
 ``bucketing.py`` asks these for a node's layout; what they need to know about
 index *values* (an arange over a padded dim, the positions a sort produced)
@@ -12,8 +13,9 @@ import sympy
 import torch
 import torch.fx
 
-from .bucket_layouts import NotBucketable, _broadcast, _dim_expr, _norm, _padded, _padded_layout
-from .bucket_values import Positions, Uniform, inexact, within
+from .bucket_layouts import (NotBucketable, _broadcast, _dim_expr, _expr, _norm, _padded, _padded_layout,
+                             layout_of_shape, prefix_atoms)
+from .bucket_values import Positions, Uniform, _sym, inexact, within
 
 aten = torch.ops.aten
 
@@ -152,3 +154,49 @@ def sort_layout(node: torch.fx.Node, src, rewrite):
     lay = list(src)
     lay[dim] = (_dim_expr(atoms),)
     return [tuple(lay), tuple(lay)], [None, Positions(atoms, bijective=True)]
+
+
+def slice_layout(node: torch.fx.Node, src, rewrite):
+    """Layout of ``slice(x, d, start, end, step)``.
+
+    Along a padded dim (one atom) from a static start with step 1 the result's real region is the
+    prefix of its true length; the whole dim keeps its layout. From a symbolic start (the last
+    ``t`` rows of a static table, mpt's alibi ``bias[:, max(0, P - t):]``; the backward of a cat
+    after a padded piece, ``grad[..., s:]``): the bucketed slice would begin at the bucket's
+    start, so it reads rows ``start + j`` at the *true* start instead (``rewrite.read_at``: an
+    ``index_select``, clamped to the dim), which are eager's rows for every real ``j``: inside
+    the table, or inside the real prefix of a padded dim (eager's slice is in bounds).
+    """
+    args, val = node.args, node.meta["val"]
+    d = (args[1] if len(args) > 1 else 0) % len(src)
+    step = args[4] if len(args) > 4 else 1
+    start = args[2] if len(args) > 2 and args[2] is not None else 0
+    lay = list(src)
+    if not isinstance(start, int):
+        if prefix_atoms(src[d]) is None or step != 1 or _sym(start) is None:
+            raise NotBucketable(f"{node.name}: slice of dim {d} from a symbolic start {start}")
+        rewrite.read_at = (d, _sym(start), _dim_expr(src[d]))
+        lay[d] = layout_of_shape([val.shape[d]])[0]
+    elif _padded(src[d]) and start == 0 and step == 1 and _expr(val.shape[d]) == _dim_expr(src[d]):
+        pass  # the whole dim (backward's slice of a gradient to its input's size)
+    elif _padded(src[d]):
+        if prefix_atoms(src[d]) is None or step != 1 or start < 0:
+            raise NotBucketable(f"{node.name}: slice of padded dim {d} with start={start}, step={step}")
+        lay[d] = (_expr(val.shape[d]),)
+    else:
+        lay[d] = layout_of_shape([val.shape[d]])[0]
+    return tuple(lay)
+
+
+def select_layout(node: torch.fx.Node, src, rewrite):
+    """Layout of ``select(x, d, i)``: the other dims. At a symbolic ``i`` the bucket would read at
+    the bucket's ``i``: it reads at the true one (``rewrite.read_at``; negative counts from the
+    dim's true end), a real element as eager's."""
+    d, index = node.args[1] % len(src), node.args[2]
+    if not isinstance(index, int):
+        if len(src[d]) > 1 or _sym(index) is None:
+            raise NotBucketable(f"{node.name}: select at a symbolic index {index}")
+        rewrite.read_at = (d, _sym(index), _dim_expr(src[d]))
+    elif _padded(src[d]) and index < 0:
+        raise NotBucketable(f"{node.name}: select from the end of a padded dim")
+    return tuple(src[:d]) + tuple(src[d + 1:])

@@ -114,5 +114,14 @@ def _regroup(layout: Layout, out_shape) -> Layout:
     return tuple(out)
 
 
+def prefix_atoms(atoms: Atoms):
+    """``atoms`` as one atom when the real region is a prefix of the dim (no symbolic atom after
+    the first: ``(s, 2)`` holds its ``2 * s`` real elements first), else None."""
+    atoms = _norm(atoms)
+    if all(_static(a) for a in atoms[1:]):
+        return (_dim_expr(atoms),) if atoms else atoms
+    return None
+
+
 def _padded_layout(lay) -> bool:
     return lay is not None and any(_padded(a) for a in lay)

@@ -148,6 +148,19 @@ def _sort_padding_last(x, dim, atoms, descending, buckets_env, true_env):
     return torch.zeros_like(values).scatter(dim, dest, values), torch.zeros_like(order).scatter(dim, dest, order)
 
 
+def _read_at_true_position(x, bucketed, target, d, position, size, true_env):
+    """A slice or select at a size, read at the size's true value (the bucketed op read at the
+    bucket's): rows ``position + j``, negative from the dim's true end ``size``, clamped to the
+    dim (``bucket_indexing``)."""
+    n = x.shape[d]
+    start = torch.as_tensor(sym_to_value(position, true_env))
+    start = torch.where(start < 0, start + sym_to_value(size, true_env), start).clamp(0, n - 1)
+    if target is aten.select.int:
+        return torch.index_select(x, d, start.view(1)).squeeze(d)
+    index = (start + torch.arange(bucketed.shape[d])).clamp(max=n - 1)
+    return torch.index_select(x, d, index)
+
+
 def convert_positions(p: torch.Tensor, atoms: Atoms, src_env: dict, dst_env: dict) -> torch.Tensor:
     """Positions along a dim laid out as ``atoms`` at the sizes of ``src_env``, as positions of the
     same elements at the sizes of ``dst_env`` (bucket to true: eager's positions; and back)."""
@@ -218,6 +231,10 @@ class BucketInterpreter(torch.fx.Interpreter):
         if rewrite.true_values and isinstance(target, torch._ops.OpOverload):
             target = target.overloadpacket  # a Scalar overload now gets a 0-d tensor: let dispatch pick
         out = target(*args, **kwargs)
+        if rewrite.read_at is not None:
+            out = _read_at_true_position(args[0], out, target, *rewrite.read_at, self.true_env)
+        if rewrite.cat_pieces is not None:
+            out = self._cat_in_eager_order(out, args[0], *rewrite.cat_pieces)
         if rewrite.pad_fix:
             for d, atoms, left in rewrite.pad_fix:
                 fill = args[2] if len(args) > 2 else kwargs.get("value", 0)
@@ -226,6 +243,19 @@ class BucketInterpreter(torch.fx.Interpreter):
                 end = sym_to_value(_dim_expr(atoms), self.true_env) + left
                 out = torch.where(idx < end, out, torch.full((), fill, dtype=out.dtype))
         return out
+
+    def _cat_in_eager_order(self, out, pieces, d, atoms):
+        """A bucketed cat gathered so that each real element sits where eager's cat puts it
+        (``bucket_conv_cat.cat_layout``)."""
+        j = torch.arange(out.shape[d])
+        index = j
+        start_true, start_bucket = 0, 0
+        for piece, a in zip(pieces, atoms):
+            size_true = piece.shape[d] if a is None else sym_to_value(a[0], self.true_env)
+            inside = (j >= start_true) & (j < start_true + size_true)
+            index = torch.where(inside, j - start_true + start_bucket, index)
+            start_true, start_bucket = start_true + size_true, start_bucket + piece.shape[d]
+        return torch.index_select(out, d, index)
 
     def run_node(self, n):
         self._current = n

@@ -205,6 +205,8 @@ def value_fact(node: torch.fx.Node, facts: dict):
     if target is aten.div.Tensor_mode and node.kwargs.get("rounding_mode") == "floor":
         fact, k = get(args[0]), args[1]
         atoms = _norm(fact.atoms) if isinstance(fact, Positions) else ()
+        if atoms and k == 1:
+            return fact  # top-1 routing: perm // 1
         if isinstance(k, int) and not isinstance(k, bool) and k > 0 and atoms and _static(atoms[-1]) \
                 and int(atoms[-1]) % k == 0:
             # p = q * m + r with r < m static: p // k = q * (m // k) + r // k, real exactly where q is

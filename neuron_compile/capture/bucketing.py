@@ -19,7 +19,7 @@ made exact:
 * ``constant_pad_nd`` along a padded dim writes its value at the true end.
 
 The analysis (``analyze``) is conservative: an op it cannot prove safe on a
-padded dim (flip, sort, cat along it, convolution windows across it, a view
+padded dim (flip, roll, topk along it, a cat of merged padded pieces, a view
 that splits a padded size, ...) makes the whole graph compile at exact shapes
 instead, and the reason is kept (``CompiledGraph.bucketing``, the compile
 report, ``neuron-compile explain``).
@@ -49,7 +49,8 @@ import torch.fx
 
 from .bucket_layouts import (NotBucketable, _broadcast, _dim_expr, _expr, _norm, _padded, _padded_layout, _regroup,
                              _static, layout_of_shape)
-from .bucket_indexing import index_layout, index_put_layout, sort_layout
+from .bucket_conv_cat import cat_layout, convolution_backward_layout, convolution_layout
+from .bucket_indexing import index_layout, index_put_layout, select_layout, slice_layout, sort_layout
 from .bucket_values import Positions, Uniform, check_reads, inexact, value_fact
 
 aten = torch.ops.aten
@@ -97,6 +98,8 @@ class Rewrite:
     pad_fix: list | None = None  # constant_pad_nd: (dim, atoms of the input dim, left pad)
     index_wrap: list | None = None  # index_put: (position in the index list, atoms of that padded dim)
     sort_last: tuple | None = None  # sort along a padded dim: (dim, its atoms): the padded elements go last
+    read_at: tuple | None = None  # slice or select of an unpadded dim at a size: (dim, its expression)
+    cat_pieces: tuple | None = None  # cat with a padded piece before another: (dim, per piece its atoms or None)
 
 
 @dataclass(frozen=True)
@@ -327,46 +330,19 @@ def _analyze_node(node, layouts, result, facts):
     elif target in (aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default):
         layouts[node] = _regroup(tensor_args[0][2], val.shape)
     elif target is aten.slice.Tensor:
-        src = tensor_args[0][2]
-        d = (args[1] if len(args) > 1 else 0) % len(src)
-        step = args[4] if len(args) > 4 else 1
-        start = args[2] if len(args) > 2 and args[2] is not None else 0
-        lay = list(src)
-        if not isinstance(start, int):
-            # a start is a shape argument: at the bucket it is the bucket's value, and the slice would
-            # begin elsewhere (the last n rows of a static table, mpt's alibi: wrong values, not padding)
-            raise NotBucketable(f"{node.name}: slice of dim {d} from a symbolic start {start}")
-        if _padded(src[d]) and start == 0 and step == 1 and _expr(val.shape[d]) == _dim_expr(src[d]):
-            pass  # the whole dim (backward's slice of a gradient to its input's size)
-        elif _padded(src[d]):
-            if len(src[d]) != 1 or step != 1 or start < 0:
-                raise NotBucketable(f"{node.name}: slice of padded dim {d} with start={start}, step={step}")
-            lay[d] = (_expr(val.shape[d]),)
-        else:
-            lay[d] = layout_of_shape([val.shape[d]])[0]
-        layouts[node] = tuple(lay)
+        layouts[node] = slice_layout(node, tensor_args[0][2], rewrite)
     elif target is aten.select.int:
-        src = list(tensor_args[0][2])
-        d = args[1] % len(src)
-        if not isinstance(args[2], int):  # as a slice's start: the bucket's value at the bucket
-            raise NotBucketable(f"{node.name}: select at a symbolic index {args[2]}")
-        if _padded(src[d]) and args[2] < 0:
-            raise NotBucketable(f"{node.name}: select from the end of a padded dim")
-        layouts[node] = tuple(src[:d] + src[d + 1:])
+        layouts[node] = select_layout(node, tensor_args[0][2], rewrite)
     elif target is aten.cat.default:
-        parts = [_tensor_layout(layouts, x) for x in args[0]]
-        d = (args[1] if len(args) > 1 else 0) % val.dim()
-        padded_parts = [k for k, p in enumerate(parts) if p is not None and len(p) == val.dim() and _padded(p[d])]
-        # only the last piece may be padded along d (a KV cache growing from an empty or static
-        # prefix): its real region then stays a prefix of the result
-        if padded_parts and (padded_parts != [len(parts) - 1] or len(parts[-1][d]) != 1):
-            raise NotBucketable(f"{node.name}: cat along padded dim {d}")
-        others = [p for p in parts if p is not None and len(p) == val.dim()]
-        lay = list(_broadcast([tuple(() if k == d else a for k, a in enumerate(p)) for p in others], val.shape))
-        lay[d] = layout_of_shape([val.shape[d]])[0]
-        layouts[node] = tuple(lay)
+        layouts[node] = cat_layout(node, lambda a: _tensor_layout(layouts, a), rewrite)
+    elif target is aten.convolution.default:
+        layouts[node] = convolution_layout(node, lambda a: _tensor_layout(layouts, a), rewrite)
+    elif target is aten.convolution_backward.default:
+        layouts[node] = convolution_backward_layout(node, lambda a: _tensor_layout(layouts, a), rewrite)
     elif target in _REDUCTIONS:
         _reduction(node, layouts, tensor_args, rewrite)
+    elif target is aten.linalg_vector_norm.default:
+        _vector_norm(node, layouts, tensor_args, rewrite)
     elif target in (aten.split_with_sizes.default, aten.split.Tensor, aten.unbind.int):
         src = tensor_args[0][2]
         d = (args[2] if target is not aten.unbind.int and len(args) > 2 else
@@ -479,18 +455,17 @@ def _analyze_node(node, layouts, result, facts):
         rewrite.pad_fix = fixes
         layouts[node] = tuple(lay)
     elif target in (aten.flip.default, aten.sort.default, aten.sort.stable, aten.topk.default, aten.roll.default,
-                    aten.cumprod.default, aten.convolution.default):
+                    aten.cumprod.default):
         dims = _op_dims(node, tensor_args[0][2])
         if any(_padded(tensor_args[0][2][d]) for d in dims):
             raise NotBucketable(f"{node.name}: {target} moves data across a padded dim")
-        # a dim keeps its layout where its size does (topk's k, convolution's channels and windows
-        # are fresh sizes: not padded, checked above)
+        # a dim keeps its layout where its size does (topk's k is a fresh size: not padded, checked above)
         layouts[node] = [_fresh_or_inherit(v, tensor_args[:1]) for v in val] if isinstance(val, (tuple, list)) \
             else _fresh_or_inherit(val, tensor_args[:1])
     else:
         raise NotBucketable(f"{node.name}: {target} on a padded tensor is not known to be padding-safe")
     if rewrite.masks or rewrite.true_values or rewrite.mean_dims or rewrite.pad_fix or rewrite.index_wrap \
-            or rewrite.sort_last:
+            or rewrite.sort_last or rewrite.cat_pieces or rewrite.read_at:
         result.rewrites[node.name] = rewrite
 
 
@@ -528,8 +503,6 @@ def _op_dims(node, layout):
         return [d % nd for d in (node.args[2] if len(node.args) > 2 else range(nd))]
     if t is aten.cumprod.default:
         return []  # prefix products, like cumsum, never read the tail
-    if t is aten.convolution.default:
-        return list(range(1, nd))  # windows cross every spatial dim; channels are contracted
     return list(range(nd))
 
 
@@ -569,9 +542,30 @@ def _reduction(node, layouts, tensor_args, rewrite, identity=None):
             dims = [dims]
         dims = [d % nd for d in dims] if nd else []
         keep = (args[2] if len(args) > 2 else node.kwargs.get("keepdim", False))
+    _reduced(node, layouts, src, dims, keep, _REDUCTIONS.get(target, identity), rewrite)
+
+
+def _vector_norm(node, layouts, tensor_args, rewrite):
+    """``linalg_vector_norm(x, ord, dim)`` over a padded dim: ``(sum |x|^ord)^(1/ord)``, ``max |x|``
+    or a count of nonzeros: zeros on the padded positions add nothing for any ``ord >= 0``
+    (a negative order or -inf would read them as infinities or minima)."""
+    args, src = node.args, tensor_args[0][2]
+    order = args[1] if len(args) > 1 else node.kwargs.get("ord", 2)
+    dims = args[2] if len(args) > 2 else node.kwargs.get("dim")
+    keep = args[3] if len(args) > 3 else node.kwargs.get("keepdim", False)
+    dims = list(range(len(src))) if not dims else [d % len(src) for d in ([dims] if isinstance(dims, int) else dims)]
+    if not isinstance(order, (int, float)) or order < 0:
+        if any(_padded(src[d]) for d in dims):
+            raise NotBucketable(f"{node.name}: a vector norm of order {order} over a padded dim")
+    _reduced(node, layouts, src, dims, keep, 0, rewrite)
+
+
+def _reduced(node, layouts, src, dims, keep, identity, rewrite):
+    target = node.target
+    nd = len(src)
     masked = [(d, src[d]) for d in dims if _padded(src[d])]
     if masked:
-        rewrite.masks.append((0, masked, _REDUCTIONS.get(target, identity)))
+        rewrite.masks.append((0, masked, identity))
         if target in (aten.mean.dim, aten.mean.default):
             rewrite.mean_dims = [(d, src[d]) for d in dims]
     out = [() if d in dims else src[d] for d in range(nd)] if keep else [src[d] for d in range(nd) if d not in dims]

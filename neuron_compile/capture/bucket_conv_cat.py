@@ -1,0 +1,106 @@
+"""Padding rules for ops whose outputs along a padded dim read neighbours: convolution and cat.
+
+``bucketing.py`` asks these for a node's layout (and the rewrite the bucketed
+re-trace applies, ``bucket_padding``). Each rule's algebra is in its docstring;
+what no rule proves raises ``NotBucketable`` and the graph keeps exact shapes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .bucket_layouts import NotBucketable, _broadcast, _expr, _padded, layout_of_shape, prefix_atoms
+
+aten = torch.ops.aten
+
+
+def convolution_layout(node: torch.fx.Node, layout_of, rewrite):
+    """Layout of ``convolution(x, w, b, stride, padding, dilation, transposed, ...)`` over a padded
+    spatial dim (a Mamba or short-conv block's causal conv over the tokens), masks in ``rewrite``.
+
+    Output ``j`` reads inputs ``j * stride - padding + i * dilation``. At a real output (the prefix
+    of eager's length) those are real inputs, the left zero padding, or positions past the true
+    end that eager reads as its right zero padding: with the input's padded region masked to
+    zeros the bucket reads zeros there too, so every real output is eager's, at any stride,
+    padding and dilation. A transposed convolution (a convolution's input gradient) sums
+    ``x[j] * w[i]`` over the inputs ``j`` that reach output ``j * stride - padding + i * dilation``:
+    a real output gets eager's terms from the real inputs and zeros from the masked padded ones.
+    The output dim is the prefix of its true length; batch keeps its layout, channels are fresh.
+    A weight padded along a spatial dim (a weight gradient, computed as a convolution of the input
+    by the output gradient) is a contraction over that dim: with both sides masked to zeros the
+    padded terms add nothing, if the output's spatial size is static (a symbolic one could
+    differ at the bucket).
+    """
+    args = node.args
+    val = node.meta["val"]
+    src, weight = layout_of(args[0]), layout_of(args[1])
+    if weight is not None and any(_padded(a) for a in weight):
+        spatial = [d for d in range(2, len(weight)) if _padded(weight[d])]
+        if _padded(weight[0]) or _padded(weight[1]) or any(prefix_atoms(weight[d]) is None for d in spatial) \
+                or any(not isinstance(n, int) for n in val.shape[2:]):
+            raise NotBucketable(f"{node.name}: a convolution with padded weights")
+        rewrite.masks.append((1, [(d, weight[d]) for d in spatial], 0))
+    masked, lay = [], [src[0], layout_of_shape([val.shape[1]])[0]]
+    for d in range(2, len(src)):
+        if _padded(src[d]):
+            if prefix_atoms(src[d]) is None:
+                raise NotBucketable(f"{node.name}: a convolution over a merged padded dim {d}")
+            masked.append((d, src[d]))
+            lay.append((_expr(val.shape[d]),))
+        else:
+            lay.append(layout_of_shape([val.shape[d]])[0])
+    if masked:
+        rewrite.masks.append((0, masked, 0))
+    return tuple(lay)
+
+
+def convolution_backward_layout(node: torch.fx.Node, layout_of, rewrite):
+    """Layouts of ``convolution_backward(grad_out, x, w, ...)`` -> (grad_x, grad_w, grad_b).
+
+    With the padded regions of ``grad_out`` and ``x`` masked to zeros, ``grad_x`` at a real input
+    sums the same ``grad_out[j] * w[i]`` as eager (the padded ``j`` add zeros), and ``grad_w``,
+    ``grad_b`` sum over real outputs only, reading real inputs or zeros where eager reads its
+    zero padding (the forward's algebra, read backwards).
+    """
+    args = node.args
+    grad, src = layout_of(args[0]), layout_of(args[1])
+    for lay, k in ((grad, 0), (src, 1)):
+        dims = [(d, lay[d]) for d in range(2, len(lay)) if _padded(lay[d])]
+        if any(prefix_atoms(a) is None for _, a in dims):
+            raise NotBucketable(f"{node.name}: a convolution backward over a merged padded dim")
+        if dims:
+            rewrite.masks.append((k, dims, 0))
+    weight = layout_of(args[2])
+    return [src, weight, layout_of_shape(node.meta["val"][2].shape) if node.meta["val"][2] is not None else None]
+
+
+def cat_layout(node: torch.fx.Node, layout_of, rewrite):
+    """Layout of ``cat(pieces, d)``; where a padded piece is followed by others, a rewrite.
+
+    Each piece along ``d`` is static or padded as one atom (its real region a prefix). At the
+    bucket, piece ``i`` sits at ``[C_i, C_i + E_i)`` (bucket sizes); in eager at ``[c_i, c_i + e_i)``
+    (true sizes). When only the last piece is padded the two agree on every real element (a KV
+    cache growing from a static prefix). Otherwise the bucketed cat is gathered so that output
+    ``j < sum(e)`` reads ``C_i + j - c_i`` of the piece it falls in (``rewrite.cat_pieces``):
+    eager's order, the real region a prefix of the true total (gpt-oss's attention sinks,
+    ``cat([scores, sinks], -1)`` along the padded key dim).
+    """
+    args = node.args
+    val = node.meta["val"]
+    d = (args[1] if len(args) > 1 else 0) % val.dim()
+    parts = [layout_of(x) for x in args[0]]
+    atoms = []
+    for p in parts:
+        if p is not None and len(p) == val.dim() and _padded(p[d]):
+            if prefix_atoms(p[d]) is None:
+                raise NotBucketable(f"{node.name}: cat along padded dim {d} of a merged padded piece")
+            atoms.append(prefix_atoms(p[d]))
+        else:
+            atoms.append(None)
+    padded = [k for k, a in enumerate(atoms) if a is not None]
+    if padded and padded != [len(parts) - 1]:
+        rewrite.cat_pieces = (d, atoms)
+    others = [p for p in parts if p is not None and len(p) == val.dim()]
+    lay = list(_broadcast([tuple(() if k == d else a for k, a in enumerate(p)) for p in others], val.shape))
+    lay[d] = layout_of_shape([val.shape[d]])[0]
+    return tuple(lay)
