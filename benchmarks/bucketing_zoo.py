@@ -160,14 +160,21 @@ def worker(arch: str) -> dict:
     result = {"arch": arch}
     try:
         model, kwargs = hf_zoo.build(arch, positions=POSITIONS)
-        if set(kwargs) != {"input_ids", "labels"}:
-            raise ValueError(f"takes {sorted(kwargs)}: only input_ids and labels are varied here")
+        if not set(kwargs) <= {"input_ids", "labels", "decoder_input_ids"}:
+            raise ValueError(f"takes {sorted(kwargs)}: only token ids and labels are varied here")
         gen = torch.Generator().manual_seed(1)
         rows = kwargs["input_ids"].shape[0]
 
         def kwargs_at(t):
+            # as hf_zoo.build makes them, at length t: a seq2seq model's decoder ids too, a codebook
+            # model's labels as batch x length x codebook
             ids = torch.randint(3, hf_zoo.VOCAB, (rows, t), generator=gen)
-            return {"input_ids": ids, "labels": ids.clone()}
+            out = {"input_ids": ids, "labels": ids.clone()}
+            if rows > hf_zoo.BATCH:
+                out["labels"] = ids.view(hf_zoo.BATCH, -1, t).permute(0, 2, 1).clone()
+            if "decoder_input_ids" in kwargs:
+                out["decoder_input_ids"] = torch.randint(3, hf_zoo.VOCAB, (hf_zoo.BATCH, t), generator=gen)
+            return out
 
         model.eval()
         with torch.no_grad():

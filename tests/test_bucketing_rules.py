@@ -379,3 +379,49 @@ def test_vector_norm_over_a_padded_dim_is_bucketed():
 
     run_training_lengths(normalize, lambda t: (torch.randn(2, t, 8),))
     assert_bucketed()
+
+
+def test_a_view_that_strides_at_concrete_sizes_forbid_is_retraced_as_a_reshape():
+    # re-tracing a symbolic graph at concrete sizes can give an intermediate other strides than the
+    # symbolic trace did (bamba's chunked scan with one chunk: its backward crashed, "Cannot view a
+    # tensor with shape [2, 4, 1, 32, 256, 1] and strides ..."): a view the graph holds over a
+    # permuted tensor must still trace, and compute the same values
+    from neuron_compile.capture.backend import specialize
+
+    aten = torch.ops.aten
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.output(graph.call_function(aten.view.default, (graph.call_function(aten.permute.default, (x, [1, 0])),
+                                                         [-1])))
+    x = torch.randn(3, 4)
+    traced = specialize(torch.fx.GraphModule({}, graph), [x])
+    torch.testing.assert_close(traced(x), x.t().reshape(-1))
+
+
+def test_sizes_sympy_cannot_compare_are_checked_at_each_call():
+    # mpt's alibi: the last min(512, t) entries of a static table added to t scores (512 - Max(0,
+    # 512 - s) against s: equal for every length the model takes, which each call checks); Mamba2's
+    # chunked scan pads the tokens to a multiple of the chunk (a symbolic pad whose bucketed length
+    # must cover the true one), views them as chunks (whole chunks: the prefix of the chunk count)
+    # and reads the last one (a slice from the true end)
+    table = torch.arange(512.0)
+
+    def alibi(x):
+        return x + table[max(0, 512 - x.shape[1]):]
+
+    def chunk_pad(x):
+        # padded to whole chunks of 16, viewed as chunks: a prefix sum within each, the last of them
+        t = x.shape[1]
+        chunks = torch.nn.functional.pad(x, (0, (16 - t % 16) % 16), value=1.0).view(x.shape[0], -1, 16)
+        sums = chunks.cumsum(-1)
+        return sums.sum((-1, -2)) + sums[:, -1:, -1:].sum((-1, -2)) + x.cumsum(-1)[:, -1]
+
+    def make_args(t):
+        x = torch.randn(2, t)
+        torch._dynamo.mark_static(x, 0)
+        return (x,)
+
+    for fn in (alibi, chunk_pad):
+        neuron_compile.reset()
+        run_lengths(fn, make_args, rtol=1e-4, atol=1e-4)
+        assert_bucketed()

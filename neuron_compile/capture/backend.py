@@ -254,7 +254,7 @@ class CompiledGraph:
     # -- bucketed path: pad to the bucket, run the bucket's executable, slice back ------------
 
     def _call_bucketed(self, args: list) -> list:
-        from .bucket_padding import pad_to_bucket, round_up, slice_from_bucket, sym_to_value
+        from .bucket_padding import check_sizes, pad_to_bucket, round_up, slice_from_bucket, sym_to_value
         from .bucketing import SymOutput
 
         analysis = self.bucketing
@@ -265,6 +265,7 @@ class CompiledGraph:
         for symbol in analysis.symbols:
             bucket_env[symbol] = round_up(true_env[symbol], self.options.buckets)
         key = tuple(bucket_env[s] for s in analysis.symbols) + tuple(true_env[s] for s in analysis.value_symbols)
+        check_sizes(analysis.checks, true_env, bucket_env)
         padded = list(args)
         for pos, layout in analysis.input_layouts.items():
             padded[pos] = pad_to_bucket(args[pos], layout, bucket_env, true_env)
@@ -315,8 +316,10 @@ class CompiledGraph:
 def specialize(gm: torch.fx.GraphModule, args: list) -> torch.fx.GraphModule:
     """Re-trace a symbolic graph on concrete arguments: every size becomes a constant."""
 
+    from .bucket_padding import RetraceInterpreter
+
     def run(*flat):
-        return torch.fx.Interpreter(gm).run(*flat)
+        return RetraceInterpreter(gm).run(*flat)
 
     with fx_traceback.preserve_node_meta():
         return make_fx(run, tracing_mode="fake")(*args)

@@ -1,4 +1,5 @@
-"""Padding rules for ops whose outputs along a padded dim read neighbours: convolution and cat.
+"""Padding rules for ops whose outputs along a padded dim read neighbours or shift: convolution,
+cat and constant_pad_nd.
 
 ``bucketing.py`` asks these for a node's layout (and the rewrite the bucketed
 re-trace applies, ``bucket_padding``). Each rule's algebra is in its docstring;
@@ -103,4 +104,39 @@ def cat_layout(node: torch.fx.Node, layout_of, rewrite):
     others = [p for p in parts if p is not None and len(p) == val.dim()]
     lay = list(_broadcast([tuple(() if k == d else a for k, a in enumerate(p)) for p in others], val.shape))
     lay[d] = layout_of_shape([val.shape[d]])[0]
+    return tuple(lay)
+
+
+def constant_pad_layout(node: torch.fx.Node, src, rewrite, checks: list):
+    """Layout of ``constant_pad_nd(x, pads, value)``; the fill at the true end in ``rewrite.pad_fix``.
+
+    Pads run from the last dim, ``(left, right)`` each. Along a padded dim (its real region a
+    prefix of ``s``) a static left pad moves the real elements to ``[left, left + s)`` at the
+    bucket as in eager (a negative one crops), and the bucket's garbage after them is overwritten
+    with the value from ``left + s`` on (``pad_fix``): eager's result on its true length
+    ``left + s + right``, a prefix. A symbolic right pad (Mamba2's chunked scan pads the tokens to
+    a multiple of the chunk, ``(c - t % c) % c``) is the bucket's amount at the bucket: eager's
+    result as long as the bucket's length covers the true one, which each call checks
+    (``checks``). A symbolic left pad would move the real elements by the bucket's amount.
+    """
+    args, val = node.args, node.meta["val"]
+    pads = list(args[1])
+    lay, fixes = list(src), []
+    for k in range(len(pads) // 2):
+        d = len(src) - 1 - k
+        left, right = pads[2 * k], pads[2 * k + 1]
+        if isinstance(left, int) and isinstance(right, int) and left == 0 and right == 0:
+            continue
+        if not _padded(src[d]):
+            if not (isinstance(left, int) and isinstance(right, int)):
+                raise NotBucketable(f"{node.name}: constant_pad_nd of unpadded dim {d} by symbolic amounts")
+            lay[d] = layout_of_shape([val.shape[d]])[0]
+            continue
+        if prefix_atoms(src[d]) is None or not isinstance(left, int):
+            raise NotBucketable(f"{node.name}: constant_pad_nd of padded dim {d} by {left, right}")
+        fixes.append((d, prefix_atoms(src[d]), left))
+        lay[d] = (_expr(val.shape[d]),)
+        if not isinstance(right, int):
+            checks.append((_expr(val.shape[d]), None))
+    rewrite.pad_fix = fixes
     return tuple(lay)

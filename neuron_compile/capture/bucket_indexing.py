@@ -165,7 +165,8 @@ def slice_layout(node: torch.fx.Node, src, rewrite):
     after a padded piece, ``grad[..., s:]``): the bucketed slice would begin at the bucket's
     start, so it reads rows ``start + j`` at the *true* start instead (``rewrite.read_at``: an
     ``index_select``, clamped to the dim), which are eager's rows for every real ``j``: inside
-    the table, or inside the real prefix of a padded dim (eager's slice is in bounds).
+    the table, or inside the real prefix of a padded dim (eager's slice is in bounds). A negative
+    static start along a padded dim counts from the true end the same way (``cumsum[..., -1:]``).
     """
     args, val = node.args, node.meta["val"]
     d = (args[1] if len(args) > 1 else 0) % len(src)
@@ -179,6 +180,9 @@ def slice_layout(node: torch.fx.Node, src, rewrite):
         lay[d] = layout_of_shape([val.shape[d]])[0]
     elif _padded(src[d]) and start == 0 and step == 1 and _expr(val.shape[d]) == _dim_expr(src[d]):
         pass  # the whole dim (backward's slice of a gradient to its input's size)
+    elif _padded(src[d]) and start < 0 and step == 1 and prefix_atoms(src[d]) is not None:
+        rewrite.read_at = (d, sympy.Integer(start), _dim_expr(src[d]))  # from the true end (x[..., -1:])
+        lay[d] = layout_of_shape([val.shape[d]])[0]
     elif _padded(src[d]):
         if prefix_atoms(src[d]) is None or step != 1 or start < 0:
             raise NotBucketable(f"{node.name}: slice of padded dim {d} with start={start}, step={step}")
@@ -198,5 +202,7 @@ def select_layout(node: torch.fx.Node, src, rewrite):
             raise NotBucketable(f"{node.name}: select at a symbolic index {index}")
         rewrite.read_at = (d, _sym(index), _dim_expr(src[d]))
     elif _padded(src[d]) and index < 0:
-        raise NotBucketable(f"{node.name}: select from the end of a padded dim")
+        if prefix_atoms(src[d]) is None:
+            raise NotBucketable(f"{node.name}: select from the end of a merged padded dim")
+        rewrite.read_at = (d, sympy.Integer(index), _dim_expr(src[d]))
     return tuple(src[:d]) + tuple(src[d + 1:])

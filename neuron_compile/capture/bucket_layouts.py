@@ -11,6 +11,8 @@ no graph, no tensors.
 
 from __future__ import annotations
 
+import contextvars
+
 import sympy
 import torch
 
@@ -20,6 +22,18 @@ Layout = tuple  # tuple[Atoms, ...]     : one tensor
 
 class NotBucketable(Exception):
     """The analysis could not prove bucketing exact for this graph."""
+
+
+_ASSUMED: contextvars.ContextVar = contextvars.ContextVar("bucket_assumed", default=None)
+
+
+def assume_equal_sizes() -> list:
+    """Start collecting, for this analysis, the pairs of one-atom sizes ``_broadcast`` met that
+    sympy can neither prove equal nor different (mpt's ``512 - Max(0, 512 - s)`` against ``s``,
+    equal for every length the model takes): the list they go to, checked at each call."""
+    pairs: list = []
+    _ASSUMED.set(pairs)
+    return pairs
 
 
 def _expr(size) -> sympy.Expr:
@@ -73,7 +87,7 @@ def _broadcast(layouts: list, out_shape) -> Layout:
             if chosen is None:
                 chosen = atoms
             elif _padded(atoms) or _padded(chosen):
-                if _norm(atoms) != _norm(chosen):
+                if _norm(atoms) != _norm(chosen) and not _assume_equal(_norm(atoms), _norm(chosen)):
                     raise NotBucketable(f"operands disagree on the padding of dim {d}: {atoms} vs {chosen}")
         if chosen is None:
             chosen = layout_of_shape([out_shape[d]])[0]
@@ -81,12 +95,27 @@ def _broadcast(layouts: list, out_shape) -> Layout:
     return tuple(out)
 
 
+def _assume_equal(a: Atoms, b: Atoms) -> bool:
+    pairs = _ASSUMED.get()
+    if pairs is None or len(a) != 1 or len(b) != 1 or a[0].free_symbols != b[0].free_symbols:
+        return False
+    d = sympy.simplify(a[0] - b[0])
+    if d.is_number or d.is_zero is False:
+        return False  # provably different
+    samples = [{x: n for x in d.free_symbols} for n in (1, 37, 129)]
+    if all(d.subs(v) != 0 for v in samples):
+        return False  # different wherever tried: a call would only find it out
+    if (a[0], b[0]) not in pairs:
+        pairs.append((a[0], b[0]))
+    return True
+
+
 def _regroup(layout: Layout, out_shape) -> Layout:
     """Layout after a view: consecutive atoms grouped to the new dims; static atoms may split."""
     atoms = [a for dim in layout for a in dim if a != 1]
     out = []
     i = 0
-    for size in out_shape:
+    for n, size in enumerate(out_shape):
         want = _expr(size)
         if want == 1:
             out.append(())
@@ -98,6 +127,12 @@ def _regroup(layout: Layout, out_shape) -> Layout:
                 raise NotBucketable(f"view to {list(out_shape)} does not follow the padded layout {layout}")
             atom = atoms[i]
             ratio = sympy.simplify(want / have)
+            chunk = _chunks(atom, want, out_shape[n + 1:]) if not group else None
+            if chunk is not None:
+                group.append(want)  # (q, c) of a multiple of c: q's prefix is the real chunks
+                atoms[i] = chunk
+                have = want
+                continue
             if _static(atom) and _static(ratio) and atom != ratio and int(atom) % int(ratio) == 0 and ratio.is_integer:
                 group.append(ratio)  # split a static atom
                 atoms[i] = sympy.Integer(int(atom) // int(ratio))
@@ -112,6 +147,27 @@ def _regroup(layout: Layout, out_shape) -> Layout:
     if any(a != 1 for a in atoms[i:]):
         raise NotBucketable(f"view to {list(out_shape)} does not consume the layout {layout}")
     return tuple(out)
+
+
+def _chunks(atom, want, rest):
+    """A symbolic ``atom`` viewed as ``(want, c, ...)`` with ``c`` the product of the static sizes
+    after it, when ``want * c`` is ``atom`` (Mamba2's tokens padded to a multiple of the chunk and
+    viewed as chunks: ``t + (c - t % c) % c`` as ``(t + ...) // c`` chunks of ``c``): the real
+    region of a multiple of ``c`` is whole chunks, the prefix of ``want``. Sympy rarely proves
+    the product (``FloorDiv``), so it is assumed and checked at each call; ``c`` is returned (a
+    size expression where the graph writes the chunk as one)."""
+    c = sympy.Integer(1)
+    for size in rest:
+        if not isinstance(size, int):
+            c = c * _expr(size) if c == 1 else c  # bamba's chunk is A // (A // 256), not a literal 256
+            break
+        c *= size
+    if c == 1 or _static(atom) or _static(want) or not want.free_symbols <= atom.free_symbols \
+            or sympy.simplify(atom - want) == 0:
+        return None
+    if sympy.simplify(want * c - atom) != 0 and not _assume_equal((want * c,), (atom,)):
+        return None
+    return c
 
 
 def prefix_atoms(atoms: Atoms):

@@ -72,10 +72,14 @@ def sym_to_value(expr, env):
         return args[0] // args[1]
     if name in ("Mod", "PythonMod"):
         return args[0] % args[1]
-    if name in ("Max",):
-        return torch.maximum(*args) if isinstance(args[0], torch.Tensor) else max(args)
-    if name in ("Min",):
-        return torch.minimum(*args) if isinstance(args[0], torch.Tensor) else min(args)
+    if name in ("Max", "Min"):
+        if not any(isinstance(a, torch.Tensor) for a in args):
+            return max(args) if name == "Max" else min(args)
+        pick = torch.maximum if name == "Max" else torch.minimum
+        out = torch.as_tensor(args[0])
+        for a in args[1:]:
+            out = pick(out, torch.as_tensor(a))  # true sizes are 0-d tensors: no Python comparison
+        return out
     if name in ("CeilDiv", "CeilDivision"):
         return -((-args[0]) // args[1])
     if name in ("IntTrueDiv", "FloatTrueDiv"):  # sizes divided as values (batch norm's 1 / count)
@@ -89,6 +93,19 @@ def sym_to_value(expr, env):
     if name == "TruncToInt":
         return args[0].trunc().long() if isinstance(args[0], torch.Tensor) else int(args[0])
     raise NotBucketable(f"cannot evaluate size expression {expr}")
+
+
+def check_sizes(checks: list, true_env: dict, bucket_env: dict) -> None:
+    """NotBucketable unless what the analysis assumed (``BucketAnalysis.checks``) holds at this call."""
+    for lhs, rhs in checks:
+        if rhs is None:
+            if int(sym_to_value(lhs, bucket_env)) < int(sym_to_value(lhs, true_env)):
+                raise NotBucketable(f"size {lhs} is {sym_to_value(lhs, true_env)} at the true sizes but "
+                                    f"{sym_to_value(lhs, bucket_env)} at the bucket")
+        else:
+            for env in (true_env, bucket_env):
+                if int(sym_to_value(lhs, env)) != int(sym_to_value(rhs, env)):
+                    raise NotBucketable(f"sizes {lhs} and {rhs} differ at {env}")
 
 
 def padded_size(atoms: Atoms, buckets_env: dict) -> int:
@@ -174,7 +191,19 @@ def convert_positions(p: torch.Tensor, atoms: Atoms, src_env: dict, dst_env: dic
     return out
 
 
-class BucketInterpreter(torch.fx.Interpreter):
+class RetraceInterpreter(torch.fx.Interpreter):
+    """Re-runs a symbolic AOT graph at concrete sizes under make_fx. Whether a ``view`` is possible
+    depends on strides, and re-tracing at concrete sizes can compute other strides than the
+    symbolic trace did (bamba's chunked scan at one chunk: a permuted einsum result the graph then
+    views): views become reshapes, which the executable computes alike (XLA arrays have no strides)."""
+
+    def call_function(self, target, args, kwargs):
+        if target in (aten.view.default, aten._unsafe_view.default):
+            target = aten.reshape.default
+        return super().call_function(target, args, kwargs)
+
+
+class BucketInterpreter(RetraceInterpreter):
     """Runs the symbolic graph at bucket sizes under make_fx, applying the analysis' rewrites."""
 
     def __init__(self, gm, analysis: BucketAnalysis, buckets_env: dict):

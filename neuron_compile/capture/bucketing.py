@@ -48,8 +48,8 @@ import torch
 import torch.fx
 
 from .bucket_layouts import (NotBucketable, _broadcast, _dim_expr, _expr, _norm, _padded, _padded_layout, _regroup,
-                             _static, layout_of_shape)
-from .bucket_conv_cat import cat_layout, convolution_backward_layout, convolution_layout
+                             _static, assume_equal_sizes, layout_of_shape)
+from .bucket_conv_cat import cat_layout, constant_pad_layout, convolution_backward_layout, convolution_layout
 from .bucket_indexing import index_layout, index_put_layout, select_layout, slice_layout, sort_layout
 from .bucket_values import Positions, Uniform, check_reads, inexact, value_fact
 
@@ -126,6 +126,10 @@ class BucketAnalysis:
     position_inputs: dict = field(default_factory=dict)
     position_outputs: dict = field(default_factory=dict)
     rewrites: dict = field(default_factory=dict)  # node name -> Rewrite
+    # what the analysis could not prove for every size but holds for the sizes real calls have,
+    # checked at each call (``holds``): (lhs, rhs): lhs == rhs at the true and at the bucket sizes;
+    # (expr, None): expr at the bucket is at least expr at the true sizes
+    checks: list = field(default_factory=list)
     output_names: list = field(default_factory=list)
 
 
@@ -151,6 +155,7 @@ def analyze(gm: torch.fx.GraphModule, boundary_layouts: dict | None = None) -> B
 
 def _analyze(gm, boundary_layouts) -> BucketAnalysis:
     result = BucketAnalysis(ok=True)
+    assumed = assume_equal_sizes()
     layouts: dict = {}  # node -> Layout (tensor) or list of Layouts (tuple outputs)
     facts: dict = {}  # node -> what its real values are known to be (bucket_values)
     size_symbols: set = set()
@@ -218,6 +223,7 @@ def _analyze(gm, boundary_layouts) -> BucketAnalysis:
         if fact is not None:
             facts[node] = fact
 
+    result.checks += [(a, b) for a, b in assumed]
     output = next(n for n in gm.graph.nodes if n.op == "output")
     outs = output.args[0] if isinstance(output.args[0], (tuple, list)) else (output.args[0],)
     for k, value in enumerate(outs):
@@ -434,26 +440,7 @@ def _analyze_node(node, layouts, result, facts):
     elif target is aten.cumsum.default:
         layouts[node] = tensor_args[0][2]  # prefix sums never read the padded tail
     elif target is aten.constant_pad_nd.default:
-        src = list(tensor_args[0][2])
-        pads = list(args[1])
-        if not all(isinstance(p, int) for p in pads):
-            raise NotBucketable(f"{node.name}: constant_pad_nd by symbolic amounts {pads}")
-        lay = list(src)
-        fixes = []
-        for k in range(len(pads) // 2):
-            d = len(src) - 1 - k
-            left, right = pads[2 * k], pads[2 * k + 1]
-            if left == 0 and right == 0:
-                continue
-            if _padded(src[d]):
-                if len(src[d]) != 1 or left < 0 or right < 0:
-                    raise NotBucketable(f"{node.name}: constant_pad_nd of padded dim {d}")
-                fixes.append((d, src[d], left))
-                lay[d] = (_expr(val.shape[d]),)
-            else:
-                lay[d] = layout_of_shape([val.shape[d]])[0]
-        rewrite.pad_fix = fixes
-        layouts[node] = tuple(lay)
+        layouts[node] = constant_pad_layout(node, tensor_args[0][2], rewrite, result.checks)
     elif target in (aten.flip.default, aten.sort.default, aten.sort.stable, aten.topk.default, aten.roll.default,
                     aten.cumprod.default):
         dims = _op_dims(node, tensor_args[0][2])
