@@ -425,3 +425,21 @@ def test_sizes_sympy_cannot_compare_are_checked_at_each_call():
         neuron_compile.reset()
         run_lengths(fn, make_args, rtol=1e-4, atol=1e-4)
         assert_bucketed()
+
+
+def test_a_write_from_padded_positions_leaves_the_rest_of_the_target_as_it_was():
+    # a static cache's prefill: the prompt's keys written at cache_position = arange(t) into a cache
+    # longer than the prompt. The padded positions would write garbage into the cache's real zeros:
+    # they write a scratch row, dropped after
+    def prefill(cache, keys):
+        return cache.index_copy(1, torch.arange(keys.shape[1]), keys) + 0
+
+    def make_args(t):
+        cache, keys = torch.zeros(2, t + 4, 8), torch.randn(2, t, 8)
+        for x in (cache, keys):
+            torch._dynamo.mark_static(x, 0)
+            torch._dynamo.mark_static(x, 2)
+        return cache, keys
+
+    run_lengths(prefill, make_args)
+    assert_bucketed()

@@ -80,6 +80,11 @@ def index_put_layout(node: torch.fx.Node, layout_of, facts: dict, rewrite):
       never read, and the result's dim is laid out as the positions say (``inv[perm] = arange``).
       A target whose elements are all alike (``Uniform``: zeros) has no layout of its own: its
       dim is laid out as the positions say before either rule.
+    * Without accumulate from padded indices (a static cache's prefill write at
+      ``cache_position``, an arange over the padded prompt): the padded entries would write
+      garbage wherever they point, into the cache's real zeros too. They write to a scratch row
+      instead (``rewrite.scratch``: the target one row longer along the dim, the padded entries
+      pointed past its end, the row dropped after), so only the real entries write.
     * A padded dim the indices leave whole (None) is written row by row from the values' same
       padded dim: real rows from real rows.
     """
@@ -101,8 +106,12 @@ def index_put_layout(node: torch.fx.Node, layout_of, facts: dict, rewrite):
         lay[used[0]] = _norm(idx_facts[used[0]].atoms)
         _values_align(node, tuple(lay), values, layout_of)
         return tuple(lay)
-    if any(_padded_layout(layout_of(args[1][k])) for k in used) and not accumulate:
-        raise NotBucketable(f"{node.name}: index_put without accumulate from padded indices")
+    padded_index = [k for k in used if _padded_layout(layout_of(args[1][k]))]
+    if padded_index and not accumulate:
+        if len(used) != 1 or inexact(idx_facts[used[0]]):
+            raise NotBucketable(f"{node.name}: index_put without accumulate from padded indices")
+        index_lay = layout_of(args[1][used[0]])
+        rewrite.scratch = (used[0], [(d, a) for d, a in enumerate(index_lay) if _padded(a)])
     for k in used:
         if inexact(idx_facts[k]) and not _matches(idx_facts[k], target_lay[k]):
             raise NotBucketable(f"{node.name}: index_put along dim {k} by positions in another layout")
@@ -112,7 +121,7 @@ def index_put_layout(node: torch.fx.Node, layout_of, facts: dict, rewrite):
             raise NotBucketable(f"{node.name}: index_put into several padded dims")
         rewrite.index_wrap = [(into_padded[0], target_lay[into_padded[0]])]
     _values_align(node, target_lay, values, layout_of)
-    if values is not None and _padded_layout(values):
+    if values is not None and _padded_layout(values) and rewrite.scratch is None:
         rewrite.masks.append((2, [(k, a) for k, a in enumerate(values) if _padded(a)], 0))
     return target_lay
 

@@ -239,6 +239,14 @@ class BucketInterpreter(RetraceInterpreter):
             n = sym_to_value(_dim_expr(atoms), self.true_env)
             indices[k] = torch.where(indices[k] < 0, indices[k] + n, indices[k])
             args[1] = indices
+        if rewrite.scratch is not None:
+            # padded index entries write a scratch row past the end, dropped after (bucket_indexing)
+            d, dims = rewrite.scratch
+            target_in, n = args[0], args[0].shape[d]
+            indices = list(args[1])
+            indices[d] = apply_mask(indices[d], dims, ("value", n), self.buckets_env, self.true_env)
+            extended = torch.cat([target_in, target_in.narrow(d, 0, 1)], d)
+            return target(extended, indices, *args[2:], **kwargs).narrow(d, 0, n)
         if rewrite.sort_last is not None:
             descending = kwargs.get("descending", args[2] if len(args) > 2 else False)
             return _sort_padding_last(args[0], *rewrite.sort_last, descending, self.buckets_env, self.true_env)

@@ -98,6 +98,7 @@ class Rewrite:
     pad_fix: list | None = None  # constant_pad_nd: (dim, atoms of the input dim, left pad)
     index_wrap: list | None = None  # index_put: (position in the index list, atoms of that padded dim)
     sort_last: tuple | None = None  # sort along a padded dim: (dim, its atoms): the padded elements go last
+    scratch: tuple | None = None  # index_put from padded indices: (dim, the indices' padded dims)
     read_at: tuple | None = None  # slice or select of an unpadded dim at a size: (dim, its expression)
     cat_pieces: tuple | None = None  # cat with a padded piece before another: (dim, per piece its atoms or None)
 
@@ -452,7 +453,7 @@ def _analyze_node(node, layouts, result, facts):
     else:
         raise NotBucketable(f"{node.name}: {target} on a padded tensor is not known to be padding-safe")
     if rewrite.masks or rewrite.true_values or rewrite.mean_dims or rewrite.pad_fix or rewrite.index_wrap \
-            or rewrite.sort_last or rewrite.cat_pieces or rewrite.read_at:
+            or rewrite.sort_last or rewrite.cat_pieces or rewrite.read_at or rewrite.scratch:
         result.rewrites[node.name] = rewrite
 
 
