@@ -33,6 +33,17 @@ def exact_shape_reasons(caplog):
     return [r.getMessage() for r in caplog.records if "compiles per exact shape" in r.getMessage()]
 
 
+def rows_static(rows):
+    """Arguments for one ``[rows, t]`` tensor whose batch is static: only the length changes."""
+
+    def make_args(t):
+        x = torch.randn(rows, t)
+        torch._dynamo.mark_static(x, 0)
+        return (x,)
+
+    return make_args
+
+
 def run_lengths(fn, make_args, lengths=LENGTHS, **tol):
     compiled = torch.compile(fn, backend="neuron", dynamic=True)
     for t in lengths:
@@ -138,12 +149,7 @@ def test_repeat_tiles_a_padded_dim_as_copies_with_their_own_padding():
         y = x.repeat(3, 2)  # [3 * b, 2 * t]
         return y.softmax(-1), y.view(3, x.shape[0], 2, x.shape[1]).sum(-1)
 
-    def make_args(t):
-        x = torch.randn(4, t)
-        torch._dynamo.mark_static(x, 0)
-        return (x,)
-
-    run_lengths(tile, make_args)
+    run_lengths(tile, rows_static(4))
     assert_bucketed()
 
 
@@ -221,12 +227,7 @@ def test_a_slice_from_a_symbolic_start_reads_at_the_true_start():
     def tail(x):
         return x + table[512 - x.shape[1]:] + rows[x.shape[1] - 1].sum()
 
-    def make_args(t):
-        x = torch.randn(2, t)
-        torch._dynamo.mark_static(x, 0)
-        return (x,)
-
-    run_lengths(tail, make_args)
+    run_lengths(tail, rows_static(2))
     assert_bucketed()
 
 
@@ -289,12 +290,7 @@ def test_sort_along_a_padded_dim_returns_eager_values_and_eager_indices():
         values, indices = torch.sort(x.reshape(-1), descending=True)
         return values * 2, indices
 
-    def make_args(t):
-        x = torch.randn(2, t)
-        torch._dynamo.mark_static(x, 0)
-        return (x,)
-
-    run_lengths(sort_flat, make_args)
+    run_lengths(sort_flat, rows_static(2))
     assert_bucketed()
 
 
@@ -303,13 +299,8 @@ def test_arithmetic_on_a_padded_sorts_indices_keeps_exact_shapes(caplog):
     def scaled_order(x):
         return torch.sort(x.reshape(-1))[1] * 3
 
-    def make_args(t):
-        x = torch.randn(2, t)
-        torch._dynamo.mark_static(x, 0)
-        return (x,)
-
     caplog.set_level(logging.DEBUG, logger="neuron_compile")
-    run_lengths(scaled_order, make_args)
+    run_lengths(scaled_order, rows_static(2))
     assert COUNTERS["bucketing_fallbacks"] == 1
     reasons = exact_shape_reasons(caplog)
     assert reasons and "positions in the padded layout" in reasons[0], reasons
@@ -416,14 +407,9 @@ def test_sizes_sympy_cannot_compare_are_checked_at_each_call():
         sums = chunks.cumsum(-1)
         return sums.sum((-1, -2)) + sums[:, -1:, -1:].sum((-1, -2)) + x.cumsum(-1)[:, -1]
 
-    def make_args(t):
-        x = torch.randn(2, t)
-        torch._dynamo.mark_static(x, 0)
-        return (x,)
-
     for fn in (alibi, chunk_pad):
         neuron_compile.reset()
-        run_lengths(fn, make_args, rtol=1e-4, atol=1e-4)
+        run_lengths(fn, rows_static(2), rtol=1e-4, atol=1e-4)
         assert_bucketed()
 
 
