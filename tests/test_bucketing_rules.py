@@ -429,3 +429,12 @@ def test_a_write_from_padded_positions_leaves_the_rest_of_the_target_as_it_was()
 
     run_lengths(prefill, make_args)
     assert_bucketed()
+
+
+def test_polar_is_pointwise():
+    # deepseek-v2's rotary embedding: torch.polar(ones, freqs) per position, then its real part (view_as_real)
+    def rotate(x):
+        return (torch.polar(torch.ones_like(x), x) * 2).real.softmax(-1)
+
+    run_lengths(rotate, rows_static(2))
+    assert_bucketed()

@@ -60,7 +60,7 @@ aten = torch.ops.aten
 _POINTWISE_EXTRA = {
     aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default, aten._to_copy.default,
     aten.where.self, aten.masked_fill.Scalar, aten.masked_fill.Tensor, aten.tril.default, aten.triu.default,
-    aten.copy.default, aten.detach.default, aten.clamp.default, aten.clamp.Tensor,
+    aten.copy.default, aten.detach.default, aten.clamp.default, aten.clamp.Tensor, aten.polar.default,
 }
 _CREATION = {
     aten.arange.default, aten.arange.start, aten.arange.start_step, aten.full.default, aten.zeros.default,
@@ -320,6 +320,10 @@ def _analyze_node(node, layouts, result, facts):
             lay.append(atoms if r == 1 else _norm((sympy.Integer(r),) + tuple(atoms)) if _padded(atoms)
                        else layout_of_shape([val.shape[lead + k]])[0])
         layouts[node] = tuple(lay)
+    elif target is aten.view_as_real.default:  # a trailing (real, imaginary) pair
+        layouts[node] = tuple(tensor_args[0][2]) + (layout_of_shape([2])[0],)
+    elif target is aten.view_as_complex.default and not _padded(tensor_args[0][2][-1]):
+        layouts[node] = tuple(tensor_args[0][2][:-1])
     elif target is aten.permute.default:
         src = tensor_args[0][2]
         layouts[node] = tuple(src[p % len(src)] for p in args[1])
