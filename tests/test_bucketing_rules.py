@@ -438,3 +438,16 @@ def test_polar_is_pointwise():
 
     run_lengths(rotate, rows_static(2))
     assert_bucketed()
+
+
+def test_a_bucketed_result_is_contiguous_as_eagers_is():
+    # sliced from the bucket's buffer, a result kept the bucket's strides: user code viewing it
+    # (dbrx's experts, x.view(-1, h) after a graph break) failed where eager's result views fine
+    compiled = torch.compile(lambda x: x * 2, backend="neuron", dynamic=True)
+    for t in (37, 64):
+        x = torch.randn(2, t, 8)
+        torch._dynamo.mark_static(x, 0)
+        out = compiled(x)
+        assert out.is_contiguous()
+        torch.testing.assert_close(out.view(-1, 8), (x * 2).view(-1, 8))
+    assert_bucketed(n_buckets=1)

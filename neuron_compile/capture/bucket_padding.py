@@ -348,7 +348,9 @@ def slice_from_bucket(t: torch.Tensor, layout: Layout, bucket_env: dict, true_en
         for d, n in enumerate(true_shape):
             if t.shape[d] != n:
                 t = t.narrow(d, 0, n)
-        return t
+        # contiguous, as eager's result is: a narrowed view keeps the bucket's strides, and the
+        # user's next view(-1, h) would fail on it (dbrx's experts, across a graph break)
+        return t.contiguous()
     true_atoms = _atom_sizes(layout, true_env)
     view = t.reshape(_atom_sizes(layout, bucket_env))
     return view[tuple(slice(0, n) for n in true_atoms)].reshape(true_shape)
