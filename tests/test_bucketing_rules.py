@@ -451,3 +451,73 @@ def test_a_bucketed_result_is_contiguous_as_eagers_is():
         assert out.is_contiguous()
         torch.testing.assert_close(out.view(-1, 8), (x * 2).view(-1, 8))
     assert_bucketed(n_buckets=1)
+
+
+# ----------------------------------------------------------------------------- topk, gather and scatter along a padded dim
+
+
+def sparse_attention(k_top):
+    """The sparse-attention indexers (deepseek_v32, glm_moe_dsa, hy_v4, dots3_note, axk2): each query
+    keeps the keys of its top ``min(index_topk, T)`` scores, dropped keys masked through a scatter of
+    the kept indices."""
+
+    def attend(q, k, v):
+        b, t, _ = q.shape
+        causal = torch.ones(t, t, dtype=torch.bool).tril()
+        scores = (q @ k.transpose(1, 2)).masked_fill(~causal, float("-inf"))
+        top = scores.topk(min(k_top, t), dim=-1).indices.to(torch.int32)
+        drop = top.new_ones((b, t, t), dtype=torch.bool).scatter(-1, top.long(), False)
+        return (q @ k.transpose(1, 2)).masked_fill(drop | ~causal, float("-inf")).softmax(-1) @ v
+
+    return attend
+
+
+def length_only(n, width=8):
+    """``n`` tensors ``[2, t, width]`` of which only the length ``t`` is dynamic."""
+
+    def make_args(t):
+        args = [torch.randn(2, t, width) for _ in range(n)]
+        for a in args:
+            torch._dynamo.mark_static(a, 0)
+            torch._dynamo.mark_static(a, 2)
+        return args
+
+    return make_args
+
+
+@pytest.mark.parametrize("k_top", [2048, 100, 16], ids=["whole-dim", "min-of-both", "static"])
+def test_topk_along_a_padded_dim_takes_the_real_elements_first(k_top):
+    # topk at the bucket is a sort with the padded elements last, cut at the bucket's k: k the whole
+    # dim (index_topk above every length), min(100, t) (the whole dim below 100 tokens, 100 past it),
+    # a static 16; the indices, scattered into a mask along the padded key dim, drop no real key
+    run_lengths(sparse_attention(k_top), length_only(3), rtol=1e-5, atol=1e-5)
+    assert_bucketed()
+
+
+def test_gather_and_topk_along_a_padded_dim_in_training():
+    # the top 16 tokens' rows gathered along the padded token dim, scaled by their scores; backward
+    # scatters the gradients of both back along it (the topk's indices cross to the backward)
+    def top_rows(x, w):
+        scores = (x @ w)[..., 0]
+        values, index = scores.topk(16, dim=-1)
+        rows = x.gather(1, index[..., None].expand(-1, -1, x.shape[-1]))
+        return rows * values[..., None].sigmoid()
+
+    def make_args(t):
+        x = torch.randn(2, t, 8)
+        torch._dynamo.mark_static(x, 2)
+        return x, torch.randn(8, 1)
+
+    run_training_lengths(top_rows, make_args, weights=(1,))
+    assert_bucketed()
+
+
+def test_scatter_along_a_padded_dim_by_data_indices_keeps_exact_shapes(caplog):
+    def drop_columns(x, idx):
+        return x.scatter(1, idx, 0.0) * 2  # idx's values are data: nothing proves them inside the real region
+
+    caplog.set_level(logging.DEBUG, logger="neuron_compile")
+    run_lengths(drop_columns, lambda t: (torch.randn(2, t), torch.randint(0, t, (2, 4))))
+    assert COUNTERS["bucketing_fallbacks"] == 1
+    reasons = exact_shape_reasons(caplog)
+    assert reasons and "scatter" in reasons[0] and "not provably within the real region" in reasons[0], reasons

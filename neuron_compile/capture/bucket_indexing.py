@@ -1,5 +1,5 @@
-"""Padding rules for ops that move data by index: advanced indexing, ``index_put``, ``sort``, and
-slices and selects at a position.
+"""Padding rules for ops that move data by index: advanced indexing, ``index_put``, ``gather`` and
+``scatter``, ``sort`` and ``topk``, and slices and selects at a position.
 
 ``bucketing.py`` asks these for a node's layout; what they need to know about
 index *values* (an arange over a padded dim, the positions a sort produced)
@@ -162,7 +162,84 @@ def sort_layout(node: torch.fx.Node, src, rewrite):
     rewrite.sort_last = (dim, atoms)
     lay = list(src)
     lay[dim] = (_dim_expr(atoms),)
-    return [tuple(lay), tuple(lay)], [None, Positions(atoms, bijective=True)]
+    return [tuple(lay), tuple(lay)], [None, Positions(atoms, bijective=True, padded_at_padded=True)]
+
+
+def topk_layout(node: torch.fx.Node, src, rewrite, checks: list):
+    """Layouts and facts of ``topk(x, k, dim, largest)`` along a padded dim: ``([values, indices], [None, Positions])``.
+
+    ``topk`` is the first ``k`` entries of ``sort(x, dim, descending=largest)``: at the bucket it
+    runs as the sort with the padded elements last (``sort_layout``'s ``rewrite.sort_last``), then
+    keeps the first ``k`` (the bucket's ``k``). The real elements come first, in sorted order, and
+    eager's ``k`` is at most the true size (eager's topk raises otherwise), so the first ``k``
+    entries at the true sizes are eager's, provided the bucket's ``k`` is at least the true one
+    (``checks``: ``(k, None)``, at each call). The ``k`` dim is laid out as one atom ``k`` (its real
+    region a prefix of the true ``k``); the values are eager's; the indices are positions of real
+    elements at real entries and of padded elements at padded ones (``Positions.padded_at_padded``:
+    past the true size the sort holds only padded elements), a permutation when ``k`` is the whole
+    dim. This covers a static ``k`` (a router's top-k over the tokens) and ``min(index_topk, T)``
+    (the sparse-attention indexers of deepseek_v32, glm_moe_dsa, hy_v4: ``T`` when ``T`` is below
+    ``index_topk``, a static count past it). Among equal values which indices come first is the
+    sort's choice, as it is the lowering's without padding.
+    """
+    args = node.args
+    dim = (args[2] if len(args) > 2 else node.kwargs.get("dim", -1)) % len(src)
+    atoms, k = _norm(src[dim]), _sym(args[1])
+    if k is None:
+        raise NotBucketable(f"{node.name}: topk of {args[1]} elements along padded dim {dim}")
+    whole = sympy.simplify(k - _dim_expr(atoms)) == 0
+    if not whole and not k.is_number:
+        checks.append((k, None))
+    rewrite.sort_last = (dim, atoms)
+    lay = list(src)
+    lay[dim] = (_dim_expr(atoms),) if whole else layout_of_shape([node.meta["val"][0].shape[dim]])[0]
+    return [tuple(lay), tuple(lay)], [None, Positions(atoms, bijective=whole, padded_at_padded=True)]
+
+
+def row_local_layout(node: torch.fx.Node, layout_of, facts: dict, rewrite):
+    """Layout of ``gather(x, d, index)`` and ``scatter`` / ``scatter_add`` / ``scatter_reduce(x, d, index, src)``.
+
+    ``gather``: ``out[..., j, ...] = x[..., index[..., j, ...], ...]`` along ``d``, elementwise in
+    every other dim ``k``, where ``index.size(k) <= x.size(k)``: ``index`` and ``x`` are padded
+    alike in every other dim or neither is, so real entries sit at real rows. Along a padded
+    ``d`` the index's real values must point into the real region (an ``Interval`` within the
+    true size, or ``Positions`` in ``d``'s own layout: a topk's indices); padded entries read
+    garbage, as padding is anyway. The result is laid out as ``index``.
+
+    ``scatter``: ``out[..., index[..., j, ...], ...] = src[..., j, ...]`` (or the value). Real
+    entries write where eager's do by the same argument. Along a padded ``d`` a padded entry of
+    ``index`` could point at a real element: allowed only where it cannot, namely where the
+    index's own dim ``d`` is not padded (a static ``k`` of top-k indices; its padded entries then
+    lie in padded rows of another dim) or its padded entries are known to point at padded
+    elements (``Positions.padded_at_padded``: a sort's or a topk's indices). Accumulating scatters (sum)
+    add ``src``'s padded entries masked to zeros, wherever they point. The result is laid out as
+    ``x``.
+    """
+    target, args = node.target, node.args
+    src = layout_of(args[0])
+    d = args[1] % len(src)
+    index = layout_of(args[2])
+    if index is not None and len(index) == len(src):
+        for k in range(len(src)):
+            if k != d and (_padded(index[k]) or _padded(src[k])) and _norm(index[k]) != _norm(src[k]):
+                raise NotBucketable(f"{node.name}: {target} index and source padded differently in dim {k}")
+    values = layout_of(args[3]) if len(args) > 3 else None
+    if values is not None and index is not None and len(values) == len(index):
+        for k in range(len(index)):  # index.size(k) <= src.size(k): real entries read real values
+            if (_padded(index[k]) or _padded(values[k])) and _norm(index[k]) != _norm(values[k]):
+                raise NotBucketable(f"{node.name}: {target} index and values padded differently in dim {k}")
+    accumulate = target is aten.scatter_add.default or (target is aten.scatter_reduce.two and args[4] == "sum")
+    if _padded(src[d]):
+        fact = facts.get(args[2])
+        if not (_matches(fact, src[d]) or (len(src[d]) == 1 and within(fact, src[d][0]))):
+            raise NotBucketable(f"{node.name}: {target} along padded dim {d}: its index is not provably within "
+                                "the real region")
+        if target is not aten.gather.default and not accumulate and index is not None and _padded(index[d]) \
+                and not fact.padded_at_padded:
+            raise NotBucketable(f"{node.name}: {target} along padded dim {d} from padded index entries")
+    if accumulate:
+        rewrite.masks.append((3, [(k, a) for k, a in enumerate(values) if _padded(a)], 0))
+    return index if target is aten.gather.default else src
 
 
 def slice_layout(node: torch.fx.Node, src, rewrite):

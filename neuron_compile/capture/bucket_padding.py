@@ -247,6 +247,12 @@ class BucketInterpreter(RetraceInterpreter):
             indices[d] = apply_mask(indices[d], dims, ("value", n), self.buckets_env, self.true_env)
             extended = torch.cat([target_in, target_in.narrow(d, 0, 1)], d)
             return target(extended, indices, *args[2:], **kwargs).narrow(d, 0, n)
+        if rewrite.sort_last is not None and target is aten.topk.default:
+            # topk: the first k of the sort with the padded elements last (bucket_indexing.topk_layout)
+            largest = args[3] if len(args) > 3 else kwargs.get("largest", True)
+            d = rewrite.sort_last[0]
+            values, order = _sort_padding_last(args[0], *rewrite.sort_last, largest, self.buckets_env, self.true_env)
+            return values.narrow(d, 0, args[1]), order.narrow(d, 0, args[1])
         if rewrite.sort_last is not None:
             descending = kwargs.get("descending", args[2] if len(args) > 2 else False)
             return _sort_padding_last(args[0], *rewrite.sort_last, descending, self.buckets_env, self.true_env)

@@ -33,7 +33,10 @@ never assumed):
   gathers real rows and ``out[p] = v`` writes them back. ``p // k`` by a
   static last atom ``m`` (``k`` dividing it) is ``Positions(atoms[:-1] + (m // k,))``;
   ``p < 0`` is false. With no symbolic atom after the first the positions are
-  eager's (``exact``) and the fact is an interval too;
+  eager's (``exact``) and the fact is an interval too. A topk's indices along a
+  padded dim (the first ``k`` of such a sort) are real positions at real
+  entries and padded positions at padded ones (``padded_at_padded``), not a
+  permutation unless ``k`` is the whole dim;
 * ``Uniform``: every element the same value (zeros, ``full``, their expands and
   copies): a tensor with no layout of its own, which an ``index_put`` by
   positions may lay out as the positions say;
@@ -74,7 +77,8 @@ class Const:
 @dataclass(frozen=True)
 class Positions:
     atoms: tuple
-    bijective: bool = False
+    bijective: bool = False  # a permutation: every real element once, padded entries at padded elements
+    padded_at_padded: bool = False  # padded entries at padded elements (a topk's first k of a sort)
 
     @property
     def exact(self) -> bool:
@@ -218,6 +222,8 @@ def value_fact(node: torch.fx.Node, facts: dict):
             and val.dtype.itemsize >= src.dtype.itemsize
         if widening:
             return get(args[0])  # a widening integer copy keeps every value
+        if isinstance(get(args[0]), Positions) and val.dtype.itemsize >= 4:
+            return get(args[0])  # positions in a dim (< 2**31 elements) fit in int32 (a topk's .to(int32))
         return Tainted() if inexact(get(args[0])) else None
     if target in (aten.add.Tensor, aten.sub.Tensor) and not val.dtype.is_floating_point:
         alpha = node.kwargs.get("alpha", 1)

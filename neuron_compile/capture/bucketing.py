@@ -50,7 +50,8 @@ import torch.fx
 from .bucket_layouts import (NotBucketable, _broadcast, _dim_expr, _expr, _norm, _padded, _padded_layout, _regroup,
                              _static, assume_equal_sizes, layout_of_shape)
 from .bucket_conv_cat import cat_layout, constant_pad_layout, convolution_backward_layout, convolution_layout
-from .bucket_indexing import index_layout, index_put_layout, select_layout, slice_layout, sort_layout
+from .bucket_indexing import (index_layout, index_put_layout, row_local_layout, select_layout, slice_layout, sort_layout,
+                              topk_layout)
 from .bucket_values import Positions, Uniform, check_reads, inexact, value_fact
 
 aten = torch.ops.aten
@@ -414,20 +415,7 @@ def _analyze_node(node, layouts, result, facts):
         d = args[1] % len(src)
         layouts[node] = tuple(src[:d]) + (idx[0],) + tuple(src[d + 1:])
     elif target in _ROW_LOCAL_INDEXING:
-        src = tensor_args[0][2]
-        d = args[1] % len(src)
-        if _padded(src[d]):
-            raise NotBucketable(f"{node.name}: {target} along padded dim {d}")
-        index = _tensor_layout(layouts, args[2])
-        if index is not None and len(index) == len(src):
-            # gather/scatter need index.size(k) <= self.size(k) for k != d: pad both alike or neither
-            for k in range(len(src)):
-                if k != d and (_padded(index[k]) or _padded(src[k])) and _norm(index[k]) != _norm(src[k]):
-                    raise NotBucketable(f"{node.name}: {target} index and source padded differently in dim {k}")
-        if target in (aten.scatter_add.default,) or (target is aten.scatter_reduce.two and args[4] == "sum"):
-            src_lay = _tensor_layout(layouts, args[3])
-            rewrite.masks.append((3, [(k, a) for k, a in enumerate(src_lay) if _padded(a)], 0))
-        layouts[node] = _tensor_layout(layouts, args[2]) if target is aten.gather.default else src
+        layouts[node] = row_local_layout(node, lambda a: _tensor_layout(layouts, a), facts, rewrite)
     elif target is aten.index.Tensor:
         index_layouts = [_tensor_layout(layouts, i) for i in args[1] if i is not None]
         layouts[node] = index_layout(node, tensor_args[0][2], index_layouts, facts)
@@ -436,6 +424,8 @@ def _analyze_node(node, layouts, result, facts):
     elif target in (aten.sort.default, aten.sort.stable) and any(
             _padded(tensor_args[0][2][d]) for d in _op_dims(node, tensor_args[0][2])):
         layouts[node], facts[node] = sort_layout(node, tensor_args[0][2], rewrite)
+    elif target is aten.topk.default and any(_padded(tensor_args[0][2][d]) for d in _op_dims(node, tensor_args[0][2])):
+        layouts[node], facts[node] = topk_layout(node, tensor_args[0][2], rewrite, result.checks)
     elif target in (aten.nll_loss_forward.default, aten.nll_loss_backward.default):
         t_index = 1 if target is aten.nll_loss_forward.default else 2
         ignore = args[t_index + 3] if len(args) > t_index + 3 else -100
