@@ -440,6 +440,30 @@ def test_polar_is_pointwise():
     assert_bucketed()
 
 
+def test_complex_rotary_embedding_trains_bucketed():
+    # deepseek-v2's training step: x as complex pairs times polar(1, angle); the backward multiplies
+    # by the conjugate (aten._conj, pointwise)
+    def rotary(x, angle):
+        pairs = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2))
+        turned = pairs * torch.polar(torch.ones_like(angle), angle)[None]
+        return torch.view_as_real(turned).flatten(-2)
+
+    compiled = torch.compile(rotary, backend="neuron", dynamic=True)
+    for t in LENGTHS:
+        x, angle = torch.randn(2, t, 8), torch.randn(t, 4)
+        mine, ref = [x.clone().requires_grad_(), angle.clone().requires_grad_()], [x.requires_grad_(), angle.requires_grad_()]
+        for a, static in zip(mine, ((0, 2), (1,))):
+            for d in static:
+                torch._dynamo.mark_static(a, d)
+        got, want = compiled(*mine), rotary(*ref)
+        (got * torch.linspace(-1, 1, 8)).sum().backward()
+        (want * torch.linspace(-1, 1, 8)).sum().backward()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        for m, r in zip(mine, ref):
+            torch.testing.assert_close(m.grad, r.grad, rtol=1e-5, atol=1e-5)
+    assert_bucketed()
+
+
 def test_a_bucketed_result_is_contiguous_as_eagers_is():
     # sliced from the bucket's buffer, a result kept the bucket's strides: user code viewing it
     # (dbrx's experts, x.view(-1, h) after a graph break) failed where eager's result views fine
@@ -521,3 +545,25 @@ def test_scatter_along_a_padded_dim_by_data_indices_keeps_exact_shapes(caplog):
     assert COUNTERS["bucketing_fallbacks"] == 1
     reasons = exact_shape_reasons(caplog)
     assert reasons and "scatter" in reasons[0] and "not provably within the real region" in reasons[0], reasons
+    assert "test_bucketing_rules.py" in reasons[0] and "x.scatter(1, idx, 0.0)" in reasons[0], reasons  # the user's line
+
+
+def test_zeros_take_their_neighbours_layout_in_a_cat_and_a_scatter():
+    # inkling's router over the flattened tokens: a gather of the top-2 routed scores, cat with the
+    # shared expert's. Its backward builds zeros of the merged token dim for the gather's scatter_add
+    # and for the cat's unselected piece; zeros have no padding of their own, so they take the other
+    # operands' layout (2, s) where their fresh one would be (2*s,)
+    def shared_expert_router(x, w):
+        tokens = x.reshape(-1, x.shape[-1])
+        logits = tokens @ w
+        routed, shared = logits[:, :3], logits[:, 3:]
+        weights = torch.cat([routed.gather(-1, routed.topk(2, dim=-1).indices), shared], -1).sigmoid()
+        return weights[:, :2].reshape(x.shape[0], -1, 2)
+
+    def make_args(t):
+        x = torch.randn(2, t, 8)
+        torch._dynamo.mark_static(x, 2)
+        return x, torch.randn(8, 4)
+
+    run_training_lengths(shared_expert_router, make_args, weights=(1,))
+    assert_bucketed()

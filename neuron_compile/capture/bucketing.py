@@ -62,6 +62,7 @@ _POINTWISE_EXTRA = {
     aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default, aten._to_copy.default,
     aten.where.self, aten.masked_fill.Scalar, aten.masked_fill.Tensor, aten.tril.default, aten.triu.default,
     aten.copy.default, aten.detach.default, aten.clamp.default, aten.clamp.Tensor, aten.polar.default,
+    aten._conj.default,
 }
 _CREATION = {
     aten.arange.default, aten.arange.start, aten.arange.start_step, aten.full.default, aten.zeros.default,
@@ -219,8 +220,11 @@ def _analyze(gm, boundary_layouts) -> BucketAnalysis:
             if isinstance(facts.get(node.args[0]), list) and facts[node.args[0]][node.args[1]] is not None:
                 facts[node] = facts[node.args[0]][node.args[1]]
             continue
-        check_reads(node, facts)
-        _analyze_node(node, layouts, result, facts)
+        try:
+            check_reads(node, facts)
+            _analyze_node(node, layouts, result, facts)
+        except NotBucketable as exc:
+            raise NotBucketable(_at_node(node, str(exc))) from None
         fact = facts.get(node) or value_fact(node, facts)
         if fact is not None:
             facts[node] = fact
@@ -250,6 +254,16 @@ def _analyze(gm, boundary_layouts) -> BucketAnalysis:
     return result
 
 
+def _at_node(node, reason: str) -> str:
+    """``reason`` naming the node it is about and the user's line that made it."""
+    from ..lowering.diagnostics import user_source_line
+
+    if not reason.startswith(f"{node.name}:"):
+        reason = f"{node.name} ({node.target}): {reason}"
+    line = user_source_line(node)
+    return f"{reason} [{line}]" if line else reason
+
+
 def _tensor_layout(layouts, arg):
     if isinstance(arg, torch.fx.Node):
         lay = layouts.get(arg)
@@ -265,6 +279,7 @@ def _analyze_node(node, layouts, result, facts):
     args = list(node.args)
     tensor_args = [(i, a, _tensor_layout(layouts, a)) for i, a in enumerate(args) if _tensor_layout(layouts, a) is not None]
     tensor_args = _adopt_uniform(tensor_args, facts)
+    adopted = {a: lay for _, a, lay in tensor_args}
     list_args = [(i, a) for i, a in enumerate(args) if isinstance(a, (list, tuple))
                  and any(_tensor_layout(layouts, x) is not None for x in a)]
     any_padded = any(_padded_layout(lay) for _, _, lay in tensor_args) or any(
@@ -346,7 +361,11 @@ def _analyze_node(node, layouts, result, facts):
     elif target is aten.select.int:
         layouts[node] = select_layout(node, tensor_args[0][2], rewrite)
     elif target is aten.cat.default:
-        layouts[node] = cat_layout(node, lambda a: _tensor_layout(layouts, a), rewrite)
+        # a piece of zeros takes its neighbours' layout (inkling's router backward: cat([grad, zeros]))
+        pieces = _adopt_uniform([(k, x, _tensor_layout(layouts, x)) for k, x in enumerate(args[0])
+                                 if _tensor_layout(layouts, x) is not None], facts)
+        adopted = {x: lay for _, x, lay in pieces}
+        layouts[node] = cat_layout(node, lambda a: adopted.get(a, _tensor_layout(layouts, a)), rewrite)
     elif target is aten.convolution.default:
         layouts[node] = convolution_layout(node, lambda a: _tensor_layout(layouts, a), rewrite)
     elif target is aten.convolution_backward.default:
@@ -415,7 +434,7 @@ def _analyze_node(node, layouts, result, facts):
         d = args[1] % len(src)
         layouts[node] = tuple(src[:d]) + (idx[0],) + tuple(src[d + 1:])
     elif target in _ROW_LOCAL_INDEXING:
-        layouts[node] = row_local_layout(node, lambda a: _tensor_layout(layouts, a), facts, rewrite)
+        layouts[node] = row_local_layout(node, lambda a: adopted.get(a) or _tensor_layout(layouts, a), facts, rewrite)
     elif target is aten.index.Tensor:
         index_layouts = [_tensor_layout(layouts, i) for i in args[1] if i is not None]
         layouts[node] = index_layout(node, tensor_args[0][2], index_layouts, facts)
