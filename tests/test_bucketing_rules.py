@@ -567,3 +567,14 @@ def test_zeros_take_their_neighbours_layout_in_a_cat_and_a_scatter():
 
     run_training_lengths(shared_expert_router, make_args, weights=(1,))
     assert_bucketed()
+
+
+def test_an_assert_on_an_exact_scalar_is_bucketed():
+    # dbrx's graphs assert on a reduction of the padded tokens: the 0-d operand is exact (its
+    # reduction masked) and unpadded, so the assert does not keep the graph at exact shapes
+    def checked(x, limit):
+        torch._assert_async((x.abs().amax() < limit).to(torch.bool), "activation out of range")
+        return x * 2
+
+    run_lengths(checked, lambda t: (torch.randn(2, t), torch.tensor(1e9)))
+    assert_bucketed()

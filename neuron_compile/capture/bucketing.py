@@ -86,6 +86,7 @@ _SOFTMAX = {aten._softmax.default, aten._log_softmax.default}
 _ROW_REDUCTIONS = {aten.var_mean.correction, aten.var.correction, aten.std.correction, aten.var_mean.dim,
                    aten.var.dim, aten.std.dim}
 _POSITIONED = {aten.slice.Tensor, aten.select.int}
+_ASSERTS = {aten._assert_async.msg, aten._assert_async.default}
 _ROW_LOCAL_INDEXING = {aten.gather.default, aten.scatter.value, aten.scatter.src, aten.scatter_add.default,
                        aten.scatter_reduce.two}
 
@@ -213,6 +214,9 @@ def _analyze(gm, boundary_layouts) -> BucketAnalysis:
                 continue
             if node.target is operator.getitem:
                 continue
+            if node.target in _ASSERTS and not _padded_layout(_tensor_layout(layouts, node.args[0]) or ((),)) \
+                    and not inexact(facts.get(node.args[0])):
+                continue  # an assert on an unpadded, exact value (a 0-d reduction): the value eager asserts on
             raise NotBucketable(f"node {node.name} ({node.target}) is not supported under bucketing")
         if node.target is operator.getitem:
             parent = layouts.get(node.args[0])
