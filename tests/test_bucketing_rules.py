@@ -578,3 +578,38 @@ def test_an_assert_on_an_exact_scalar_is_bucketed():
 
     run_lengths(checked, lambda t: (torch.randn(2, t), torch.tensor(1e9)))
     assert_bucketed()
+
+
+# ----------------------------------------------------------------------------- sizes Dynamo made symbolic
+
+
+def test_a_batch_made_symbolic_by_a_graph_break_is_specialized(caplog):
+    # after a graph break every size of the resumed frame's inputs is symbolic: the hidden states'
+    # batch too ([s_b, s_t, 8]), against labels whose static batch the user marked ([2, s_l]). The
+    # loss's gather needs the two alike: the batch is specialized at the value Dynamo traced it at
+    # and the two lengths assumed equal, both checked at each call (ctrl, dbrx, longcat_flash)
+    def head(x, labels, w):
+        hidden = torch.tanh(x @ w)
+        torch._dynamo.graph_break()
+        logits = hidden @ w.t()
+        return torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1))
+
+    def make_args(t):
+        x, labels = torch.randn(2, t, 8), torch.randint(0, 8, (2, t))
+        torch._dynamo.mark_static(x, 0)
+        torch._dynamo.mark_static(x, 2)
+        torch._dynamo.mark_static(labels, 0)
+        w = torch.randn(8, 8)  # a parameter's sizes are static
+        torch._dynamo.mark_static(w)
+        return x, labels, w
+
+    caplog.set_level(logging.DEBUG, logger="neuron_compile")
+    with torch.no_grad():
+        run_lengths(head, make_args)
+    assert not exact_shape_reasons(caplog)
+    assert_bucketed()
+    # another batch breaks the specialization: exact shapes, still eager's numbers
+    compiled = torch.compile(head, backend="neuron", dynamic=True)
+    x, labels, w = torch.randn(3, 50, 8), torch.randint(0, 8, (3, 50)), torch.randn(8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x, labels, w), head(x, labels, w))

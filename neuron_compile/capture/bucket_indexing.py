@@ -13,7 +13,7 @@ import sympy
 import torch
 import torch.fx
 
-from .bucket_layouts import (NotBucketable, _broadcast, _dim_expr, _expr, _norm, _padded, _padded_layout,
+from .bucket_layouts import (NotBucketable, _broadcast, agree, _dim_expr, _expr, _norm, _padded, _padded_layout,
                              layout_of_shape, prefix_atoms)
 from .bucket_values import Positions, Uniform, _sym, inexact, within
 
@@ -141,7 +141,7 @@ def _values_align(node, target_lay, values, layout_of):
     expect = list(target_lay[:used[0]]) + list(index_lay) + list(target_lay[used[-1] + 1:])
     for k in range(1, len(expect) + 1):
         have = values[-k] if k <= len(values) else ()
-        if (_padded(have) or _padded(expect[-k])) and _norm(have) != _norm(expect[-k]):
+        if (_padded(have) or _padded(expect[-k])) and not agree(have, expect[-k]):
             raise NotBucketable(f"{node.name}: index_put values padded unlike what they write")
 
 
@@ -221,12 +221,12 @@ def row_local_layout(node: torch.fx.Node, layout_of, facts: dict, rewrite):
     index = layout_of(args[2])
     if index is not None and len(index) == len(src):
         for k in range(len(src)):
-            if k != d and (_padded(index[k]) or _padded(src[k])) and _norm(index[k]) != _norm(src[k]):
+            if k != d and (_padded(index[k]) or _padded(src[k])) and not agree(index[k], src[k]):
                 raise NotBucketable(f"{node.name}: {target} index and source padded differently in dim {k}")
     values = layout_of(args[3]) if len(args) > 3 else None
     if values is not None and index is not None and len(values) == len(index):
         for k in range(len(index)):  # index.size(k) <= src.size(k): real entries read real values
-            if (_padded(index[k]) or _padded(values[k])) and _norm(index[k]) != _norm(values[k]):
+            if (_padded(index[k]) or _padded(values[k])) and not agree(index[k], values[k]):
                 raise NotBucketable(f"{node.name}: {target} index and values padded differently in dim {k}")
     accumulate = target is aten.scatter_add.default or (target is aten.scatter_reduce.two and args[4] == "sum")
     if _padded(src[d]):

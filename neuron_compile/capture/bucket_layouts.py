@@ -36,9 +36,31 @@ def assume_equal_sizes() -> list:
     return pairs
 
 
+_SPECIALIZED: contextvars.ContextVar = contextvars.ContextVar("bucket_specialized", default=None)
+
+
+class Specialize(NotBucketable):
+    """The analysis needs ``symbol`` at ``value``, the value Dynamo traced it at (``_respecialize``)."""
+
+    def __init__(self, symbol, value: int):
+        super().__init__(f"{symbol} is needed at {value}")
+        self.symbol, self.value = symbol, value
+
+
+def specialize_sizes(spec: dict, hints: dict) -> None:
+    """For this analysis, the size symbols in ``spec`` are their values there (a symbol -> int map,
+    checked at each call), and ``hints`` (symbol -> the value Dynamo traced it at) lets
+    ``_respecialize`` add more."""
+    _SPECIALIZED.set((spec, hints))
+
+
 def _expr(size) -> sympy.Expr:
     if isinstance(size, torch.SymInt):
-        return size.node.expr
+        expr = size.node.expr
+        state = _SPECIALIZED.get()
+        if state is not None and state[0] and expr.free_symbols & state[0].keys():
+            expr = sympy.expand(expr.xreplace({k: sympy.Integer(v) for k, v in state[0].items()}))
+        return expr
     return sympy.Integer(int(size))
 
 
@@ -86,18 +108,63 @@ def _broadcast(layouts: list, out_shape) -> Layout:
                 continue
             if chosen is None:
                 chosen = atoms
-            elif _padded(atoms) or _padded(chosen):
-                if _norm(atoms) != _norm(chosen) and not _assume_equal(_norm(atoms), _norm(chosen)):
-                    raise NotBucketable(f"operands disagree on the padding of dim {d}: {atoms} vs {chosen}")
+            elif (_padded(atoms) or _padded(chosen)) and not agree(atoms, chosen):
+                raise NotBucketable(f"operands disagree on the padding of dim {d}: {atoms} vs {chosen}")
         if chosen is None:
             chosen = layout_of_shape([out_shape[d]])[0]
         out.append(tuple(chosen))
     return tuple(out)
 
 
+def agree(a: Atoms, b: Atoms) -> bool:
+    """Two operands lay a dim out alike: the same atoms, or atoms assumed equal (checked at each
+    call). Where they differ only because Dynamo gave a size a symbol of its own (a batch after a
+    graph break, met against a static batch), ``_respecialize`` raises ``Specialize``."""
+    a, b = _norm(a), _norm(b)
+    if a == b:
+        return True
+    if len(a) == len(b) and all(x == y or _assume_equal((x,), (y,)) for x, y in zip(a, b)):
+        return True
+    _respecialize(a, b)
+    return False
+
+
+def _respecialize(a: Atoms, b: Atoms) -> None:
+    """Atoms that must be equal and are not, where one is static ``c`` and the other a size of one
+    symbol ``s`` that is ``c`` at the value Dynamo traced ``s`` at: ``Specialize(s, value)``. After a
+    graph break Dynamo makes every size of the resumed frame's inputs symbolic, the batch too
+    (ctrl's hidden states ``[s94, s14, 64]`` against labels ``[2, s38]``), and a padded batch can
+    never meet a static one. ``analyze`` runs again with ``s`` at that value, checked at each call
+    (another batch keeps exact shapes), as Dynamo's own specialization of a size would."""
+    state = _SPECIALIZED.get()
+    if state is None or len(a) != len(b):
+        return
+    spec, hints = state
+    for x, y in zip(a, b):
+        for e, c in ((x, y), (y, x)):
+            if x != y and _static(c) and len(e.free_symbols) == 1:
+                s = next(iter(e.free_symbols))
+                if s not in spec and s in hints and e.xreplace({s: sympy.Integer(hints[s])}) == c:
+                    raise Specialize(s, int(hints[s]))
+
+
+def _same_hint(a, b) -> bool:
+    """Sizes of different symbols, equal at the values Dynamo traced them at (the lengths of one
+    sequence, where each tensor of a resumed frame got a symbol of its own)."""
+    state = _SPECIALIZED.get()
+    hints = state[1] if state is not None else {}
+    symbols = a.free_symbols | b.free_symbols
+    if not symbols or not symbols <= hints.keys():
+        return False
+    env = {x: sympy.Integer(hints[x]) for x in symbols}
+    return a.xreplace(env) == b.xreplace(env)
+
+
 def _assume_equal(a: Atoms, b: Atoms) -> bool:
     pairs = _ASSUMED.get()
-    if pairs is None or len(a) != 1 or len(b) != 1 or a[0].free_symbols != b[0].free_symbols:
+    if pairs is None or len(a) != 1 or len(b) != 1:
+        return False
+    if a[0].free_symbols != b[0].free_symbols and not _same_hint(a[0], b[0]):
         return False
     d = sympy.simplify(a[0] - b[0])
     if d.is_number or d.is_zero is False:

@@ -48,7 +48,8 @@ import torch
 import torch.fx
 
 from .bucket_layouts import (NotBucketable, _broadcast, _dim_expr, _expr, _norm, _padded, _padded_layout, _regroup,
-                             _static, assume_equal_sizes, layout_of_shape)
+                             Specialize, _static, agree, assume_equal_sizes, layout_of_shape,
+                             specialize_sizes)
 from .bucket_conv_cat import cat_layout, constant_pad_layout, convolution_backward_layout, convolution_layout
 from .bucket_indexing import (index_layout, index_put_layout, row_local_layout, select_layout, slice_layout, sort_layout,
                               topk_layout)
@@ -150,16 +151,41 @@ def analyze(gm: torch.fx.GraphModule, boundary_layouts: dict | None = None) -> B
     """Decide whether ``gm`` can run padded to buckets, and how; never raises: a case the analysis
     does not know (NotBucketable) or trips over (any other exception) keeps exact shapes."""
     try:
-        return _analyze(gm, boundary_layouts or {})
+        hints = _hints(gm)
+        # sizes Dynamo traced at 0 or 1 are constants, as it makes such sizes itself (an int argument
+        # made symbolic, transformers' logits_to_keep=0); more where the analysis needs them
+        spec = {s: v for s, v in hints.items() if v in (0, 1)}
+        for _ in range(8):
+            try:
+                return _analyze(gm, boundary_layouts or {}, spec, hints)
+            except Specialize as more:
+                spec[more.symbol] = more.value
+        raise NotBucketable(f"sizes needed at their traced values past {sorted(spec, key=str)}")
     except NotBucketable as exc:
         return BucketAnalysis(ok=False, reason=str(exc))
     except Exception as exc:  # noqa: BLE001 - an analysis bug must cost bucketing, never the call
         return BucketAnalysis(ok=False, reason=f"the padding analysis failed ({type(exc).__name__}: {exc})")
 
 
-def _analyze(gm, boundary_layouts) -> BucketAnalysis:
+def _hints(gm) -> dict:
+    """Each size symbol of ``gm``'s inputs -> the value Dynamo traced it at."""
+    hints = {}
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        val = node.meta.get("val")
+        sizes = list(val.shape) if isinstance(val, torch.Tensor) else [val]
+        for size in sizes:
+            if isinstance(size, torch.SymInt):
+                var_to_val = size.node.shape_env.var_to_val
+                hints.update({x: int(var_to_val[x]) for x in size.node.expr.free_symbols if x in var_to_val})
+    return hints
+
+
+def _analyze(gm, boundary_layouts, spec, hints) -> BucketAnalysis:
     result = BucketAnalysis(ok=True)
     assumed = assume_equal_sizes()
+    specialize_sizes(spec, hints)
     layouts: dict = {}  # node -> Layout (tensor) or list of Layouts (tuple outputs)
     facts: dict = {}  # node -> what its real values are known to be (bucket_values)
     size_symbols: set = set()
@@ -194,6 +220,12 @@ def _analyze(gm, boundary_layouts) -> BucketAnalysis:
             result.sym_inputs[pos] = val.node.expr
             if val.node.expr.is_Symbol:
                 bindings.setdefault(val.node.expr, (pos, None))
+    for pos, node in enumerate(placeholders):  # where a specialized size comes from: checked at each call
+        val = node.meta.get("val")
+        for d, size in enumerate(val.shape if isinstance(val, torch.Tensor) else ()):
+            if isinstance(size, torch.SymInt) and size.node.expr in spec:
+                bindings.setdefault(size.node.expr, (pos, d))
+    result.checks += [(x, sympy.Integer(v)) for x, v in spec.items() if x in bindings]
     symbols = sorted(size_symbols, key=str)
     missing = [s for s in symbols if s not in bindings]
     if missing:
@@ -227,6 +259,8 @@ def _analyze(gm, boundary_layouts) -> BucketAnalysis:
         try:
             check_reads(node, facts)
             _analyze_node(node, layouts, result, facts)
+        except Specialize:
+            raise
         except NotBucketable as exc:
             raise NotBucketable(_at_node(node, str(exc))) from None
         fact = facts.get(node) or value_fact(node, facts)
@@ -413,7 +447,7 @@ def _analyze_node(node, layouts, result, facts):
         layouts[node] = _broadcast([tensor_args[0][2], tensor_args[1][2]], val.shape)
     elif target in (aten.mm.default, aten.bmm.default):
         a, b = tensor_args[0][2], tensor_args[1][2]
-        if _norm(a[-1]) != _norm(b[-2]) and (_padded(a[-1]) or _padded(b[-2])):
+        if (_padded(a[-1]) or _padded(b[-2])) and not agree(a[-1], b[-2]):
             raise NotBucketable(f"{node.name}: contraction operands padded differently")
         if _padded(a[-1]):
             rewrite.masks.append((0, [(len(a) - 1, a[-1])], 0))
