@@ -7,6 +7,11 @@ content is the prefix of each atom. ``_broadcast`` is the layout of a
 pointwise result, ``_regroup`` of a view (static atoms may split; a view that
 splits a padded size is not bucketable). Pure functions of shapes and layouts:
 no graph, no tensors.
+
+A symbolic atom whose value is the same at the true and at the bucket sizes
+(``round_up(t, 256)`` under buckets of 128: Mamba2's tokens padded to whole
+chunks) is *invariant*: its whole extent is real, so it is not padded
+(``_padded``), which each call checks (``assume_invariant_sizes``).
 """
 
 from __future__ import annotations
@@ -25,6 +30,11 @@ class NotBucketable(Exception):
 
 
 _ASSUMED: contextvars.ContextVar = contextvars.ContextVar("bucket_assumed", default=None)
+_INVARIANT: contextvars.ContextVar = contextvars.ContextVar("bucket_invariant", default=None)
+# true sizes an atom is tried at before it is taken for invariant (each call checks the one it has)
+_SAMPLES = (1, 2, 3, 5, 8, 16, 17, 31, 37, 63, 64, 65, 100, 127, 128, 129, 200, 250, 255, 256, 257, 300, 383, 384,
+            385, 511, 512, 513, 640, 767, 768, 769, 1000, 1023, 1024, 1025, 1500, 2047, 2048, 2049, 3000, 4095,
+            4096, 4097, 8191, 8192, 8193)
 
 
 def assume_equal_sizes() -> list:
@@ -34,6 +44,54 @@ def assume_equal_sizes() -> list:
     pairs: list = []
     _ASSUMED.set(pairs)
     return pairs
+
+
+def assume_invariant_sizes(buckets) -> list:
+    """Start collecting, for this analysis under ``buckets``, the symbolic atoms taken for
+    *invariant*: equal at the true sizes and at their buckets, so that a dim of that size holds
+    no padding at the bucket. Algebra: an atom ``a`` of a layout promises eager's values on the
+    positions below ``a(true)`` (with the other atoms real); at the bucket the dim has ``a(bucket)``
+    positions, so where ``a(bucket) == a(true)`` every position is real and the dim is exact as a
+    static one is: every rule that holds for an unpadded dim holds for it. Mamba2's chunked scan
+    is the case: the tokens padded to a multiple of the chunk, ``P(t) = t + (c - t % c) % c``,
+    have ``P(t) == P(round_up(t, m))`` when the bucket multiple ``m`` divides ``c`` (both round to
+    the same multiple of ``c``), and ``constant_pad_nd`` writes its value from the true end, so
+    the padded tokens are eager's; so are the chunk count ``P // c`` and every size computed
+    from ``P`` alone. An atom is taken for invariant when it is at every one of many sampled
+    true sizes (``_SAMPLES``); the list returned goes to ``BucketAnalysis.checks``, which each
+    call checks at its own sizes (a failure keeps the graph at exact shapes). ``buckets`` None:
+    no atom is invariant."""
+    found: list = []
+    _INVARIANT.set((buckets, found, {}) if buckets else None)
+    return found
+
+
+def _invariant(atom) -> bool:
+    """``atom`` is the same at the true sizes and at their buckets (``assume_invariant_sizes``)."""
+    state = _INVARIANT.get()
+    if state is None or _static(atom):
+        return False
+    buckets, found, cache = state
+    if atom not in cache:
+        cache[atom] = _same_at_bucket(atom, buckets)
+    if cache[atom] and atom not in found:
+        found.append(atom)
+    return cache[atom]
+
+
+def _same_at_bucket(atom, buckets) -> bool:
+    from .bucket_padding import round_up, sym_to_value  # bucket_padding imports this module
+
+    symbols = sorted(atom.free_symbols, key=str)
+    if len(symbols) != 1:
+        return False
+    try:
+        for n in _SAMPLES:
+            if int(sym_to_value(atom, {symbols[0]: n})) != int(sym_to_value(atom, {symbols[0]: round_up(n, buckets)})):
+                return False
+    except Exception:  # noqa: BLE001 - an expression it cannot evaluate is not invariant
+        return False
+    return True
 
 
 def _expr(size) -> sympy.Expr:
@@ -64,7 +122,8 @@ def _norm(atoms) -> Atoms:
 
 
 def _padded(atoms: Atoms) -> bool:
-    return any(not _static(a) for a in atoms)
+    """Some atom is symbolic and not invariant (``assume_invariant_sizes``): the dim has padding."""
+    return any(not _static(a) and not _invariant(a) for a in atoms)
 
 
 def layout_of_shape(shape) -> Layout:
@@ -111,7 +170,17 @@ def _assume_equal(a: Atoms, b: Atoms) -> bool:
 
 
 def _regroup(layout: Layout, out_shape) -> Layout:
-    """Layout after a view: consecutive atoms grouped to the new dims; static atoms may split."""
+    """Layout after a view: consecutive atoms grouped to the new dims; static atoms may split.
+
+    A tensor with no padded dim (static and invariant atoms only: Mamba2's chunks, after the
+    tokens were padded to whole chunks) holds eager's values everywhere, so any view of it
+    does, at sizes the bucket shares with the true ones: a fresh layout, as long as no new dim
+    is padded. Its atoms need not line up with the view (a chunk count the graph knows to be 1
+    and views away, which sympy cannot see)."""
+    if not _padded_layout(layout):
+        fresh = layout_of_shape(out_shape)
+        if not _padded_layout(fresh):
+            return fresh
     atoms = [a for dim in layout for a in dim if a != 1]
     out = []
     i = 0

@@ -48,7 +48,7 @@ import torch
 import torch.fx
 
 from .bucket_layouts import (NotBucketable, _broadcast, _dim_expr, _expr, _norm, _padded, _padded_layout, _regroup,
-                             _static, assume_equal_sizes, layout_of_shape)
+                             _static, assume_equal_sizes, assume_invariant_sizes, layout_of_shape)
 from .bucket_conv_cat import cat_layout, constant_pad_layout, convolution_backward_layout, convolution_layout
 from .bucket_indexing import index_layout, index_put_layout, select_layout, slice_layout, sort_layout
 from .bucket_values import Positions, Uniform, check_reads, inexact, value_fact
@@ -103,6 +103,9 @@ class Rewrite:
     cat_pieces: tuple | None = None  # cat with a padded piece before another: (dim, per piece its atoms or None)
 
 
+SAME_AT_BUCKET = "same at the bucket"  # a check's right side: its left is invariant (bucket_layouts)
+
+
 @dataclass(frozen=True)
 class SymOutput:
     """A graph output that is a size (a host int): computed from the true sizes after the call."""
@@ -129,7 +132,8 @@ class BucketAnalysis:
     rewrites: dict = field(default_factory=dict)  # node name -> Rewrite
     # what the analysis could not prove for every size but holds for the sizes real calls have,
     # checked at each call (``holds``): (lhs, rhs): lhs == rhs at the true and at the bucket sizes;
-    # (expr, None): expr at the bucket is at least expr at the true sizes
+    # (expr, None): expr at the bucket is at least expr at the true sizes;
+    # (expr, SAME_AT_BUCKET): expr is the same at the bucket as at the true sizes (an invariant atom)
     checks: list = field(default_factory=list)
     output_names: list = field(default_factory=list)
 
@@ -143,20 +147,23 @@ def _is_sym_node(value) -> bool:
     return isinstance(value, torch.fx.Node) and isinstance(value.meta.get("val"), (torch.SymInt, torch.SymFloat))
 
 
-def analyze(gm: torch.fx.GraphModule, boundary_layouts: dict | None = None) -> BucketAnalysis:
-    """Decide whether ``gm`` can run padded to buckets, and how; never raises: a case the analysis
-    does not know (NotBucketable) or trips over (any other exception) keeps exact shapes."""
+def analyze(gm: torch.fx.GraphModule, boundary_layouts: dict | None = None, buckets=None) -> BucketAnalysis:
+    """Decide whether ``gm`` can run padded to ``buckets`` (the option: a multiple or a list), and
+    how; never raises: a case the analysis does not know (NotBucketable) or trips over (any other
+    exception) keeps exact shapes. Without ``buckets`` no size is taken for invariant
+    (``bucket_layouts.assume_invariant_sizes``)."""
     try:
-        return _analyze(gm, boundary_layouts or {})
+        return _analyze(gm, boundary_layouts or {}, buckets)
     except NotBucketable as exc:
         return BucketAnalysis(ok=False, reason=str(exc))
     except Exception as exc:  # noqa: BLE001 - an analysis bug must cost bucketing, never the call
         return BucketAnalysis(ok=False, reason=f"the padding analysis failed ({type(exc).__name__}: {exc})")
 
 
-def _analyze(gm, boundary_layouts) -> BucketAnalysis:
+def _analyze(gm, boundary_layouts, buckets=None) -> BucketAnalysis:
     result = BucketAnalysis(ok=True)
     assumed = assume_equal_sizes()
+    invariant = assume_invariant_sizes(buckets)
     layouts: dict = {}  # node -> Layout (tensor) or list of Layouts (tuple outputs)
     facts: dict = {}  # node -> what its real values are known to be (bucket_values)
     size_symbols: set = set()
@@ -171,7 +178,7 @@ def _analyze(gm, boundary_layouts) -> BucketAnalysis:
             else:
                 lay = layout_of_shape(val.shape)
                 for d, atoms in enumerate(lay):
-                    if len(atoms) == 1 and not _static(atoms[0]) and not atoms[0].is_Symbol:
+                    if len(atoms) == 1 and _padded(atoms) and not atoms[0].is_Symbol:
                         if len(atoms[0].free_symbols) > 1 or atoms[0].is_Mul:
                             raise NotBucketable(
                                 f"input {node.name} dim {d} has size {atoms[0]}: a merged padded size at a graph "
@@ -225,6 +232,7 @@ def _analyze(gm, boundary_layouts) -> BucketAnalysis:
             facts[node] = fact
 
     result.checks += [(a, b) for a, b in assumed]
+    result.checks += [(a, SAME_AT_BUCKET) for a in invariant]
     output = next(n for n in gm.graph.nodes if n.op == "output")
     outs = output.args[0] if isinstance(output.args[0], (tuple, list)) else (output.args[0],)
     for k, value in enumerate(outs):
