@@ -515,3 +515,43 @@ def test_tokens_padded_to_whole_chunks_the_bucket_shares_are_not_padded():
     neuron_compile.reset()
     run_training_lengths(chunked_scan, scan_args, rtol=1e-4, atol=1e-4, static=(0, 2, 3))
     assert_bucketed()
+
+
+def test_sizes_the_guards_make_constant_are_constants():
+    # a Mamba2 block trained: a causal depthwise conv over the tokens, then the chunked scan. At one
+    # chunk Dynamo guards the chunk count to 1 and writes sizes through it (the conv's channels as
+    # 256 * (P // 256) + c, its weight gradient's length 4 as a FloorDiv of P): under the guards
+    # they are constants (or t + k), at every true size and bucket a call has, which it checks
+    def mixer(u, w, a):
+        h = torch.nn.functional.conv1d(u.transpose(1, 2), w, padding=3, groups=u.shape[2])[..., :u.shape[1]]
+        h = torch.nn.functional.silu(h.transpose(1, 2))
+        x, b, c = torch.split(h, [32, 64, 64], -1)
+        batch, t = u.shape[:2]
+        return chunked_scan(x.reshape(batch, t, 4, 8), a, b.reshape(batch, t, 4, 16), c.reshape(batch, t, 4, 16))
+
+    def make_args(t):
+        g = torch.Generator().manual_seed(t)
+        return (torch.randn(2, t, 160, generator=g), 0.3 * torch.randn(160, 1, 4, generator=g),
+                -0.1 * torch.rand(2, t, 4, generator=g))
+
+    run_training_lengths(mixer, make_args, rtol=1e-4, atol=1e-4, weights=(1,), static=(0, 2))
+    assert_bucketed()
+
+
+def test_a_size_taken_for_the_same_at_the_bucket_is_checked_at_each_call():
+    # what the two rules above assume is checked per call: the tokens padded to whole chunks of 256
+    # are as many at a bucket of 128 as at the true length, not at 384 for 200 (a failing check
+    # sends the graph to exact shapes)
+    import sympy
+
+    from neuron_compile.capture.bucket_layouts import NotBucketable
+    from neuron_compile.capture.bucket_padding import check_sizes
+    from neuron_compile.capture.bucketing import SAME_AT_BUCKET
+
+    s = sympy.Symbol("s", integer=True, positive=True)
+    padded = s + sympy.Mod(256 - sympy.Mod(s, 256), 256)
+    check_sizes([(padded, SAME_AT_BUCKET), (padded, sympy.Integer(256))], {s: 37}, {s: 128})
+    with pytest.raises(NotBucketable):
+        check_sizes([(padded, SAME_AT_BUCKET)], {s: 200}, {s: 384})
+    with pytest.raises(NotBucketable):
+        check_sizes([(padded, sympy.Integer(256))], {s: 200}, {s: 384})

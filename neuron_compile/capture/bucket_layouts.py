@@ -11,7 +11,10 @@ no graph, no tensors.
 A symbolic atom whose value is the same at the true and at the bucket sizes
 (``round_up(t, 256)`` under buckets of 128: Mamba2's tokens padded to whole
 chunks) is *invariant*: its whole extent is real, so it is not padded
-(``_padded``), which each call checks (``assume_invariant_sizes``).
+(``_padded``), which each call checks (``assume_invariant_sizes``). A size
+that the graph's guards make a constant or ``t + k`` (bamba's chunk count,
+guarded to 1, and sizes written through it) takes that form (``_canonical``),
+checked at each call too.
 """
 
 from __future__ import annotations
@@ -96,8 +99,100 @@ def _same_at_bucket(atom, buckets) -> bool:
 
 def _expr(size) -> sympy.Expr:
     if isinstance(size, torch.SymInt):
-        return size.node.expr
+        return _canonical(size.node.expr, size.node.shape_env)
     return sympy.Integer(int(size))
+
+
+def _canonical(expr, shape_env):
+    """``expr`` as a constant or as ``a * s + b`` where it is one at every true size the graph's
+    guards admit (``_SAMPLES`` where every guard of ``shape_env`` on ``s`` alone holds) and at
+    their buckets; its subexpressions so, where it is not. Dynamo specializes sizes by guards
+    that sympy does not apply: at one chunk (``Eq(P // 256, 1)``, ``P <= 256``) bamba's graphs
+    write the chunk count as ``P // 256``, the chunk as ``P // (P // 256)``, its 640 channels as
+    ``256 * (P // 256) + 384`` and its ``t + 3`` conv length as ``(P // 256) * (P // (P // 256)) -
+    (256 - t % 256) % 256 + 3``: a view that drops the chunk count, or a weight gradient's conv
+    of output length ``4``, cannot be proven from those forms and is from ``1``, ``640``, ``t + 3``.
+    Exact: the replacement is the expression at the true sizes and at the bucket of every call,
+    which each call checks (``BucketAnalysis.checks``, a pair equal at both; a failure keeps exact
+    shapes), so a layout in the replaced form describes the same tensors. Only while an analysis
+    with buckets runs (``assume_invariant_sizes``); one symbol per expression."""
+    state = _INVARIANT.get()
+    if state is None or _static(expr) or len(expr.free_symbols) != 1 or shape_env is None:
+        return expr
+    buckets, found, cache = state
+    key = ("canonical", expr)
+    if key not in cache:
+        cache[key] = _canonical_form(expr, _admitted(next(iter(expr.free_symbols)), shape_env, cache), buckets)
+    if cache[key] is not expr and _ASSUMED.get() is not None and (expr, cache[key]) not in _ASSUMED.get():
+        _ASSUMED.get().append((expr, cache[key]))  # checked at each call, at the true and the bucket sizes
+    return cache[key]
+
+
+def _admitted(symbol, shape_env, cache) -> tuple:
+    """The sampled true sizes of ``symbol`` that its value range and every guard on it alone admit."""
+    from .bucket_padding import sym_to_value
+
+    guards = [g.expr for g in getattr(shape_env, "guards", ())]
+    key = ("admitted", symbol, id(shape_env), len(guards))
+    if key in cache:
+        return cache[key]
+    own = [g for g in guards if g.free_symbols == {symbol}]
+    bounds = getattr(shape_env, "var_to_range", {}).get(symbol)
+    out = []
+    for n in _SAMPLES:
+        if bounds is not None and not (bounds.lower <= n <= bounds.upper):
+            continue
+        if all(_holds(g, {symbol: n}, sym_to_value) for g in own):
+            out.append(n)
+    cache[key] = tuple(out)
+    return cache[key]
+
+
+def _holds(guard, env, value) -> bool:
+    """A guard at ``env``; True where it cannot be evaluated (guards only narrow the samples)."""
+    try:
+        if guard is sympy.true or guard is sympy.false:
+            return bool(guard)
+        if isinstance(guard, sympy.And):
+            return all(_holds(g, env, value) for g in guard.args)
+        if isinstance(guard, sympy.Or):
+            return any(_holds(g, env, value) for g in guard.args)
+        if isinstance(guard, sympy.Not):
+            return not _holds(guard.args[0], env, value)
+        if isinstance(guard, sympy.core.relational.Relational):
+            lhs, rhs = value(guard.lhs, env), value(guard.rhs, env)
+            return {"==": lhs == rhs, "!=": lhs != rhs, "<": lhs < rhs, "<=": lhs <= rhs, ">": lhs > rhs,
+                    ">=": lhs >= rhs}[guard.rel_op]
+    except Exception:  # noqa: BLE001 - a guard it cannot evaluate does not narrow
+        return True
+    return True
+
+
+def _canonical_form(expr, admitted, buckets):
+    from .bucket_padding import round_up, sym_to_value
+
+    if len(admitted) < 3 or expr.is_Symbol:
+        return expr
+    symbol = next(iter(expr.free_symbols))
+    sizes = sorted(set(admitted) | {round_up(n, buckets) for n in admitted})
+    try:
+        values = [int(sym_to_value(expr, {symbol: n})) for n in sizes]
+    except Exception:  # noqa: BLE001 - not evaluable: kept as it is
+        return expr
+    slope = (values[-1] - values[0]) // (sizes[-1] - sizes[0]) if sizes[-1] != sizes[0] else 0
+    offset = values[0] - slope * sizes[0]
+    if all(v == slope * n + offset for n, v in zip(sizes, values)):
+        form = slope * symbol + offset
+        return expr if sympy.expand(form - expr) == 0 else form
+    if not expr.args or expr.is_Atom:
+        return expr
+    args = [_canonical_form(a, admitted, buckets) if not _static(a) else a for a in expr.args]
+    if all(a is b for a, b in zip(args, expr.args)):
+        return expr
+    try:
+        return expr.func(*args)
+    except Exception:  # noqa: BLE001
+        return expr
 
 
 def _static(atom) -> bool:
