@@ -69,6 +69,12 @@ def assume_invariant_sizes(buckets) -> list:
     return found
 
 
+def end_assumptions() -> None:
+    """An analysis is over: no pair is assumed equal, no size invariant, until the next starts."""
+    _ASSUMED.set(None)
+    _INVARIANT.set(None)
+
+
 def _invariant(atom) -> bool:
     """``atom`` is the same at the true sizes and at their buckets (``assume_invariant_sizes``)."""
     state = _INVARIANT.get()

@@ -98,7 +98,7 @@ def sym_to_value(expr, env):
 def check_sizes(checks: list, true_env: dict, bucket_env: dict) -> None:
     """NotBucketable unless what the analysis assumed (``BucketAnalysis.checks``) holds at this call."""
     for lhs, rhs in checks:
-        if rhs == SAME_AT_BUCKET:
+        if isinstance(rhs, str) and rhs == SAME_AT_BUCKET:
             if int(sym_to_value(lhs, bucket_env)) != int(sym_to_value(lhs, true_env)):
                 raise NotBucketable(f"size {lhs} is {sym_to_value(lhs, true_env)} at the true sizes but "
                                     f"{sym_to_value(lhs, bucket_env)} at the bucket, where it was taken for the same")

@@ -48,7 +48,8 @@ import torch
 import torch.fx
 
 from .bucket_layouts import (NotBucketable, _broadcast, _dim_expr, _expr, _norm, _padded, _padded_layout, _regroup,
-                             _static, assume_equal_sizes, assume_invariant_sizes, layout_of_shape)
+                             _static, assume_equal_sizes, assume_invariant_sizes, end_assumptions,
+                             layout_of_shape)
 from .bucket_conv_cat import cat_layout, constant_pad_layout, convolution_backward_layout, convolution_layout
 from .bucket_indexing import index_layout, index_put_layout, select_layout, slice_layout, sort_layout
 from .bucket_values import Positions, Uniform, check_reads, inexact, value_fact
@@ -158,6 +159,8 @@ def analyze(gm: torch.fx.GraphModule, boundary_layouts: dict | None = None, buck
         return BucketAnalysis(ok=False, reason=str(exc))
     except Exception as exc:  # noqa: BLE001 - an analysis bug must cost bucketing, never the call
         return BucketAnalysis(ok=False, reason=f"the padding analysis failed ({type(exc).__name__}: {exc})")
+    finally:
+        end_assumptions()  # sizes outside an analysis are taken as they are
 
 
 def _analyze(gm, boundary_layouts, buckets=None) -> BucketAnalysis:
