@@ -555,3 +555,25 @@ def test_a_size_taken_for_the_same_at_the_bucket_is_checked_at_each_call():
         check_sizes([(padded, SAME_AT_BUCKET)], {s: 200}, {s: 384})
     with pytest.raises(NotBucketable):
         check_sizes([(padded, sympy.Integer(256))], {s: 200}, {s: 384})
+
+
+def test_chunk_counts_above_one_and_a_recompile_with_a_symbol_per_tensor_are_bucketed():
+    # lengths of 2 chunks first: the chunk count is symbolic (the padded tokens invariant); then
+    # shorter ones: Dynamo recompiles at 1 chunk and gives each tensor's length its own symbol, the
+    # sizes written through several of them (sampled alike, replaced by constants, checked per
+    # call); the backward buckets them as the forward did
+    lengths = [300, 500, 37, 200]  # buckets 384, 512, then 128, 256: two per graph
+
+    def static_but_tokens(t):
+        args = scan_args(t)
+        for x in args:
+            for d in range(x.dim()):
+                if d != 1:
+                    torch._dynamo.mark_static(x, d)
+        return args
+
+    run_lengths(chunked_scan, static_but_tokens, lengths=lengths, rtol=1e-4, atol=1e-4)
+    assert_bucketed()
+    neuron_compile.reset()
+    run_training_lengths(chunked_scan, scan_args, lengths=lengths, rtol=1e-4, atol=1e-4, static=(0, 2, 3))
+    assert_bucketed()

@@ -89,14 +89,15 @@ def _invariant(atom) -> bool:
 
 
 def _same_at_bucket(atom, buckets) -> bool:
+    """``atom`` is the same at each sampled true size and at its bucket (every symbol of it at
+    that size: the lengths of one sequence, where Dynamo gave each tensor its own symbol)."""
     from .bucket_padding import round_up, sym_to_value  # bucket_padding imports this module
 
-    symbols = sorted(atom.free_symbols, key=str)
-    if len(symbols) != 1:
-        return False
     try:
         for n in _SAMPLES:
-            if int(sym_to_value(atom, {symbols[0]: n})) != int(sym_to_value(atom, {symbols[0]: round_up(n, buckets)})):
+            true = {x: n for x in atom.free_symbols}
+            bucket = {x: round_up(n, buckets) for x in atom.free_symbols}
+            if int(sym_to_value(atom, true)) != int(sym_to_value(atom, bucket)):
                 return False
     except Exception:  # noqa: BLE001 - an expression it cannot evaluate is not invariant
         return False
@@ -121,34 +122,38 @@ def _canonical(expr, shape_env):
     Exact: the replacement is the expression at the true sizes and at the bucket of every call,
     which each call checks (``BucketAnalysis.checks``, a pair equal at both; a failure keeps exact
     shapes), so a layout in the replaced form describes the same tensors. Only while an analysis
-    with buckets runs (``assume_invariant_sizes``); one symbol per expression."""
+    with buckets runs (``assume_invariant_sizes``). Several symbols (the lengths of one sequence,
+    where Dynamo gave each tensor its own) are sampled alike, and only a constant replaces an
+    expression of them."""
     state = _INVARIANT.get()
-    if state is None or _static(expr) or len(expr.free_symbols) != 1 or shape_env is None:
+    if state is None or _static(expr) or shape_env is None:
         return expr
     buckets, found, cache = state
     key = ("canonical", expr)
     if key not in cache:
-        cache[key] = _canonical_form(expr, _admitted(next(iter(expr.free_symbols)), shape_env, cache), buckets)
+        symbols = tuple(sorted(expr.free_symbols, key=str))
+        cache[key] = _canonical_form(expr, _admitted(symbols, shape_env, cache), buckets)
     if cache[key] is not expr and _ASSUMED.get() is not None and (expr, cache[key]) not in _ASSUMED.get():
         _ASSUMED.get().append((expr, cache[key]))  # checked at each call, at the true and the bucket sizes
     return cache[key]
 
 
-def _admitted(symbol, shape_env, cache) -> tuple:
-    """The sampled true sizes of ``symbol`` that its value range and every guard on it alone admit."""
+def _admitted(symbols, shape_env, cache) -> tuple:
+    """The sampled true sizes (each of ``symbols`` at it) that their value ranges and every guard
+    on them alone admit."""
     from .bucket_padding import sym_to_value
 
     guards = [g.expr for g in getattr(shape_env, "guards", ())]
-    key = ("admitted", symbol, id(shape_env), len(guards))
+    key = ("admitted", symbols, id(shape_env), len(guards))
     if key in cache:
         return cache[key]
-    own = [g for g in guards if g.free_symbols == {symbol}]
-    bounds = getattr(shape_env, "var_to_range", {}).get(symbol)
+    own = [g for g in guards if g.free_symbols and g.free_symbols <= set(symbols)]
+    ranges = getattr(shape_env, "var_to_range", {})
     out = []
     for n in _SAMPLES:
-        if bounds is not None and not (bounds.lower <= n <= bounds.upper):
+        if any(x in ranges and not (ranges[x].lower <= n <= ranges[x].upper) for x in symbols):
             continue
-        if all(_holds(g, {symbol: n}, sym_to_value) for g in own):
+        if all(_holds(g, {x: n for x in symbols}, sym_to_value) for g in own):
             out.append(n)
     cache[key] = tuple(out)
     return cache[key]
@@ -179,16 +184,16 @@ def _canonical_form(expr, admitted, buckets):
 
     if len(admitted) < 3 or expr.is_Symbol:
         return expr
-    symbol = next(iter(expr.free_symbols))
+    symbols = expr.free_symbols
     sizes = sorted(set(admitted) | {round_up(n, buckets) for n in admitted})
     try:
-        values = [int(sym_to_value(expr, {symbol: n})) for n in sizes]
+        values = [int(sym_to_value(expr, {x: n for x in symbols})) for n in sizes]
     except Exception:  # noqa: BLE001 - not evaluable: kept as it is
         return expr
     slope = (values[-1] - values[0]) // (sizes[-1] - sizes[0]) if sizes[-1] != sizes[0] else 0
     offset = values[0] - slope * sizes[0]
-    if all(v == slope * n + offset for n, v in zip(sizes, values)):
-        form = slope * symbol + offset
+    if (slope == 0 or len(symbols) == 1) and all(v == slope * n + offset for n, v in zip(sizes, values)):
+        form = slope * next(iter(symbols)) + offset if slope else sympy.Integer(offset)
         return expr if sympy.expand(form - expr) == 0 else form
     if not expr.args or expr.is_Atom:
         return expr

@@ -97,6 +97,13 @@ def sym_to_value(expr, env):
 
 def check_sizes(checks: list, true_env: dict, bucket_env: dict) -> None:
     """NotBucketable unless what the analysis assumed (``BucketAnalysis.checks``) holds at this call."""
+    try:
+        _check_sizes(checks, true_env, bucket_env)
+    except (ArithmeticError, KeyError, TypeError) as exc:  # a size not defined at these sizes (// 0)
+        raise NotBucketable(f"a checked size cannot be evaluated at {true_env} and {bucket_env}: {exc!r}") from exc
+
+
+def _check_sizes(checks: list, true_env: dict, bucket_env: dict) -> None:
     for lhs, rhs in checks:
         if isinstance(rhs, str) and rhs == SAME_AT_BUCKET:
             if int(sym_to_value(lhs, bucket_env)) != int(sym_to_value(lhs, true_env)):

@@ -186,6 +186,9 @@ def _analyze(gm, boundary_layouts, buckets=None) -> BucketAnalysis:
                             raise NotBucketable(
                                 f"input {node.name} dim {d} has size {atoms[0]}: a merged padded size at a graph "
                                 "boundary whose layout is unknown")
+            for size in val.shape:  # a length is bucketed where the layout writes it as a constant too
+                if isinstance(size, torch.SymInt):
+                    size_symbols |= size.node.expr.free_symbols
             for d, atoms in enumerate(lay):
                 for a in atoms:
                     size_symbols |= a.free_symbols
