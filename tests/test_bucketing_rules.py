@@ -309,16 +309,18 @@ def test_arithmetic_on_a_padded_sorts_indices_keeps_exact_shapes(caplog):
 # ----------------------------------------------------------------------------- windows, concatenation, norms
 
 
-def run_training_lengths(fn, make_args, lengths=LENGTHS, rtol=1e-4, atol=1e-5, weights=()):
+def run_training_lengths(fn, make_args, lengths=LENGTHS, rtol=1e-4, atol=1e-5, weights=(), static=(0,)):
     """``fn`` compiled and eager at each length: the result and the gradient of every argument.
-    Every argument's batch (dim 0) is static, the arguments at ``weights`` wholly (as parameters)."""
+    Every argument's dims ``static`` (the batch) are static, the arguments at ``weights`` wholly
+    (as parameters)."""
     compiled = torch.compile(fn, backend="neuron", dynamic=True)
     for t in lengths:
         args = make_args(t)
         mine = [a.clone().requires_grad_() for a in args]
         ref = [a.clone().requires_grad_() for a in args]
         for k, a in enumerate(mine):
-            torch._dynamo.mark_static(a, None if k in weights else 0)
+            for d in ([None] if k in weights else static):
+                torch._dynamo.mark_static(a, d)
         got, want = compiled(*mine), fn(*ref)
         weight = torch.randn(want.shape, generator=torch.Generator().manual_seed(t))
         (got * weight).sum().backward()
@@ -613,3 +615,127 @@ def test_a_batch_made_symbolic_by_a_graph_break_is_specialized(caplog):
     x, labels, w = torch.randn(3, 50, 8), torch.randint(0, 8, (3, 50)), torch.randn(8, 8)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x, labels, w), head(x, labels, w))
+
+
+def segment_sum(x):
+    """transformers' Mamba2 segment sum: ``out[..., i, j] = x[..., j + 1] + ... + x[..., i]`` for
+    ``j <= i``, ``-inf`` above the diagonal."""
+    c = x.shape[-1]
+    x = x[..., None].expand(*x.shape, c).masked_fill(~torch.tril(torch.ones(c, c, dtype=torch.bool), -1), 0)
+    return x.cumsum(-2).masked_fill(~torch.tril(torch.ones(c, c, dtype=torch.bool)), -torch.inf)
+
+
+def chunked_scan(x, a, b, c):
+    """transformers' Mamba2 ``torch_forward`` scan (bamba, falcon_h1, ...): the tokens of ``x``
+    ``[batch, t, heads, p]``, ``a`` ``[batch, t, heads]``, ``b``, ``c`` ``[batch, t, heads, n]``
+    padded to a multiple of the chunk and viewed as chunks, a segment sum within each chunk and
+    a recurrence over chunks, as einsums; the first ``t`` tokens of the result."""
+    batch, t, heads, p = x.shape
+    chunk = 256
+    pad = (chunk - t % chunk) % chunk
+
+    def chunks(z):
+        z = torch.nn.functional.pad(z, (0, 0) * (z.dim() - 2) + (0, pad))
+        return z.reshape(z.shape[0], -1, chunk, *z.shape[2:])
+
+    x, a, b, c = (chunks(z) for z in (x, a, b, c))
+    a = a.permute(0, 3, 1, 2)
+    a_cum = a.cumsum(-1)
+    scores = torch.einsum("bclhn,bcshn->bclsh", c, b) * torch.exp(segment_sum(a)).permute(0, 2, 3, 4, 1)
+    y = torch.einsum("bclsh,bcshp->bclhp", scores, x)
+    decay = torch.exp(a_cum[:, :, :, -1:] - a_cum).permute(0, -2, -1, 1)[..., None]
+    states = torch.einsum("bclhn,bclhp->bchpn", b * decay, x)
+    states = torch.cat([torch.zeros_like(states[:, :1]), states], 1)
+    decay_chunk = torch.exp(segment_sum(torch.nn.functional.pad(a_cum[:, :, :, -1], (1, 0)))).transpose(1, 3)
+    states = torch.einsum("bzch,bzhpn->bchpn", decay_chunk, states)[:, :-1]
+    y = y + torch.einsum("bclhn,bchpn->bclhp", c, states) * torch.exp(a_cum).permute(0, 2, 3, 1)[..., None]
+    return y.reshape(batch, -1, heads, p)[:, :t]
+
+
+def scan_args(t):
+    g = torch.Generator().manual_seed(t)
+    return (torch.randn(2, t, 4, 8, generator=g), -0.1 * torch.rand(2, t, 4, generator=g),
+            0.3 * torch.randn(2, t, 4, 16, generator=g), 0.3 * torch.randn(2, t, 4, 16, generator=g))
+
+
+def test_tokens_padded_to_whole_chunks_the_bucket_shares_are_not_padded():
+    # Mamba2's chunked scan: the tokens padded to a multiple of the chunk (256), t + (256 - t % 256)
+    # % 256, are as many at the bucket (a multiple of 128) as at the true length, and hold eager's
+    # values there (constant_pad_nd writes from the true end): that dim and the chunk count are
+    # invariant, not padded, so the chunks' views, segment sums and contractions are exact, forward
+    # and backward (each call checks the sizes are the same at its bucket)
+    def static_but_tokens(t):
+        args = scan_args(t)
+        for x in args:
+            for d in range(x.dim()):
+                if d != 1:
+                    torch._dynamo.mark_static(x, d)
+        return args
+
+    run_lengths(chunked_scan, static_but_tokens, rtol=1e-4, atol=1e-4)
+    assert_bucketed()
+    neuron_compile.reset()
+    run_training_lengths(chunked_scan, scan_args, rtol=1e-4, atol=1e-4, static=(0, 2, 3))
+    assert_bucketed()
+
+
+def test_sizes_the_guards_make_constant_are_constants():
+    # a Mamba2 block trained: a causal depthwise conv over the tokens, then the chunked scan. At one
+    # chunk Dynamo guards the chunk count to 1 and writes sizes through it (the conv's channels as
+    # 256 * (P // 256) + c, its weight gradient's length 4 as a FloorDiv of P): under the guards
+    # they are constants (or t + k), at every true size and bucket a call has, which it checks
+    def mixer(u, w, a):
+        h = torch.nn.functional.conv1d(u.transpose(1, 2), w, padding=3, groups=u.shape[2])[..., :u.shape[1]]
+        h = torch.nn.functional.silu(h.transpose(1, 2))
+        x, b, c = torch.split(h, [32, 64, 64], -1)
+        batch, t = u.shape[:2]
+        return chunked_scan(x.reshape(batch, t, 4, 8), a, b.reshape(batch, t, 4, 16), c.reshape(batch, t, 4, 16))
+
+    def make_args(t):
+        g = torch.Generator().manual_seed(t)
+        return (torch.randn(2, t, 160, generator=g), 0.3 * torch.randn(160, 1, 4, generator=g),
+                -0.1 * torch.rand(2, t, 4, generator=g))
+
+    run_training_lengths(mixer, make_args, rtol=1e-4, atol=1e-4, weights=(1,), static=(0, 2))
+    assert_bucketed()
+
+
+def test_a_size_taken_for_the_same_at_the_bucket_is_checked_at_each_call():
+    # what the two rules above assume is checked per call: the tokens padded to whole chunks of 256
+    # are as many at a bucket of 128 as at the true length, not at 384 for 200 (a failing check
+    # sends the graph to exact shapes)
+    import sympy
+
+    from neuron_compile.capture.bucket_layouts import NotBucketable
+    from neuron_compile.capture.bucket_padding import check_sizes
+    from neuron_compile.capture.bucketing import SAME_AT_BUCKET
+
+    s = sympy.Symbol("s", integer=True, positive=True)
+    padded = s + sympy.Mod(256 - sympy.Mod(s, 256), 256)
+    check_sizes([(padded, SAME_AT_BUCKET), (padded, sympy.Integer(256))], {s: 37}, {s: 128})
+    with pytest.raises(NotBucketable):
+        check_sizes([(padded, SAME_AT_BUCKET)], {s: 200}, {s: 384})
+    with pytest.raises(NotBucketable):
+        check_sizes([(padded, sympy.Integer(256))], {s: 200}, {s: 384})
+
+
+def test_chunk_counts_above_one_and_a_recompile_with_a_symbol_per_tensor_are_bucketed():
+    # lengths of 2 chunks first: the chunk count is symbolic (the padded tokens invariant); then
+    # shorter ones: Dynamo recompiles at 1 chunk and gives each tensor's length its own symbol, the
+    # sizes written through several of them (sampled alike, replaced by constants, checked per
+    # call); the backward buckets them as the forward did
+    lengths = [300, 500, 37, 200]  # buckets 384, 512, then 128, 256: two per graph
+
+    def static_but_tokens(t):
+        args = scan_args(t)
+        for x in args:
+            for d in range(x.dim()):
+                if d != 1:
+                    torch._dynamo.mark_static(x, d)
+        return args
+
+    run_lengths(chunked_scan, static_but_tokens, lengths=lengths, rtol=1e-4, atol=1e-4)
+    assert_bucketed()
+    neuron_compile.reset()
+    run_training_lengths(chunked_scan, scan_args, lengths=lengths, rtol=1e-4, atol=1e-4, static=(0, 2, 3))
+    assert_bucketed()

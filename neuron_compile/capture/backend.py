@@ -153,7 +153,7 @@ class CompiledGraph:
             # one executable per bucket when the analysis proves it exact, else per exact shape
             from .bucketing import analyze
 
-            self.bucketing = analyze(gm, boundary_layouts)
+            self.bucketing = analyze(gm, boundary_layouts, options.buckets)
             if self.bucketing.ok:
                 self._bucket_views = self._views_at_true_sizes(gm)
             if self.bucketing.ok:

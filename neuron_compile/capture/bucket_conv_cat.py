@@ -29,8 +29,8 @@ def convolution_layout(node: torch.fx.Node, layout_of, rewrite):
     The output dim is the prefix of its true length; batch keeps its layout, channels are fresh.
     A weight padded along a spatial dim (a weight gradient, computed as a convolution of the input
     by the output gradient) is a contraction over that dim: with both sides masked to zeros the
-    padded terms add nothing, if the output's spatial size is static (a symbolic one could
-    differ at the bucket).
+    padded terms add nothing, if the output's spatial size is not padded (static, or the same at
+    the bucket, ``bucket_layouts.assume_invariant_sizes``; a padded one would differ there).
     """
     args = node.args
     val = node.meta["val"]
@@ -38,7 +38,7 @@ def convolution_layout(node: torch.fx.Node, layout_of, rewrite):
     if weight is not None and any(_padded(a) for a in weight):
         spatial = [d for d in range(2, len(weight)) if _padded(weight[d])]
         if _padded(weight[0]) or _padded(weight[1]) or any(prefix_atoms(weight[d]) is None for d in spatial) \
-                or any(not isinstance(n, int) for n in val.shape[2:]):
+                or any(_padded((_expr(n),)) for n in val.shape[2:]):
             raise NotBucketable(f"{node.name}: a convolution with padded weights")
         rewrite.masks.append((1, [(d, weight[d]) for d in spatial], 0))
     masked, lay = [], [src[0], layout_of_shape([val.shape[1]])[0]]

@@ -7,6 +7,14 @@ content is the prefix of each atom. ``_broadcast`` is the layout of a
 pointwise result, ``_regroup`` of a view (static atoms may split; a view that
 splits a padded size is not bucketable). Pure functions of shapes and layouts:
 no graph, no tensors.
+
+A symbolic atom whose value is the same at the true and at the bucket sizes
+(``round_up(t, 256)`` under buckets of 128: Mamba2's tokens padded to whole
+chunks) is *invariant*: its whole extent is real, so it is not padded
+(``_padded``), which each call checks (``assume_invariant_sizes``). A size
+that the graph's guards make a constant or ``t + k`` (bamba's chunk count,
+guarded to 1, and sizes written through it) takes that form (``_canonical``),
+checked at each call too.
 """
 
 from __future__ import annotations
@@ -25,6 +33,11 @@ class NotBucketable(Exception):
 
 
 _ASSUMED: contextvars.ContextVar = contextvars.ContextVar("bucket_assumed", default=None)
+_INVARIANT: contextvars.ContextVar = contextvars.ContextVar("bucket_invariant", default=None)
+# true sizes an atom is tried at before it is taken for invariant (each call checks the one it has)
+_SAMPLES = (1, 2, 3, 5, 8, 16, 17, 31, 37, 63, 64, 65, 100, 127, 128, 129, 200, 250, 255, 256, 257, 300, 383, 384,
+            385, 511, 512, 513, 640, 767, 768, 769, 1000, 1023, 1024, 1025, 1500, 2047, 2048, 2049, 3000, 4095,
+            4096, 4097, 8191, 8192, 8193)
 
 
 def assume_equal_sizes() -> list:
@@ -54,14 +67,166 @@ def specialize_sizes(spec: dict, hints: dict) -> None:
     _SPECIALIZED.set((spec, hints))
 
 
+def assume_invariant_sizes(buckets) -> list:
+    """Start collecting, for this analysis under ``buckets``, the symbolic atoms taken for
+    *invariant*: equal at the true sizes and at their buckets, so that a dim of that size holds
+    no padding at the bucket. Algebra: an atom ``a`` of a layout promises eager's values on the
+    positions below ``a(true)`` (with the other atoms real); at the bucket the dim has ``a(bucket)``
+    positions, so where ``a(bucket) == a(true)`` every position is real and the dim is exact as a
+    static one is: every rule that holds for an unpadded dim holds for it. Mamba2's chunked scan
+    is the case: the tokens padded to a multiple of the chunk, ``P(t) = t + (c - t % c) % c``,
+    have ``P(t) == P(round_up(t, m))`` when the bucket multiple ``m`` divides ``c`` (both round to
+    the same multiple of ``c``), and ``constant_pad_nd`` writes its value from the true end, so
+    the padded tokens are eager's; so are the chunk count ``P // c`` and every size computed
+    from ``P`` alone. An atom is taken for invariant when it is at every one of many sampled
+    true sizes (``_SAMPLES``); the list returned goes to ``BucketAnalysis.checks``, which each
+    call checks at its own sizes (a failure keeps the graph at exact shapes). ``buckets`` None:
+    no atom is invariant."""
+    found: list = []
+    _INVARIANT.set((buckets, found, {}) if buckets else None)
+    return found
+
+
+def end_assumptions() -> None:
+    """An analysis is over: no pair is assumed equal, no size invariant, until the next starts."""
+    _ASSUMED.set(None)
+    _INVARIANT.set(None)
+    _SPECIALIZED.set(None)
+
+
+def _invariant(atom) -> bool:
+    """``atom`` is the same at the true sizes and at their buckets (``assume_invariant_sizes``)."""
+    state = _INVARIANT.get()
+    if state is None or _static(atom):
+        return False
+    buckets, found, cache = state
+    if atom not in cache:
+        cache[atom] = _same_at_bucket(atom, buckets)
+    if cache[atom] and atom not in found:
+        found.append(atom)
+    return cache[atom]
+
+
+def _same_at_bucket(atom, buckets) -> bool:
+    """``atom`` is the same at each sampled true size and at its bucket (every symbol of it at
+    that size: the lengths of one sequence, where Dynamo gave each tensor its own symbol)."""
+    from .bucket_padding import round_up, sym_to_value  # bucket_padding imports this module
+
+    try:
+        for n in _SAMPLES:
+            true = {x: n for x in atom.free_symbols}
+            bucket = {x: round_up(n, buckets) for x in atom.free_symbols}
+            if int(sym_to_value(atom, true)) != int(sym_to_value(atom, bucket)):
+                return False
+    except Exception:  # noqa: BLE001 - an expression it cannot evaluate is not invariant
+        return False
+    return True
+
+
 def _expr(size) -> sympy.Expr:
     if isinstance(size, torch.SymInt):
         expr = size.node.expr
         state = _SPECIALIZED.get()
         if state is not None and state[0] and expr.free_symbols & state[0].keys():
             expr = sympy.expand(expr.xreplace({k: sympy.Integer(v) for k, v in state[0].items()}))
-        return expr
+        return _canonical(expr, size.node.shape_env)
     return sympy.Integer(int(size))
+
+
+def _canonical(expr, shape_env):
+    """``expr`` as a constant or as ``a * s + b`` where it is one at every true size the graph's
+    guards admit (``_SAMPLES`` where every guard of ``shape_env`` on ``s`` alone holds) and at
+    their buckets; its subexpressions so, where it is not. Dynamo specializes sizes by guards
+    that sympy does not apply: at one chunk (``Eq(P // 256, 1)``, ``P <= 256``) bamba's graphs
+    write the chunk count as ``P // 256``, the chunk as ``P // (P // 256)``, its 640 channels as
+    ``256 * (P // 256) + 384`` and its ``t + 3`` conv length as ``(P // 256) * (P // (P // 256)) -
+    (256 - t % 256) % 256 + 3``: a view that drops the chunk count, or a weight gradient's conv
+    of output length ``4``, cannot be proven from those forms and is from ``1``, ``640``, ``t + 3``.
+    Exact: the replacement is the expression at the true sizes and at the bucket of every call,
+    which each call checks (``BucketAnalysis.checks``, a pair equal at both; a failure keeps exact
+    shapes), so a layout in the replaced form describes the same tensors. Only while an analysis
+    with buckets runs (``assume_invariant_sizes``). Several symbols (the lengths of one sequence,
+    where Dynamo gave each tensor its own) are sampled alike, and only a constant replaces an
+    expression of them."""
+    state = _INVARIANT.get()
+    if state is None or _static(expr) or shape_env is None:
+        return expr
+    buckets, found, cache = state
+    key = ("canonical", expr)
+    if key not in cache:
+        symbols = tuple(sorted(expr.free_symbols, key=str))
+        cache[key] = _canonical_form(expr, _admitted(symbols, shape_env, cache), buckets)
+    if cache[key] is not expr and _ASSUMED.get() is not None and (expr, cache[key]) not in _ASSUMED.get():
+        _ASSUMED.get().append((expr, cache[key]))  # checked at each call, at the true and the bucket sizes
+    return cache[key]
+
+
+def _admitted(symbols, shape_env, cache) -> tuple:
+    """The sampled true sizes (each of ``symbols`` at it) that their value ranges and every guard
+    on them alone admit."""
+    from .bucket_padding import sym_to_value
+
+    guards = [g.expr for g in getattr(shape_env, "guards", ())]
+    key = ("admitted", symbols, id(shape_env), len(guards))
+    if key in cache:
+        return cache[key]
+    own = [g for g in guards if g.free_symbols and g.free_symbols <= set(symbols)]
+    ranges = getattr(shape_env, "var_to_range", {})
+    out = []
+    for n in _SAMPLES:
+        if any(x in ranges and not (ranges[x].lower <= n <= ranges[x].upper) for x in symbols):
+            continue
+        if all(_holds(g, {x: n for x in symbols}, sym_to_value) for g in own):
+            out.append(n)
+    cache[key] = tuple(out)
+    return cache[key]
+
+
+def _holds(guard, env, value) -> bool:
+    """A guard at ``env``; True where it cannot be evaluated (guards only narrow the samples)."""
+    try:
+        if guard is sympy.true or guard is sympy.false:
+            return bool(guard)
+        if isinstance(guard, sympy.And):
+            return all(_holds(g, env, value) for g in guard.args)
+        if isinstance(guard, sympy.Or):
+            return any(_holds(g, env, value) for g in guard.args)
+        if isinstance(guard, sympy.Not):
+            return not _holds(guard.args[0], env, value)
+        if isinstance(guard, sympy.core.relational.Relational):
+            lhs, rhs = value(guard.lhs, env), value(guard.rhs, env)
+            return {"==": lhs == rhs, "!=": lhs != rhs, "<": lhs < rhs, "<=": lhs <= rhs, ">": lhs > rhs,
+                    ">=": lhs >= rhs}[guard.rel_op]
+    except Exception:  # noqa: BLE001 - a guard it cannot evaluate does not narrow
+        return True
+    return True
+
+
+def _canonical_form(expr, admitted, buckets):
+    from .bucket_padding import round_up, sym_to_value
+
+    if len(admitted) < 3 or expr.is_Symbol:
+        return expr
+    symbols = expr.free_symbols
+    sizes = sorted(set(admitted) | {round_up(n, buckets) for n in admitted})
+    try:
+        values = [int(sym_to_value(expr, {x: n for x in symbols})) for n in sizes]
+    except Exception:  # noqa: BLE001 - not evaluable: kept as it is
+        return expr
+    slope = (values[-1] - values[0]) // (sizes[-1] - sizes[0]) if sizes[-1] != sizes[0] else 0
+    offset = values[0] - slope * sizes[0]
+    if (slope == 0 or len(symbols) == 1) and all(v == slope * n + offset for n, v in zip(sizes, values)):
+        form = slope * next(iter(symbols)) + offset if slope else sympy.Integer(offset)
+        return expr if sympy.expand(form - expr) == 0 else form
+    if not expr.args or expr.is_Atom:
+        return expr
+    args = [_canonical_form(a, admitted, buckets) if not _static(a) else a for a in expr.args]
+    if all(a is b for a, b in zip(args, expr.args)):
+        return expr
+    try:
+        return expr.func(*args)
+    except Exception:  # noqa: BLE001
+        return expr
 
 
 def _static(atom) -> bool:
@@ -86,7 +251,8 @@ def _norm(atoms) -> Atoms:
 
 
 def _padded(atoms: Atoms) -> bool:
-    return any(not _static(a) for a in atoms)
+    """Some atom is symbolic and not invariant (``assume_invariant_sizes``): the dim has padding."""
+    return any(not _static(a) and not _invariant(a) for a in atoms)
 
 
 def layout_of_shape(shape) -> Layout:
@@ -178,7 +344,17 @@ def _assume_equal(a: Atoms, b: Atoms) -> bool:
 
 
 def _regroup(layout: Layout, out_shape) -> Layout:
-    """Layout after a view: consecutive atoms grouped to the new dims; static atoms may split."""
+    """Layout after a view: consecutive atoms grouped to the new dims; static atoms may split.
+
+    A tensor with no padded dim (static and invariant atoms only: Mamba2's chunks, after the
+    tokens were padded to whole chunks) holds eager's values everywhere, so any view of it
+    does, at sizes the bucket shares with the true ones: a fresh layout, as long as no new dim
+    is padded. Its atoms need not line up with the view (a chunk count the graph knows to be 1
+    and views away, which sympy cannot see)."""
+    if not _padded_layout(layout):
+        fresh = layout_of_shape(out_shape)
+        if not _padded_layout(fresh):
+            return fresh
     atoms = [a for dim in layout for a in dim if a != 1]
     out = []
     i = 0

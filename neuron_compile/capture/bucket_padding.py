@@ -24,7 +24,7 @@ import torch
 import torch.fx
 
 from .bucket_layouts import Atoms, Layout, NotBucketable, _dim_expr, _padded_layout, _static
-from .bucketing import BucketAnalysis
+from .bucketing import SAME_AT_BUCKET, BucketAnalysis
 
 aten = torch.ops.aten
 
@@ -97,8 +97,19 @@ def sym_to_value(expr, env):
 
 def check_sizes(checks: list, true_env: dict, bucket_env: dict) -> None:
     """NotBucketable unless what the analysis assumed (``BucketAnalysis.checks``) holds at this call."""
+    try:
+        _check_sizes(checks, true_env, bucket_env)
+    except (ArithmeticError, KeyError, TypeError) as exc:  # a size not defined at these sizes (// 0)
+        raise NotBucketable(f"a checked size cannot be evaluated at {true_env} and {bucket_env}: {exc!r}") from exc
+
+
+def _check_sizes(checks: list, true_env: dict, bucket_env: dict) -> None:
     for lhs, rhs in checks:
-        if rhs is None:
+        if isinstance(rhs, str) and rhs == SAME_AT_BUCKET:
+            if int(sym_to_value(lhs, bucket_env)) != int(sym_to_value(lhs, true_env)):
+                raise NotBucketable(f"size {lhs} is {sym_to_value(lhs, true_env)} at the true sizes but "
+                                    f"{sym_to_value(lhs, bucket_env)} at the bucket, where it was taken for the same")
+        elif rhs is None:
             if int(sym_to_value(lhs, bucket_env)) < int(sym_to_value(lhs, true_env)):
                 raise NotBucketable(f"size {lhs} is {sym_to_value(lhs, true_env)} at the true sizes but "
                                     f"{sym_to_value(lhs, bucket_env)} at the bucket")

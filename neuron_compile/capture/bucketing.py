@@ -48,8 +48,8 @@ import torch
 import torch.fx
 
 from .bucket_layouts import (NotBucketable, _broadcast, _dim_expr, _expr, _norm, _padded, _padded_layout, _regroup,
-                             Specialize, _static, agree, assume_equal_sizes, layout_of_shape,
-                             specialize_sizes)
+                             Specialize, _static, agree, assume_equal_sizes, assume_invariant_sizes,
+                             end_assumptions, layout_of_shape, specialize_sizes)
 from .bucket_conv_cat import cat_layout, constant_pad_layout, convolution_backward_layout, convolution_layout
 from .bucket_indexing import (index_layout, index_put_layout, row_local_layout, select_layout, slice_layout, sort_layout,
                               topk_layout)
@@ -107,6 +107,9 @@ class Rewrite:
     cat_pieces: tuple | None = None  # cat with a padded piece before another: (dim, per piece its atoms or None)
 
 
+SAME_AT_BUCKET = "same at the bucket"  # a check's right side: its left is invariant (bucket_layouts)
+
+
 @dataclass(frozen=True)
 class SymOutput:
     """A graph output that is a size (a host int): computed from the true sizes after the call."""
@@ -133,7 +136,8 @@ class BucketAnalysis:
     rewrites: dict = field(default_factory=dict)  # node name -> Rewrite
     # what the analysis could not prove for every size but holds for the sizes real calls have,
     # checked at each call (``holds``): (lhs, rhs): lhs == rhs at the true and at the bucket sizes;
-    # (expr, None): expr at the bucket is at least expr at the true sizes
+    # (expr, None): expr at the bucket is at least expr at the true sizes;
+    # (expr, SAME_AT_BUCKET): expr is the same at the bucket as at the true sizes (an invariant atom)
     checks: list = field(default_factory=list)
     output_names: list = field(default_factory=list)
 
@@ -147,9 +151,11 @@ def _is_sym_node(value) -> bool:
     return isinstance(value, torch.fx.Node) and isinstance(value.meta.get("val"), (torch.SymInt, torch.SymFloat))
 
 
-def analyze(gm: torch.fx.GraphModule, boundary_layouts: dict | None = None) -> BucketAnalysis:
-    """Decide whether ``gm`` can run padded to buckets, and how; never raises: a case the analysis
-    does not know (NotBucketable) or trips over (any other exception) keeps exact shapes."""
+def analyze(gm: torch.fx.GraphModule, boundary_layouts: dict | None = None, buckets=None) -> BucketAnalysis:
+    """Decide whether ``gm`` can run padded to ``buckets`` (the option: a multiple or a list), and
+    how; never raises: a case the analysis does not know (NotBucketable) or trips over (any other
+    exception) keeps exact shapes. Without ``buckets`` no size is taken for invariant
+    (``bucket_layouts.assume_invariant_sizes``)."""
     try:
         hints = _hints(gm)
         # sizes Dynamo traced at 0 or 1 are constants, as it makes such sizes itself (an int argument
@@ -157,7 +163,7 @@ def analyze(gm: torch.fx.GraphModule, boundary_layouts: dict | None = None) -> B
         spec = {s: v for s, v in hints.items() if v in (0, 1)}
         for _ in range(8):
             try:
-                return _analyze(gm, boundary_layouts or {}, spec, hints)
+                return _analyze(gm, boundary_layouts or {}, buckets, spec, hints)
             except Specialize as more:
                 spec[more.symbol] = more.value
         raise NotBucketable(f"sizes needed at their traced values past {sorted(spec, key=str)}")
@@ -165,6 +171,8 @@ def analyze(gm: torch.fx.GraphModule, boundary_layouts: dict | None = None) -> B
         return BucketAnalysis(ok=False, reason=str(exc))
     except Exception as exc:  # noqa: BLE001 - an analysis bug must cost bucketing, never the call
         return BucketAnalysis(ok=False, reason=f"the padding analysis failed ({type(exc).__name__}: {exc})")
+    finally:
+        end_assumptions()  # sizes outside an analysis are taken as they are
 
 
 def _hints(gm) -> dict:
@@ -182,9 +190,10 @@ def _hints(gm) -> dict:
     return hints
 
 
-def _analyze(gm, boundary_layouts, spec, hints) -> BucketAnalysis:
+def _analyze(gm, boundary_layouts, buckets, spec, hints) -> BucketAnalysis:
     result = BucketAnalysis(ok=True)
     assumed = assume_equal_sizes()
+    invariant = assume_invariant_sizes(buckets)
     specialize_sizes(spec, hints)
     layouts: dict = {}  # node -> Layout (tensor) or list of Layouts (tuple outputs)
     facts: dict = {}  # node -> what its real values are known to be (bucket_values)
@@ -200,11 +209,14 @@ def _analyze(gm, boundary_layouts, spec, hints) -> BucketAnalysis:
             else:
                 lay = layout_of_shape(val.shape)
                 for d, atoms in enumerate(lay):
-                    if len(atoms) == 1 and not _static(atoms[0]) and not atoms[0].is_Symbol:
+                    if len(atoms) == 1 and _padded(atoms) and not atoms[0].is_Symbol:
                         if len(atoms[0].free_symbols) > 1 or atoms[0].is_Mul:
                             raise NotBucketable(
                                 f"input {node.name} dim {d} has size {atoms[0]}: a merged padded size at a graph "
                                 "boundary whose layout is unknown")
+            for size in val.shape:  # a length is bucketed where the layout writes it as a constant too
+                if isinstance(size, torch.SymInt):
+                    size_symbols |= size.node.expr.free_symbols - spec.keys()  # specialized: not bucketed
             for d, atoms in enumerate(lay):
                 for a in atoms:
                     size_symbols |= a.free_symbols
@@ -268,6 +280,7 @@ def _analyze(gm, boundary_layouts, spec, hints) -> BucketAnalysis:
             facts[node] = fact
 
     result.checks += [(a, b) for a, b in assumed]
+    result.checks += [(a, SAME_AT_BUCKET) for a in invariant]
     output = next(n for n in gm.graph.nodes if n.op == "output")
     outs = output.args[0] if isinstance(output.args[0], (tuple, list)) else (output.args[0],)
     for k, value in enumerate(outs):
