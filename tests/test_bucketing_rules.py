@@ -240,8 +240,9 @@ class GroupedExperts(torch.nn.Module):
     expert offsets from a histogram, each row multiplied by its expert's weights, the rows put back by
     the inverse permutation ``inv[perm] = arange``."""
 
-    def __init__(self, hidden=8, experts=4, top_k=2):
+    def __init__(self, hidden=8, experts=4, top_k=2, rounding="floor"):
         super().__init__()
+        self.rounding = rounding  # jetmoe divides the positions by top-k with rounding_mode="trunc"
         self.router = torch.nn.Linear(hidden, experts, bias=False)
         self.weight = torch.nn.Parameter(torch.randn(experts, hidden, hidden) * 0.3)
         self.experts, self.top_k = experts, top_k
@@ -251,7 +252,7 @@ class GroupedExperts(torch.nn.Module):
         tokens = x.reshape(-1, h)
         weights, ids = self.router(tokens).softmax(-1).topk(self.top_k, dim=-1)
         ids_sorted, perm = torch.sort(ids.reshape(-1))
-        rows = tokens[perm // self.top_k]
+        rows = tokens[perm.div(self.top_k, rounding_mode=self.rounding)]
         counts = torch.histc(ids_sorted.float(), bins=self.experts, min=0, max=self.experts - 1)
         offsets = torch.cumsum(counts, 0).to(torch.int64)
         expert = (torch.arange(rows.shape[0])[:, None] >= offsets[None, :]).sum(1).clamp(max=self.experts - 1)
@@ -261,12 +262,13 @@ class GroupedExperts(torch.nn.Module):
         return out[inv].view(b * t, self.top_k, h).sum(1).view(b, t, h)
 
 
-def test_moe_sort_of_expert_ids_over_padded_tokens_is_bucketed_in_inference_and_training():
+@pytest.mark.parametrize("rounding", ["floor", "trunc"])
+def test_moe_sort_of_expert_ids_over_padded_tokens_is_bucketed_in_inference_and_training(rounding, fresh_cache):
     # the batch is static, so a token's position (b, t) is b * S + t at the bucket and b * s + t in
     # eager: the sort's indices are positions in the padded layout, the sort puts the padded pairs
     # last, and the indices the forward saves for the backward cross as eager's positions
     torch.manual_seed(0)
-    moe = GroupedExperts()
+    moe = GroupedExperts(rounding=rounding)
     compiled = torch.compile(moe, backend="neuron", dynamic=True)
     for t in LENGTHS:
         x = torch.randn(2, t, 8)

@@ -146,6 +146,7 @@ _KEEP = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, ate
 _SAME = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.unsqueeze.default,
          aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.clone.default, aten.alias.default,
          aten.lift_fresh_copy.default, aten.detach.default, aten.contiguous.default}
+_ROUNDINGS = ("floor", "trunc")  # alike on positions, which are >= 0 (jetmoe's perm.div(top_k, "trunc"))
 _CONVERT = {aten._to_copy.default, torch.ops.prims.convert_element_type.default}
 _COMPARE = {aten.lt.Scalar: "lt", aten.ge.Scalar: "ge", aten.gt.Scalar: "gt", aten.le.Scalar: "le"}
 _UNIFORM = {aten.full.default, aten.zeros.default, aten.ones.default, aten.scalar_tensor.default,
@@ -174,7 +175,7 @@ def check_reads(node: torch.fx.Node, facts: dict) -> None:
     target = node.target
     ok = target in _READS_INEXACT
     if target is aten.div.Tensor_mode:
-        ok = node.kwargs.get("rounding_mode") == "floor" and isinstance(value_fact(node, facts), Positions)
+        ok = node.kwargs.get("rounding_mode") in _ROUNDINGS and isinstance(value_fact(node, facts), Positions)
     if target in (aten.index_put.default, aten.index_put_.default):
         ok = not any(a is node.args[2] or a is node.args[0] for a in bad)  # only as indices
     if not ok:
@@ -206,7 +207,7 @@ def value_fact(node: torch.fx.Node, facts: dict):
         if isinstance(fact, Positions) and fact.bijective and target not in _SAME:
             return Positions(fact.atoms)  # a subset or repeats of a permutation: no longer one
         return fact
-    if target is aten.div.Tensor_mode and node.kwargs.get("rounding_mode") == "floor":
+    if target is aten.div.Tensor_mode and node.kwargs.get("rounding_mode") in _ROUNDINGS:
         fact, k = get(args[0]), args[1]
         atoms = _norm(fact.atoms) if isinstance(fact, Positions) else ()
         if atoms and k == 1:
