@@ -531,12 +531,7 @@ def test_gather_and_topk_along_a_padded_dim_in_training():
         rows = x.gather(1, index[..., None].expand(-1, -1, x.shape[-1]))
         return rows * values[..., None].sigmoid()
 
-    def make_args(t):
-        x = torch.randn(2, t, 8)
-        torch._dynamo.mark_static(x, 2)
-        return x, torch.randn(8, 1)
-
-    run_training_lengths(top_rows, make_args, weights=(1,))
+    run_training_lengths(top_rows, lambda t: (torch.randn(2, t, 8), torch.randn(8, 1)), weights=(1,), static=(0, 2))
     assert_bucketed()
 
 
@@ -564,12 +559,8 @@ def test_zeros_take_their_neighbours_layout_in_a_cat_and_a_scatter():
         weights = torch.cat([routed.gather(-1, routed.topk(2, dim=-1).indices), shared], -1).sigmoid()
         return weights[:, :2].reshape(x.shape[0], -1, 2)
 
-    def make_args(t):
-        x = torch.randn(2, t, 8)
-        torch._dynamo.mark_static(x, 2)
-        return x, torch.randn(8, 4)
-
-    run_training_lengths(shared_expert_router, make_args, weights=(1,))
+    run_training_lengths(shared_expert_router, lambda t: (torch.randn(2, t, 8), torch.randn(8, 4)), weights=(1,),
+                         static=(0, 2))
     assert_bucketed()
 
 
