@@ -578,16 +578,19 @@ def test_an_assert_on_an_exact_scalar_is_bucketed():
 # ----------------------------------------------------------------------------- sizes Dynamo made symbolic
 
 
+def head_after_a_graph_break(x, labels, w):
+    hidden = torch.tanh(x @ w)
+    torch._dynamo.graph_break()
+    logits = hidden @ w.t()
+    return torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1))
+
+
 def test_a_batch_made_symbolic_by_a_graph_break_is_specialized(caplog):
     # after a graph break every size of the resumed frame's inputs is symbolic: the hidden states'
     # batch too ([s_b, s_t, 8]), against labels whose static batch the user marked ([2, s_l]). The
     # loss's gather needs the two alike: the batch is specialized at the value Dynamo traced it at
     # and the two lengths assumed equal, both checked at each call (ctrl, dbrx, longcat_flash)
-    def head(x, labels, w):
-        hidden = torch.tanh(x @ w)
-        torch._dynamo.graph_break()
-        logits = hidden @ w.t()
-        return torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1))
+    head = head_after_a_graph_break
 
     def make_args(t):
         x, labels = torch.randn(2, t, 8), torch.randint(0, 8, (2, t))
@@ -731,4 +734,25 @@ def test_chunk_counts_above_one_and_a_recompile_with_a_symbol_per_tensor_are_buc
     assert_bucketed()
     neuron_compile.reset()
     run_training_lengths(chunked_scan, scan_args, lengths=lengths, rtol=1e-4, atol=1e-4, static=(0, 2, 3))
+    assert_bucketed()
+
+
+def test_a_backward_takes_the_sizes_its_forward_specialized(fresh_cache):
+    # the training step of the same head: the backward's own analysis would pad the batch the
+    # forward specialized (ctrl's backward: a view to [s_b * s_t, vocab] of a [2, s_t, vocab] layout)
+    compiled = torch.compile(head_after_a_graph_break, backend="neuron", dynamic=True)
+    w0 = torch.randn(8, 8)
+    for t in LENGTHS:
+        x, labels = torch.randn(2, t, 8), torch.randint(0, 8, (2, t))
+        grads = []
+        for fn in (compiled, head_after_a_graph_break):
+            xa, w = x.clone().requires_grad_(), w0.clone().requires_grad_()
+            for a, dims in ((xa, (0, 2)), (labels, (0,)), (w, (0, 1))):
+                for d in dims:
+                    torch._dynamo.mark_static(a, d)
+            loss = fn(xa, labels, w)
+            loss.backward()
+            grads.append((loss.detach(), xa.grad, w.grad))
+        for got, want in zip(*grads):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     assert_bucketed()

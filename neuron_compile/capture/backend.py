@@ -151,7 +151,7 @@ class CompiledGraph:
                 self.static = self._compile_once((), "")
         elif options.buckets:
             # one executable per bucket when the analysis proves it exact, else per exact shape
-            from .bucketing import analyze
+            from .bucketing import SPECIALIZED, analyze
 
             self.bucketing = analyze(gm, boundary_layouts, options.buckets)
             if self.bucketing.ok:
@@ -164,6 +164,7 @@ class CompiledGraph:
                     # what is known of their values (an index's interval, a sort's positions)
                     boundary_layouts.update({("fact", name): fact for name, fact in zip(
                         self.bucketing.output_names, self.bucketing.output_facts) if fact is not None})
+                    boundary_layouts[SPECIALIZED] = self.bucketing.specialized  # the backward's sizes too
                 COUNTERS["bucketed_graphs"] += 1
             else:
                 COUNTERS["bucketing_fallbacks"] += 1

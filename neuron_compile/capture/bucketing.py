@@ -107,6 +107,7 @@ class Rewrite:
     cat_pieces: tuple | None = None  # cat with a padded piece before another: (dim, per piece its atoms or None)
 
 
+SPECIALIZED = ("specialized",)  # boundary_layouts' key for the sizes a forward specialized
 SAME_AT_BUCKET = "same at the bucket"  # a check's right side: its left is invariant (bucket_layouts)
 
 
@@ -140,6 +141,7 @@ class BucketAnalysis:
     # (expr, SAME_AT_BUCKET): expr is the same at the bucket as at the true sizes (an invariant atom)
     checks: list = field(default_factory=list)
     output_names: list = field(default_factory=list)
+    specialized: dict = field(default_factory=dict)  # size symbol -> the value it is taken at (checked)
 
 
 def _schema_args(node):
@@ -161,9 +163,12 @@ def analyze(gm: torch.fx.GraphModule, boundary_layouts: dict | None = None, buck
         # sizes Dynamo traced at 0 or 1 are constants, as it makes such sizes itself (an int argument
         # made symbolic, transformers' logits_to_keep=0); more where the analysis needs them
         spec = {s: v for s, v in hints.items() if v in (0, 1)}
+        spec.update((boundary_layouts or {}).get(SPECIALIZED, {}))  # a backward takes its forward's
         for _ in range(8):
             try:
-                return _analyze(gm, boundary_layouts or {}, buckets, spec, hints)
+                result = _analyze(gm, boundary_layouts or {}, buckets, spec, hints)
+                result.specialized = dict(spec)
+                return result
             except Specialize as more:
                 spec[more.symbol] = more.value
         raise NotBucketable(f"sizes needed at their traced values past {sorted(spec, key=str)}")
