@@ -24,6 +24,8 @@ import contextvars
 import sympy
 import torch
 
+from .shape_env import guards as shape_env_guards, value_ranges
+
 Atoms = tuple  # tuple[sympy.Expr, ...] : one dim as a row-major product of atoms
 Layout = tuple  # tuple[Atoms, ...]     : one tensor
 
@@ -166,12 +168,12 @@ def _admitted(symbols, shape_env, cache) -> tuple:
     on them alone admit."""
     from .bucket_padding import sym_to_value
 
-    guards = [g.expr for g in getattr(shape_env, "guards", ())]
+    guards = shape_env_guards(shape_env)
     key = ("admitted", symbols, id(shape_env), len(guards))
     if key in cache:
         return cache[key]
     own = [g for g in guards if g.free_symbols and g.free_symbols <= set(symbols)]
-    ranges = getattr(shape_env, "var_to_range", {})
+    ranges = value_ranges(shape_env)
     out = []
     for n in _SAMPLES:
         if any(x in ranges and not (ranges[x].lower <= n <= ranges[x].upper) for x in symbols):

@@ -54,6 +54,7 @@ from .bucket_conv_cat import cat_layout, constant_pad_layout, convolution_backwa
 from .bucket_indexing import (index_layout, index_put_layout, row_local_layout, select_layout, slice_layout, sort_layout,
                               topk_layout)
 from .bucket_values import Positions, Uniform, check_reads, inexact, value_fact
+from .shape_env import traced_values
 
 aten = torch.ops.aten
 
@@ -190,8 +191,8 @@ def _hints(gm) -> dict:
         sizes = list(val.shape) if isinstance(val, torch.Tensor) else [val]
         for size in sizes:
             if isinstance(size, torch.SymInt):
-                var_to_val = size.node.shape_env.var_to_val
-                hints.update({x: int(var_to_val[x]) for x in size.node.expr.free_symbols if x in var_to_val})
+                traced = traced_values(size.node.shape_env)
+                hints.update({x: traced[x] for x in size.node.expr.free_symbols if x in traced})
     return hints
 
 

@@ -1,0 +1,29 @@
+"""What shape bucketing reads of Dynamo's ShapeEnv (a private torch API), in one place.
+
+The padding analysis asks three things of the ShapeEnv behind a graph's
+symbolic sizes: the value Dynamo traced each size symbol at, the guards Dynamo
+installed on them, and their value ranges. Every read goes through this module;
+``tests/test_shape_env.py`` fails loudly when a torch release renames or drops
+one of them (the analysis would otherwise just know less).
+"""
+
+from __future__ import annotations
+
+
+def traced_values(shape_env) -> dict:
+    """size symbol -> the int Dynamo traced it at (``backed_var_to_val``; ``var_to_val`` before
+    torch 2.13, deprecated since)."""
+    values = getattr(shape_env, "backed_var_to_val", None)
+    if values is None:
+        values = shape_env.var_to_val
+    return {symbol: int(value) for symbol, value in values.items()}
+
+
+def guards(shape_env) -> list:
+    """The sympy expressions of the guards Dynamo installed so far."""
+    return [guard.expr for guard in shape_env.guards]
+
+
+def value_ranges(shape_env) -> dict:
+    """size symbol -> its value range (``.lower``, ``.upper``)."""
+    return shape_env.var_to_range
