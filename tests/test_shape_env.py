@@ -12,6 +12,7 @@ def _symbolic_shape_env():
     seen = {}
 
     def backend(gm, example_inputs):
+        seen["gm"] = gm
         for node in gm.graph.nodes:
             val = node.meta.get("example_value")
             if isinstance(val, torch.Tensor) and isinstance(val.shape[1], torch.SymInt):
@@ -22,17 +23,18 @@ def _symbolic_shape_env():
         return x[:, :-1] * 2 if x.shape[1] > 4 else x
 
     torch.compile(f, backend=backend, dynamic=True)(torch.randn(2, 37))
-    return seen["size"]
+    return seen["size"], seen["gm"]
 
 
 def test_traced_values_guards_and_ranges_read_without_warnings():
-    size = _symbolic_shape_env()
+    size, gm = _symbolic_shape_env()
     env, symbol = size.node.shape_env, next(iter(size.node.expr.free_symbols))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a deprecated spelling (var_to_val in 2.13) fails here
         values = shape_env.traced_values(env)
         guards = shape_env.guards(env)
         ranges = shape_env.value_ranges(env)
-    assert values[symbol] == 37
+        of_graph = shape_env.graph_traced_values(gm)
+    assert values[symbol] == 37 and of_graph[symbol] == 37
     assert any(symbol in g.free_symbols for g in guards), guards  # x.shape[1] > 4 guarded
     assert ranges[symbol].lower >= 0 and ranges[symbol].upper >= 37

@@ -255,7 +255,8 @@ class CompiledGraph:
     # -- bucketed path: pad to the bucket, run the bucket's executable, slice back ------------
 
     def _call_bucketed(self, args: list) -> list:
-        from .bucket_padding import check_sizes, pad_to_bucket, round_up, slice_from_bucket, sym_to_value
+        from .bucket_layouts import round_up, sym_to_value
+        from .bucket_padding import check_sizes, pad_to_bucket, slice_from_bucket
         from .bucketing import SymOutput
 
         analysis = self.bucketing

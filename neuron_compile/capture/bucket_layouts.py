@@ -6,7 +6,9 @@ expression of the true size (``s1``, ``s1 + 1``, a static ``64``); its real
 content is the prefix of each atom. ``_broadcast`` is the layout of a
 pointwise result, ``_regroup`` of a view (static atoms may split; a view that
 splits a padded size is not bucketable). Pure functions of shapes and layouts:
-no graph, no tensors.
+no graph, no tensors; and the size arithmetic both the analysis and the call
+use: ``round_up`` (the bucket of a true size) and ``sym_to_value`` (a size
+expression at given sizes, ints or 0-d tensors).
 
 A symbolic atom whose value is the same at the true and at the bucket sizes
 (``round_up(t, 256)`` under buckets of 128: Mamba2's tokens padded to whole
@@ -112,8 +114,6 @@ def _invariant(atom) -> bool:
 def _same_at_bucket(atom, buckets) -> bool:
     """``atom`` is the same at each sampled true size and at its bucket (every symbol of it at
     that size: the lengths of one sequence, where Dynamo gave each tensor its own symbol)."""
-    from .bucket_padding import round_up, sym_to_value  # bucket_padding imports this module
-
     try:
         for n in _SAMPLES:
             true = {x: n for x in atom.free_symbols}
@@ -166,8 +166,6 @@ def _canonical(expr, shape_env):
 def _admitted(symbols, shape_env, cache) -> tuple:
     """The sampled true sizes (each of ``symbols`` at it) that their value ranges and every guard
     on them alone admit."""
-    from .bucket_padding import sym_to_value
-
     guards = shape_env_guards(shape_env)
     key = ("admitted", symbols, id(shape_env), len(guards))
     if key in cache:
@@ -205,8 +203,6 @@ def _holds(guard, env, value) -> bool:
 
 
 def _canonical_form(expr, admitted, buckets):
-    from .bucket_padding import round_up, sym_to_value
-
     if len(admitted) < 3 or expr.is_Symbol:
         return expr
     symbols = expr.free_symbols
@@ -426,3 +422,66 @@ def prefix_atoms(atoms: Atoms):
 
 def _padded_layout(lay) -> bool:
     return lay is not None and any(_padded(a) for a in lay)
+
+
+# ----------------------------------------------------------------------------- size arithmetic
+
+
+def round_up(n: int, buckets) -> int:
+    """The bucket for true size ``n``: next multiple of an int, or next entry of a sorted list."""
+    if isinstance(buckets, int):
+        return max(buckets, -(-n // buckets) * buckets) if n > 0 else buckets
+    for b in buckets:
+        if n <= b:
+            return b
+    step = buckets[-1]
+    return -(-n // step) * step
+
+
+def sym_to_value(expr, env):
+    """Evaluate a sympy size expression on ints, or on 0-d tensors (true sizes inside the graph)."""
+    if expr.is_Integer:
+        return int(expr)
+    if expr.is_Rational:
+        return float(expr)
+    if expr.is_Symbol:
+        return env[expr]
+    args = [sym_to_value(a, env) for a in expr.args]
+    name = type(expr).__name__
+    if expr.is_Add:
+        out = args[0]
+        for a in args[1:]:
+            out = out + a
+        return out
+    if expr.is_Mul:
+        out = args[0]
+        for a in args[1:]:
+            out = out * a
+        return out
+    if expr.is_Pow:
+        return args[0] ** args[1]
+    if name == "FloorDiv":
+        return args[0] // args[1]
+    if name in ("Mod", "PythonMod"):
+        return args[0] % args[1]
+    if name in ("Max", "Min"):
+        if not any(isinstance(a, torch.Tensor) for a in args):
+            return max(args) if name == "Max" else min(args)
+        pick = torch.maximum if name == "Max" else torch.minimum
+        out = torch.as_tensor(args[0])
+        for a in args[1:]:
+            out = pick(out, torch.as_tensor(a))  # true sizes are 0-d tensors: no Python comparison
+        return out
+    if name in ("CeilDiv", "CeilDivision"):
+        return -((-args[0]) // args[1])
+    if name in ("IntTrueDiv", "FloatTrueDiv"):  # sizes divided as values (batch norm's 1 / count)
+        return args[0] / args[1]
+    if name in ("ToFloat", "Identity"):
+        return args[0] * 1.0 if name == "ToFloat" else args[0]
+    if name in ("PowByNatural", "FloatPow"):
+        return args[0] ** args[1]
+    if name in ("CleanDiv", "IntFloorDiv"):
+        return args[0] // args[1]
+    if name == "TruncToInt":
+        return args[0].trunc().long() if isinstance(args[0], torch.Tensor) else int(args[0])
+    raise NotBucketable(f"cannot evaluate size expression {expr}")

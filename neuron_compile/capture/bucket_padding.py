@@ -2,13 +2,13 @@
 
 What ``bucketing.analyze`` proved, applied per call by ``CompiledGraph``:
 
-* ``round_up``: the bucket of a true size (next multiple of an int, or next
-  entry of a sorted list);
+* ``check_sizes``: what the analysis assumed of the sizes (``BucketAnalysis.checks``)
+  holds at this call's true sizes and their buckets (``bucket_layouts.round_up``);
 * ``BucketInterpreter``: re-runs the symbolic graph at the bucket's sizes
   under ``make_fx``, applying the analysis' rewrites (``Rewrite``): masks that
   give reductions their identity on padded positions (``apply_mask``,
   ``valid_mask``), sizes used as values read from the true sizes the
-  executable receives in a small int64 tensor (``sym_to_value``), a mean
+  executable receives in a small int64 tensor (``bucket_layouts.sym_to_value``), a mean
   divided by the true count, ``constant_pad_nd`` writing its value at the true
   end, an ``index_put`` into a padded dim wrapping negative indices with the
   true size. The result is a static graph for the ordinary compile path;
@@ -23,76 +23,13 @@ import math
 import torch
 import torch.fx
 
-from .bucket_layouts import Atoms, Layout, NotBucketable, _dim_expr, _padded_layout, _static
+from .bucket_layouts import Atoms, Layout, NotBucketable, _dim_expr, _padded_layout, _static, round_up, sym_to_value
 from .bucketing import SAME_AT_BUCKET, BucketAnalysis
 
 aten = torch.ops.aten
 
 
 # ----------------------------------------------------------------------------- arithmetic
-
-
-def round_up(n: int, buckets) -> int:
-    """The bucket for true size ``n``: next multiple of an int, or next entry of a sorted list."""
-    if isinstance(buckets, int):
-        return max(buckets, -(-n // buckets) * buckets) if n > 0 else buckets
-    for b in buckets:
-        if n <= b:
-            return b
-    step = buckets[-1]
-    return -(-n // step) * step
-
-
-# ----------------------------------------------------------------------------- execution
-
-
-def sym_to_value(expr, env):
-    """Evaluate a sympy size expression on ints, or on 0-d tensors (true sizes inside the graph)."""
-    if expr.is_Integer:
-        return int(expr)
-    if expr.is_Rational:
-        return float(expr)
-    if expr.is_Symbol:
-        return env[expr]
-    args = [sym_to_value(a, env) for a in expr.args]
-    name = type(expr).__name__
-    if expr.is_Add:
-        out = args[0]
-        for a in args[1:]:
-            out = out + a
-        return out
-    if expr.is_Mul:
-        out = args[0]
-        for a in args[1:]:
-            out = out * a
-        return out
-    if expr.is_Pow:
-        return args[0] ** args[1]
-    if name == "FloorDiv":
-        return args[0] // args[1]
-    if name in ("Mod", "PythonMod"):
-        return args[0] % args[1]
-    if name in ("Max", "Min"):
-        if not any(isinstance(a, torch.Tensor) for a in args):
-            return max(args) if name == "Max" else min(args)
-        pick = torch.maximum if name == "Max" else torch.minimum
-        out = torch.as_tensor(args[0])
-        for a in args[1:]:
-            out = pick(out, torch.as_tensor(a))  # true sizes are 0-d tensors: no Python comparison
-        return out
-    if name in ("CeilDiv", "CeilDivision"):
-        return -((-args[0]) // args[1])
-    if name in ("IntTrueDiv", "FloatTrueDiv"):  # sizes divided as values (batch norm's 1 / count)
-        return args[0] / args[1]
-    if name in ("ToFloat", "Identity"):
-        return args[0] * 1.0 if name == "ToFloat" else args[0]
-    if name in ("PowByNatural", "FloatPow"):
-        return args[0] ** args[1]
-    if name in ("CleanDiv", "IntFloorDiv"):
-        return args[0] // args[1]
-    if name == "TruncToInt":
-        return args[0].trunc().long() if isinstance(args[0], torch.Tensor) else int(args[0])
-    raise NotBucketable(f"cannot evaluate size expression {expr}")
 
 
 def check_sizes(checks: list, true_env: dict, bucket_env: dict) -> None:

@@ -39,7 +39,8 @@ never assumed):
   permutation unless ``k`` is the whole dim;
 * ``Uniform``: every element the same value (zeros, ``full``, their expands and
   copies): a tensor with no layout of its own, which an ``index_put`` by
-  positions may lay out as the positions say;
+  positions may lay out as the positions say, and which takes its fellow
+  operands' layout (``adopt_uniform``);
 * ``Tainted``: arithmetic on inexact positions (the dead branch of the
   negative-index wrap ``where(p < 0, p + n, p)``).
 
@@ -278,3 +279,24 @@ def value_fact(node: torch.fx.Node, facts: dict):
         fa = get(args[0])
         return Const(not fa.value) if isinstance(fa, Const) else None
     return None
+
+
+def adopt_uniform(tensor_args, facts):
+    """A tensor whose elements are all alike (``Uniform``: zeros expanded to a merged size) has no
+    layout of its own: along a dim where another operand is padded with the same size, it takes
+    that operand's layout (backward's ``scatter_add(zeros, -1, topk_index, ones)``)."""
+    others = [lay for _, a, lay in tensor_args if not isinstance(facts.get(a), Uniform)]
+    out = []
+    for i, a, lay in tensor_args:
+        if isinstance(facts.get(a), Uniform) and others:
+            new = list(lay)
+            for d, atoms in enumerate(lay):
+                for other in others:
+                    k = d - (len(lay) - len(other))
+                    if 0 <= k < len(other) and _padded(other[k]) and \
+                            sympy.simplify(_dim_expr(other[k]) - _dim_expr(atoms)) == 0:
+                        new[d] = other[k]
+                        break
+            lay = tuple(new)
+        out.append((i, a, lay))
+    return out

@@ -53,8 +53,8 @@ from .bucket_layouts import (NotBucketable, _broadcast, _dim_expr, _expr, _norm,
 from .bucket_conv_cat import cat_layout, constant_pad_layout, convolution_backward_layout, convolution_layout
 from .bucket_indexing import (index_layout, index_put_layout, row_local_layout, select_layout, slice_layout, sort_layout,
                               topk_layout)
-from .bucket_values import Positions, Uniform, check_reads, inexact, value_fact
-from .shape_env import traced_values
+from .bucket_values import Positions, Uniform, adopt_uniform, check_reads, inexact, value_fact
+from .shape_env import graph_traced_values
 
 aten = torch.ops.aten
 
@@ -160,7 +160,7 @@ def analyze(gm: torch.fx.GraphModule, boundary_layouts: dict | None = None, buck
     exception) keeps exact shapes. Without ``buckets`` no size is taken for invariant
     (``bucket_layouts.assume_invariant_sizes``)."""
     try:
-        hints = _hints(gm)
+        hints = graph_traced_values(gm)
         # sizes Dynamo traced at 0 or 1 are constants, as it makes such sizes itself (an int argument
         # made symbolic, transformers' logits_to_keep=0); more where the analysis needs them
         spec = {s: v for s, v in hints.items() if v in (0, 1)}
@@ -179,21 +179,6 @@ def analyze(gm: torch.fx.GraphModule, boundary_layouts: dict | None = None, buck
         return BucketAnalysis(ok=False, reason=f"the padding analysis failed ({type(exc).__name__}: {exc})")
     finally:
         end_assumptions()  # sizes outside an analysis are taken as they are
-
-
-def _hints(gm) -> dict:
-    """Each size symbol of ``gm``'s inputs -> the value Dynamo traced it at."""
-    hints = {}
-    for node in gm.graph.nodes:
-        if node.op != "placeholder":
-            continue
-        val = node.meta.get("val")
-        sizes = list(val.shape) if isinstance(val, torch.Tensor) else [val]
-        for size in sizes:
-            if isinstance(size, torch.SymInt):
-                traced = traced_values(size.node.shape_env)
-                hints.update({x: traced[x] for x in size.node.expr.free_symbols if x in traced})
-    return hints
 
 
 def _analyze(gm, boundary_layouts, buckets, spec, hints) -> BucketAnalysis:
@@ -335,7 +320,7 @@ def _analyze_node(node, layouts, result, facts):
     rewrite = Rewrite()
     args = list(node.args)
     tensor_args = [(i, a, _tensor_layout(layouts, a)) for i, a in enumerate(args) if _tensor_layout(layouts, a) is not None]
-    tensor_args = _adopt_uniform(tensor_args, facts)
+    tensor_args = adopt_uniform(tensor_args, facts)
     adopted = {a: lay for _, a, lay in tensor_args}
     list_args = [(i, a) for i, a in enumerate(args) if isinstance(a, (list, tuple))
                  and any(_tensor_layout(layouts, x) is not None for x in a)]
@@ -419,7 +404,7 @@ def _analyze_node(node, layouts, result, facts):
         layouts[node] = select_layout(node, tensor_args[0][2], rewrite)
     elif target is aten.cat.default:
         # a piece of zeros takes its neighbours' layout (inkling's router backward: cat([grad, zeros]))
-        pieces = _adopt_uniform([(k, x, _tensor_layout(layouts, x)) for k, x in enumerate(args[0])
+        pieces = adopt_uniform([(k, x, _tensor_layout(layouts, x)) for k, x in enumerate(args[0])
                                  if _tensor_layout(layouts, x) is not None], facts)
         adopted = {x: lay for _, x, lay in pieces}
         layouts[node] = cat_layout(node, lambda a: adopted.get(a, _tensor_layout(layouts, a)), rewrite)
@@ -525,27 +510,6 @@ def _analyze_node(node, layouts, result, facts):
     if rewrite.masks or rewrite.true_values or rewrite.mean_dims or rewrite.pad_fix or rewrite.index_wrap \
             or rewrite.sort_last or rewrite.cat_pieces or rewrite.read_at or rewrite.scratch:
         result.rewrites[node.name] = rewrite
-
-
-def _adopt_uniform(tensor_args, facts):
-    """A tensor whose elements are all alike (``Uniform``: zeros expanded to a merged size) has no
-    layout of its own: along a dim where another operand is padded with the same size, it takes
-    that operand's layout (backward's ``scatter_add(zeros, -1, topk_index, ones)``)."""
-    others = [lay for _, a, lay in tensor_args if not isinstance(facts.get(a), Uniform)]
-    out = []
-    for i, a, lay in tensor_args:
-        if isinstance(facts.get(a), Uniform) and others:
-            new = list(lay)
-            for d, atoms in enumerate(lay):
-                for other in others:
-                    k = d - (len(lay) - len(other))
-                    if 0 <= k < len(other) and _padded(other[k]) and \
-                            sympy.simplify(_dim_expr(other[k]) - _dim_expr(atoms)) == 0:
-                        new[d] = other[k]
-                        break
-            lay = tuple(new)
-        out.append((i, a, lay))
-    return out
 
 
 def _op_dims(node, layout):

@@ -1,8 +1,9 @@
 """What shape bucketing reads of Dynamo's ShapeEnv (a private torch API), in one place.
 
 The padding analysis asks three things of the ShapeEnv behind a graph's
-symbolic sizes: the value Dynamo traced each size symbol at, the guards Dynamo
-installed on them, and their value ranges. Every read goes through this module;
+symbolic sizes: the value Dynamo traced each size symbol at (``traced_values``,
+``graph_traced_values``), the guards Dynamo installed on them, and their value
+ranges. Every read goes through this module;
 ``tests/test_shape_env.py`` fails loudly when a torch release renames or drops
 one of them (the analysis would otherwise just know less).
 """
@@ -17,6 +18,22 @@ def traced_values(shape_env) -> dict:
     if values is None:
         values = shape_env.var_to_val
     return {symbol: int(value) for symbol, value in values.items()}
+
+
+def graph_traced_values(gm) -> dict:
+    """Each size symbol of ``gm``'s inputs -> the int Dynamo traced it at."""
+    import torch
+
+    values = {}
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        val = node.meta.get("val", node.meta.get("example_value"))  # AOT's graphs, Dynamo's
+        for size in (list(val.shape) if isinstance(val, torch.Tensor) else [val]):
+            if isinstance(size, torch.SymInt):
+                traced = traced_values(size.node.shape_env)
+                values.update({x: traced[x] for x in size.node.expr.free_symbols if x in traced})
+    return values
 
 
 def guards(shape_env) -> list:
