@@ -14,7 +14,9 @@ back to exact shapes and no graph has more executables than buckets touched.
 Where not bucketed, the reason is the analysis' (what ``neuron-compile explain``
 prints). A mismatch is a wrong number and is counted separately; float noise is
 told apart as in hf_zoo (compiled within 4x of eager float32's own distance
-from float64).
+from float64). A training forward that samples (two eager runs with other seeds
+differ: phimoe's sparsemixer) is ``random``: its results are checked for shape
+and finiteness only, and it counts as bucketed by its executables.
 
 Worker processes are hf_zoo's (``WorkerProcess``), serving this file.
 Results: ``benchmarks/results/bucketing_zoo.{md,json}``.
@@ -91,11 +93,19 @@ def _mode(model, kwargs_at, mode: str, result: dict) -> None:
     start = time.perf_counter()
     status, detail = "pass", ""
     try:
+        random_draws = training and _draws_random(model, kwargs_at(LENGTHS[0]))
         for t in LENGTHS:
             kwargs = kwargs_at(t)
             for v in kwargs.values():
                 torch._dynamo.mark_static(v, 0)
             got, want = _step(compiled, model, kwargs, training)
+            if random_draws:
+                # the training forward samples (phimoe's sparsemixer): compiled draws come from XLA's
+                # generator, eager's from torch's; no value compares, every result must be finite and shaped
+                status, detail = "random", "the training forward draws random numbers: values not comparable"
+                for name, w in want.items():
+                    assert got[name].shape == w.shape and torch.isfinite(got[name]).all(), f"{name} at length {t}"
+                continue
             try:
                 for name, w in want.items():
                     tol = (1e-3, 1e-4) if name not in ("loss", "logits") else (1e-4, 1e-4)
@@ -118,7 +128,7 @@ def _mode(model, kwargs_at, mode: str, result: dict) -> None:
         logger.setLevel(level)
     graphs = _executables()
     symbolic = [v for v in graphs.values() if v[2]]
-    bucketed = status == "pass" and not reasons.messages and bool(symbolic) and all(
+    bucketed = status in ("pass", "random") and not reasons.messages and bool(symbolic) and all(
         n <= BUCKETS and b == n for n, b, _, _ in symbolic)
     result[mode] = status
     if detail:
@@ -129,9 +139,20 @@ def _mode(model, kwargs_at, mode: str, result: dict) -> None:
     result[f"{mode}_seconds"] = round(time.perf_counter() - start, 1)
     if reasons.messages:
         result[f"{mode}_reasons"] = reasons.messages
-    elif status == "pass" and not bucketed:
+    elif status in ("pass", "random") and not bucketed:
         result[f"{mode}_reasons"] = [f"executables per graph {result[f'{mode}_executables']}" if symbolic
                                      else "no graph with a symbolic length"]
+
+
+def _draws_random(model, kwargs) -> bool:
+    """Two eager forwards with other seeds differ: the model samples (as hf_zoo tells it)."""
+    import torch
+
+    with torch.no_grad():
+        torch.manual_seed(0)
+        first = model(**kwargs).logits
+        torch.manual_seed(12345)
+        return not torch.equal(model(**kwargs).logits, first)
 
 
 def _step(compiled, model, kwargs, training):

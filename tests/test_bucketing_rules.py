@@ -756,3 +756,20 @@ def test_a_backward_takes_the_sizes_its_forward_specialized(fresh_cache):
         for got, want in zip(*grads):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     assert_bucketed()
+
+
+def test_random_draws_shaped_as_a_padded_tensor_are_bucketed():
+    # phimoe's sparsemixer in training: Gumbel noise drawn shaped as the padded scores, the argmax
+    # over the experts. Eager and compiled draw from different generators, so only shapes, the
+    # range of the picks and the executables are compared
+    def gumbel_pick(scores):
+        return (scores - torch.empty_like(scores).exponential_().log()).max(-1)[1]
+
+    compiled = torch.compile(gumbel_pick, backend="neuron", dynamic=True)
+    for t in LENGTHS:
+        scores = torch.randn(2, t, 4)
+        torch._dynamo.mark_static(scores, 0)
+        torch._dynamo.mark_static(scores, 2)
+        picks = compiled(scores)
+        assert picks.shape == (2, t) and 0 <= int(picks.min()) and int(picks.max()) < 4
+    assert_bucketed()

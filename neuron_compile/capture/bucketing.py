@@ -72,8 +72,10 @@ _CREATION = {
     aten.new_zeros.default, aten.new_ones.default, aten.new_full.default, aten.new_empty.default,
     aten.new_empty_strided.default,
 }
+# a tensor shaped as the first argument (random draws elementwise: phimoe's Gumbel noise, exponential_)
 _LIKE = {aten.full_like.default, aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default,
-         aten.rand_like.default, aten.randn_like.default}
+         aten.rand_like.default, aten.randn_like.default, aten.exponential.default, aten.uniform.default,
+         aten.bernoulli.p}
 _VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
 # reduction -> identity (None: depends on dtype and direction, see _identity)
 _REDUCTIONS = {
