@@ -654,21 +654,23 @@ def scan_args(t):
             0.3 * torch.randn(2, t, 4, 16, generator=g), 0.3 * torch.randn(2, t, 4, 16, generator=g))
 
 
+def scan_args_static_but_tokens(t):
+    """``scan_args`` with every dim static but the tokens (dim 1)."""
+    args = scan_args(t)
+    for x in args:
+        for d in range(x.dim()):
+            if d != 1:
+                torch._dynamo.mark_static(x, d)
+    return args
+
+
 def test_tokens_padded_to_whole_chunks_the_bucket_shares_are_not_padded():
     # Mamba2's chunked scan: the tokens padded to a multiple of the chunk (256), t + (256 - t % 256)
     # % 256, are as many at the bucket (a multiple of 128) as at the true length, and hold eager's
     # values there (constant_pad_nd writes from the true end): that dim and the chunk count are
     # invariant, not padded, so the chunks' views, segment sums and contractions are exact, forward
     # and backward (each call checks the sizes are the same at its bucket)
-    def static_but_tokens(t):
-        args = scan_args(t)
-        for x in args:
-            for d in range(x.dim()):
-                if d != 1:
-                    torch._dynamo.mark_static(x, d)
-        return args
-
-    run_lengths(chunked_scan, static_but_tokens, rtol=1e-4, atol=1e-4)
+    run_lengths(chunked_scan, scan_args_static_but_tokens, rtol=1e-4, atol=1e-4)
     assert_bucketed()
     neuron_compile.reset()
     run_training_lengths(chunked_scan, scan_args, rtol=1e-4, atol=1e-4, static=(0, 2, 3))
@@ -722,15 +724,7 @@ def test_chunk_counts_above_one_and_a_recompile_with_a_symbol_per_tensor_are_buc
     # call); the backward buckets them as the forward did
     lengths = [300, 500, 37, 200]  # buckets 384, 512, then 128, 256: two per graph
 
-    def static_but_tokens(t):
-        args = scan_args(t)
-        for x in args:
-            for d in range(x.dim()):
-                if d != 1:
-                    torch._dynamo.mark_static(x, d)
-        return args
-
-    run_lengths(chunked_scan, static_but_tokens, lengths=lengths, rtol=1e-4, atol=1e-4)
+    run_lengths(chunked_scan, scan_args_static_but_tokens, lengths=lengths, rtol=1e-4, atol=1e-4)
     assert_bucketed()
     neuron_compile.reset()
     run_training_lengths(chunked_scan, scan_args, lengths=lengths, rtol=1e-4, atol=1e-4, static=(0, 2, 3))
