@@ -235,7 +235,7 @@ def row_local_layout(node: torch.fx.Node, layout_of, facts: dict, rewrite):
             raise NotBucketable(f"{node.name}: {target} along padded dim {d}: its index is not provably within "
                                 "the real region")
         if target is not aten.gather.default and not accumulate and index is not None and _padded(index[d]) \
-                and not fact.padded_at_padded:
+                and not (isinstance(fact, Positions) and fact.padded_at_padded):
             raise NotBucketable(f"{node.name}: {target} along padded dim {d} from padded index entries")
     if accumulate:
         rewrite.masks.append((3, [(k, a) for k, a in enumerate(values) if _padded(a)], 0))
