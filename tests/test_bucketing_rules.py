@@ -767,3 +767,96 @@ def test_random_draws_shaped_as_a_padded_tensor_are_bucketed():
         picks = compiled(scores)
         assert picks.shape == (2, t) and 0 <= int(picks.min()) and int(picks.max()) < 4
     assert_bucketed()
+
+
+def gated_delta_rule(q, k, v, g, beta):
+    """transformers' ``torch_chunk_gated_delta_rule`` (qwen3_5, qwen3_next, olmo_hybrid, lara_mini):
+    ``[batch, t, heads, d]`` tokens padded to chunks of 64, a triangular solve within each chunk
+    and a Python loop over the chunks, which Dynamo unrolls and guards (one graph per count)."""
+    chunk, t = 64, q.shape[1]
+    q, k, v, beta, g = (x.transpose(1, 2).contiguous() for x in (q, k, v, beta, g))
+    pad = (chunk - t % chunk) % chunk
+    q, k, v = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+    beta, g = (torch.nn.functional.pad(x, (0, pad)) for x in (beta, g))
+    v_beta, k_beta = v * beta[..., None], k * beta[..., None]
+    q, k, k_beta, v_beta = (x.reshape(x.shape[0], x.shape[1], -1, chunk, x.shape[-1]) for x in (q, k, k_beta, v_beta))
+    g = g.reshape(g.shape[0], g.shape[1], -1, chunk).cumsum(-1)
+    upper = torch.ones(chunk, chunk, dtype=torch.bool).triu(1)
+    decay = (g[..., :, None] - g[..., None, :]).masked_fill(upper, float("-inf")).exp()
+    system = (k_beta @ k.transpose(-1, -2)) * decay
+    attn = (q @ k.transpose(-1, -2)) * decay
+    values = torch.linalg.solve_triangular(system, v_beta, upper=False, unitriangular=True)
+    k_decay = torch.linalg.solve_triangular(system, k_beta * g.exp()[..., None], upper=False, unitriangular=True)
+    state = torch.zeros(q.shape[0], q.shape[1], q.shape[-1], v.shape[-1])
+    out = torch.zeros_like(values)
+    q, k = q * g.exp()[..., None], k * (g[..., -1:] - g).exp()[..., None]
+    for i in range((t + pad) // chunk):
+        v_new = values[:, :, i] - k_decay[:, :, i] @ state
+        out[:, :, i] = q[:, :, i] @ state + attn[:, :, i] @ v_new
+        state = state * g[:, :, i, -1, None, None].exp() + k[:, :, i].transpose(-1, -2) @ v_new
+    return out.reshape(out.shape[0], out.shape[1], -1, out.shape[-1])[:, :, :t].transpose(1, 2)
+
+
+def test_a_loop_over_chunks_smaller_than_the_bucket_pads_to_the_graphs_last_length(caplog):
+    # chunks of 64 under buckets of 128: Dynamo unrolls the loop over chunks and guards its count,
+    # so a graph admits only the lengths (64 (n - 1), 64 n]; padded to 128 its tokens would be two
+    # chunks where it traced one. The bucket is capped at the last length the graph's guards admit
+    # (64 n), where the tokens padded to whole chunks are as many as at the true length (invariant):
+    # one executable per graph, every length of a chunk count reusing it (t = 64, no padding, is a
+    # graph of its own: Dynamo's guards on the padding)
+    def make_args(t):
+        gen = torch.Generator().manual_seed(t)
+        q, k = (torch.nn.functional.normalize(torch.randn(2, t, 2, 16, generator=gen), dim=-1) for _ in range(2))
+        return (q, k, torch.randn(2, t, 2, 16, generator=gen), -torch.rand(2, t, 2, generator=gen),
+                torch.rand(2, t, 2, generator=gen))
+
+    def static_but_tokens(t):
+        args = make_args(t)
+        for x in args:
+            for d in range(x.dim()):
+                if d != 1:
+                    torch._dynamo.mark_static(x, d)
+        return args
+
+    caplog.set_level(logging.DEBUG, logger="neuron_compile")
+    lengths = [37, 50, 64, 100, 129, 180, 200, 250]  # chunk counts 1, 1, 1, 2, 3, 3, 4, 4
+    run_lengths(gated_delta_rule, static_but_tokens, lengths=lengths, rtol=1e-4, atol=1e-4)
+    assert not exact_shape_reasons(caplog)
+    per_graph = {}
+    for r in neuron_compile.compile_reports():
+        per_graph.setdefault(r.graph, []).append(r.signature)
+    assert COUNTERS["xla_compiles"] == len(per_graph) == 5, per_graph  # counts 1 (and t = 64 alone), 2, 3, 4
+    assert sorted(len(s) for s in per_graph.values()) == [1] * 5
+    # each graph at its last admitted length: 63 (37, 50: a padding of 64 - t % 64 > 0), 64, 128, 192, 256
+    sizes = sorted({int(b.split("->")[1]) for v in per_graph.values() for b in v[0].removeprefix("bucket ").split(", ")})
+    assert sizes == [63, 64, 128, 192, 256], per_graph
+    neuron_compile.reset()
+    run_training_lengths(gated_delta_rule, make_args, lengths=[37, 50, 129, 180], rtol=1e-4, atol=1e-4,
+                         static=(0, 2, 3))
+    assert not exact_shape_reasons(caplog)
+    assert COUNTERS["xla_compiles"] == 4  # forward and backward of counts 1 and 3
+
+
+def test_a_cat_of_pieces_padded_alike_is_laid_out_as_blocks():
+    # musicgen's per-codebook heads, torch.stack (a cat along the padded tokens and a view), and
+    # prophetnet's n-gram streams, a cat along the tokens chunked back: pieces padded alike sit at
+    # [i S, i S + S) at the bucket, the layout (n, s) of the cat's dim, which the view, the chunks
+    # (a split into the n blocks) and the cat's backward (slices of whole blocks) read as eager does
+    def heads(x, w):
+        return torch.stack([x @ w[i] for i in range(4)], dim=1).softmax(-1)
+
+    def ngram(x):
+        a, b, c = torch.cat([x, x * 2, x.sin()], 1).softmax(1).chunk(3, dim=1)
+        return a + b * c
+
+    def make_args(t):
+        g = torch.Generator().manual_seed(t)
+        return torch.randn(2, t, 8, generator=g), torch.randn(4, 8, 16, generator=g)
+
+    run_lengths(heads, make_args, rtol=1e-5, atol=1e-5)
+    run_lengths(ngram, lambda t: make_args(t)[:1], rtol=1e-5, atol=1e-5)
+    assert_bucketed()
+    neuron_compile.reset()
+    run_training_lengths(heads, make_args, weights=(1,))
+    run_training_lengths(ngram, lambda t: make_args(t)[:1])
+    assert_bucketed()

@@ -166,6 +166,8 @@ class CompiledGraph:
                         self.bucketing.output_names, self.bucketing.output_facts) if fact is not None})
                     boundary_layouts[SPECIALIZED] = self.bucketing.specialized  # the backward's sizes too
                 COUNTERS["bucketed_graphs"] += 1
+            elif self.bucketing.one_size:  # a graph for one size (Dynamo recompiles for others)
+                log.debug("neuron_compile: %s runs at one size: %s", name, self.bucketing.reason)
             else:
                 COUNTERS["bucketing_fallbacks"] += 1
                 log.debug("neuron_compile: %s compiles per exact shape: %s", name, self.bucketing.reason)
@@ -255,7 +257,7 @@ class CompiledGraph:
     # -- bucketed path: pad to the bucket, run the bucket's executable, slice back ------------
 
     def _call_bucketed(self, args: list) -> list:
-        from .bucket_layouts import round_up, sym_to_value
+        from .bucket_layouts import buckets_within, sym_to_value
         from .bucket_padding import check_sizes, pad_to_bucket, slice_from_bucket
         from .bucketing import SymOutput
 
@@ -264,8 +266,7 @@ class CompiledGraph:
         for symbol, (pos, dim) in analysis.bindings.items():
             true_env[symbol] = int(args[pos].shape[dim]) if dim is not None else int(args[pos])
         bucket_env = dict(true_env)
-        for symbol in analysis.symbols:
-            bucket_env[symbol] = round_up(true_env[symbol], self.options.buckets)
+        bucket_env.update(buckets_within(true_env, analysis.symbols, self.options.buckets, analysis.admits))
         key = tuple(bucket_env[s] for s in analysis.symbols) + tuple(true_env[s] for s in analysis.value_symbols)
         check_sizes(analysis.checks, true_env, bucket_env)
         padded = list(args)

@@ -8,9 +8,13 @@ what no rule proves raises ``NotBucketable`` and the graph keeps exact shapes.
 
 from __future__ import annotations
 
+import sympy
 import torch
 
-from .bucket_layouts import NotBucketable, _broadcast, _expr, _padded, layout_of_shape, prefix_atoms
+from .bucket_layouts import (NotBucketable, _broadcast, _dim_expr, _expr, _norm, _padded, _static, layout_of_shape,
+                             prefix_atoms)
+
+aten = torch.ops.aten
 
 aten = torch.ops.aten
 
@@ -85,11 +89,20 @@ def cat_layout(node: torch.fx.Node, layout_of, rewrite):
     ``j < sum(e)`` reads ``C_i + j - c_i`` of the piece it falls in (``rewrite.cat_pieces``):
     eager's order, the real region a prefix of the true total (gpt-oss's attention sinks,
     ``cat([scores, sinks], -1)`` along the padded key dim).
+
+    Pieces all padded alike (every dim's atoms the same: ``stack``, which torch decomposes to a
+    cat and a view, of per-codebook logits; prophetnet's n-gram streams) need no gather: at the
+    bucket piece ``i`` sits at ``[i E, i E + E)``, its real elements at ``i E + j``, which is the
+    row-major layout ``(n, *atoms)`` of the dim, eager's ``i e + j`` read through it, as a view
+    ``[n, e] -> [n e]`` would give (and a split into the ``n`` pieces undoes).
     """
     args = node.args
     val = node.meta["val"]
     d = (args[1] if len(args) > 1 else 0) % val.dim()
     parts = [layout_of(x) for x in args[0]]
+    if len(parts) > 1 and parts[0] is not None and len(parts[0]) == val.dim() and _padded(parts[0][d]) and all(
+            p == parts[0] for p in parts):
+        return tuple((sympy.Integer(len(parts)), *a) if k == d else a for k, a in enumerate(parts[0]))
     atoms = []
     for p in parts:
         if p is not None and len(p) == val.dim() and _padded(p[d]):
@@ -105,6 +118,31 @@ def cat_layout(node: torch.fx.Node, layout_of, rewrite):
     lay = list(_broadcast([tuple(() if k == d else a for k, a in enumerate(p)) for p in others], val.shape))
     lay[d] = layout_of_shape([val.shape[d]])[0]
     return tuple(lay)
+
+
+def split_layout(node: torch.fx.Node, src):
+    """Layouts of the pieces of ``split``, ``split_with_sizes`` or ``unbind`` of a tensor laid out
+    as ``src``. Along an unpadded dim each piece is fresh; a padded dim splits only into the blocks
+    of its leading static atom, ``(n, *atoms)`` into ``k`` pieces ``(n / k, *atoms)`` (the pieces of
+    a cat of pieces padded alike, ``cat_layout``: prophetnet's n-gram streams back apart)."""
+    target, args, val = node.target, node.args, node.meta["val"]
+    d = (args[2] if target is not aten.unbind.int and len(args) > 2 else
+         (args[1] if target is aten.unbind.int and len(args) > 1 else node.kwargs.get("dim", 0))) % len(src)
+    block = None
+    if _padded(src[d]):
+        if _static(src[d][0]) and target is not aten.unbind.int and int(src[d][0]) % len(val) == 0:
+            block = _norm((src[d][0] // len(val), *src[d][1:]))
+        if block is None or any(_expr(piece.shape[d]) != _dim_expr(block) for piece in val):
+            raise NotBucketable(f"{node.name}: {target} along padded dim {d}")
+    outs = []
+    for piece in val:
+        lay = list(src)
+        if target is aten.unbind.int:
+            del lay[d]
+        else:
+            lay[d] = block or layout_of_shape([piece.shape[d]])[0]
+        outs.append(tuple(lay))
+    return outs
 
 
 def constant_pad_layout(node: torch.fx.Node, src, rewrite, checks: list):

@@ -259,7 +259,10 @@ def slice_layout(node: torch.fx.Node, src, rewrite):
     step = args[4] if len(args) > 4 else 1
     start = args[2] if len(args) > 2 and args[2] is not None else 0
     lay = list(src)
-    if not isinstance(start, int):
+    blocks = _blocks(src[d], _sym(start), _expr(val.shape[d])) if _padded(src[d]) and step == 1 else None
+    if blocks is not None:
+        lay[d] = blocks  # whole blocks of a cat of pieces padded alike: the cat's backward
+    elif not isinstance(start, int):
         if prefix_atoms(src[d]) is None or step != 1 or _sym(start) is None:
             raise NotBucketable(f"{node.name}: slice of dim {d} from a symbolic start {start}")
         rewrite.read_at = (d, _sym(start), _dim_expr(src[d]))
@@ -276,6 +279,19 @@ def slice_layout(node: torch.fx.Node, src, rewrite):
     else:
         lay[d] = layout_of_shape([val.shape[d]])[0]
     return tuple(lay)
+
+
+def _blocks(atoms, start, length):
+    """Where a dim laid out as ``(n, *inner)`` (``n`` static: a cat of ``n`` pieces padded alike,
+    ``bucket_conv_cat.cat_layout``) is sliced from ``k E`` for ``m E`` (``E`` the inner size), whole
+    blocks ``k .. k + m``, at the bucket as in eager: the layout ``(m, *inner)``; else None."""
+    if len(atoms) < 2 or atoms[0].free_symbols or start is None:
+        return None
+    inner = _dim_expr(atoms[1:])
+    k, m = sympy.simplify(start / inner), sympy.simplify(length / inner)
+    if not (k.is_Integer and m.is_Integer and 0 <= k and 0 < m and k + m <= atoms[0]):
+        return None
+    return _norm((sympy.Integer(m), *atoms[1:]))
 
 
 def select_layout(node: torch.fx.Node, src, rewrite):

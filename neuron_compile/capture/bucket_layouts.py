@@ -71,7 +71,7 @@ def specialize_sizes(spec: dict, hints: dict) -> None:
     _SPECIALIZED.set((spec, hints))
 
 
-def assume_invariant_sizes(buckets) -> list:
+def assume_invariant_sizes(buckets, admits=None) -> list:
     """Start collecting, for this analysis under ``buckets``, the symbolic atoms taken for
     *invariant*: equal at the true sizes and at their buckets, so that a dim of that size holds
     no padding at the bucket. Algebra: an atom ``a`` of a layout promises eager's values on the
@@ -85,9 +85,10 @@ def assume_invariant_sizes(buckets) -> list:
     from ``P`` alone. An atom is taken for invariant when it is at every one of many sampled
     true sizes (``_SAMPLES``); the list returned goes to ``BucketAnalysis.checks``, which each
     call checks at its own sizes (a failure keeps the graph at exact shapes). ``buckets`` None:
-    no atom is invariant."""
+    no atom is invariant. ``admits``: the graph's ``Admits``, which caps each symbol's bucket
+    (``bucket_within``)."""
     found: list = []
-    _INVARIANT.set((buckets, found, {}) if buckets else None)
+    _INVARIANT.set((buckets, found, {"admits": admits or {}}) if buckets else None)
     return found
 
 
@@ -105,19 +106,25 @@ def _invariant(atom) -> bool:
         return False
     buckets, found, cache = state
     if atom not in cache:
-        cache[atom] = _same_at_bucket(atom, buckets)
+        cache[atom] = _same_at_bucket(atom, buckets, cache["admits"])
     if cache[atom] and atom not in found:
         found.append(atom)
     return cache[atom]
 
 
-def _same_at_bucket(atom, buckets) -> bool:
-    """``atom`` is the same at each sampled true size and at its bucket (every symbol of it at
-    that size: the lengths of one sequence, where Dynamo gave each tensor its own symbol)."""
+def _same_at_bucket(atom, buckets, admits) -> bool:
+    """``atom`` is the same at each sampled true size its guards admit and at its bucket (every
+    symbol of it at that size: the lengths of one sequence, where Dynamo gave each tensor its own
+    symbol)."""
+    symbols = atom.free_symbols
+    tried = [n for n in _samples(symbols, admits) if all(admits.get(x, _ANY)(n) for x in symbols)]
+    if len(tried) < 3:
+        return False
     try:
-        for n in _SAMPLES:
+        for n in tried:
             true = {x: n for x in atom.free_symbols}
-            bucket = {x: round_up(n, buckets) for x in atom.free_symbols}
+            alike = [admits[x] for x in atom.free_symbols if x in admits]
+            bucket = {x: bucket_within(n, buckets, alike) for x in atom.free_symbols}
             if int(sym_to_value(atom, true)) != int(sym_to_value(atom, bucket)):
                 return False
     except Exception:  # noqa: BLE001 - an expression it cannot evaluate is not invariant
@@ -157,7 +164,9 @@ def _canonical(expr, shape_env):
     key = ("canonical", expr)
     if key not in cache:
         symbols = tuple(sorted(expr.free_symbols, key=str))
-        cache[key] = _canonical_form(expr, _admitted(symbols, shape_env, cache), buckets)
+        admits = [cache["admits"][x] for x in symbols if x in cache["admits"]]
+        cache[key] = _canonical_form(expr, _admitted(symbols, shape_env, cache), buckets,
+                                     lambda n: bucket_within(n, buckets, admits))
     if cache[key] is not expr and _ASSUMED.get() is not None and (expr, cache[key]) not in _ASSUMED.get():
         _ASSUMED.get().append((expr, cache[key]))  # checked at each call, at the true and the bucket sizes
     return cache[key]
@@ -173,13 +182,22 @@ def _admitted(symbols, shape_env, cache) -> tuple:
     own = [g for g in guards if g.free_symbols and g.free_symbols <= set(symbols)]
     ranges = value_ranges(shape_env)
     out = []
-    for n in _SAMPLES:
+    for n in _samples(symbols, cache["admits"]):
         if any(x in ranges and not (ranges[x].lower <= n <= ranges[x].upper) for x in symbols):
             continue
         if all(_holds(g, {x: n for x in symbols}, sym_to_value) for g in own):
             out.append(n)
     cache[key] = tuple(out)
     return cache[key]
+
+
+def _samples(symbols, admits) -> list:
+    """The sizes ``symbols`` (one sequence's lengths) are tried at (``Admits.samples``)."""
+    out = set(_SAMPLES)
+    for x in symbols:
+        if x in admits:
+            out |= set(admits[x].samples())
+    return sorted(out)
 
 
 def _holds(guard, env, value) -> bool:
@@ -202,11 +220,11 @@ def _holds(guard, env, value) -> bool:
     return True
 
 
-def _canonical_form(expr, admitted, buckets):
+def _canonical_form(expr, admitted, buckets, bucket):
     if len(admitted) < 3 or expr.is_Symbol:
         return expr
     symbols = expr.free_symbols
-    sizes = sorted(set(admitted) | {round_up(n, buckets) for n in admitted})
+    sizes = sorted(set(admitted) | {bucket(n) for n in admitted})
     try:
         values = [int(sym_to_value(expr, {x: n for x in symbols})) for n in sizes]
     except Exception:  # noqa: BLE001 - not evaluable: kept as it is
@@ -218,7 +236,7 @@ def _canonical_form(expr, admitted, buckets):
         return expr if sympy.expand(form - expr) == 0 else form
     if not expr.args or expr.is_Atom:
         return expr
-    args = [_canonical_form(a, admitted, buckets) if not _static(a) else a for a in expr.args]
+    args = [_canonical_form(a, admitted, buckets, bucket) if not _static(a) else a for a in expr.args]
     if all(a is b for a, b in zip(args, expr.args)):
         return expr
     try:
@@ -436,6 +454,78 @@ def round_up(n: int, buckets) -> int:
             return b
     step = buckets[-1]
     return -(-n // step) * step
+
+
+class Admits:
+    """Whether a size symbol may take a value, by the graph's value range for it and its guards
+    on it alone: Dynamo traced the graph only for those. A Python loop over a chunk count (the
+    gated delta rule's ``for i in range(num_chunks)``, chunks of 64) guards the count, so a graph
+    admits the lengths of one count, ``(64 (n - 1), 64 n]``, and a bucket of 128 above them runs a
+    graph traced for other sizes (``bucket_within``)."""
+
+    def __init__(self, guards, lower=None, upper=None, hint=None):
+        self.guards, self.lower, self.upper, self.hint = tuple(guards), lower, upper, hint
+        self.memo: dict = {}  # size -> admitted
+
+    def samples(self) -> list:
+        """The sizes to try a symbol at: ``_SAMPLES``, and where its guards admit few of them (a
+        graph guarded to one chunk count), those within 130 of the traced one too."""
+        if self.hint is None or sum(map(self, _SAMPLES)) >= 8:
+            return list(_SAMPLES)
+        return sorted(set(_SAMPLES) | set(range(max(1, self.hint - 130), self.hint + 131)))
+
+    def only(self, n: int) -> bool:
+        """``n`` is the one size tried (``samples``) that the guards admit: the graph is for it alone."""
+        return self.hint == n and [m for m in self.samples() if self(m)] == [n]
+
+    def __call__(self, n: int) -> bool:
+        if n not in self.memo:
+            self.memo[n] = (self.lower is None or n >= self.lower) and (self.upper is None or n <= self.upper) and all(
+                _holds(g, {x: n for x in g.free_symbols}, sym_to_value) for g in self.guards)
+        return self.memo[n]
+
+
+def _ANY(n) -> bool:
+    return True
+
+
+def symbol_admits(shape_env, symbols, hints) -> dict:
+    """symbol -> its ``Admits`` (the guards of ``shape_env`` on it alone, its value range, the
+    value in ``hints`` Dynamo traced it at)."""
+    if shape_env is None:
+        return {}
+    guards, ranges = shape_env_guards(shape_env), value_ranges(shape_env)
+    out = {}
+    for x in symbols:
+        r = ranges.get(x)
+        lower = int(r.lower) if r is not None and r.lower.is_Integer else None  # not int_oo
+        upper = int(r.upper) if r is not None and r.upper.is_Integer else None
+        out[x] = Admits([g for g in guards if g.free_symbols == {x}], lower, upper, hints.get(x))
+    return out
+
+
+def bucket_within(n: int, buckets, admits=()) -> int:
+    """The bucket of true size ``n`` in a graph that admits (``Admits``) only some sizes:
+    ``round_up(n, buckets)`` where each of ``admits`` (those of the symbols at ``n``: one
+    sequence's lengths, where Dynamo gave each tensor its own symbol, are bucketed alike) admits
+    it, else the largest size between ``n`` and it that they all admit (``n`` itself is: the
+    call passed Dynamo's guards). Where the admitted sizes are an interval ``[a, b]`` (a guarded
+    chunk count), every ``n`` of one bucket gets the same one, ``min(round_up(n), b)``: one
+    executable per graph and bucket."""
+    b = round_up(n, buckets)
+    while b > n and not all(a(b) for a in admits):
+        b -= 1
+    return b
+
+
+def buckets_within(true_env: dict, symbols, buckets, admits: dict) -> dict:
+    """symbol -> its bucket (``bucket_within``), the symbols at one true size bucketed alike."""
+    out = {}
+    for x in symbols:
+        n = true_env[x]
+        alike = [admits[y] for y in symbols if true_env[y] == n and y in admits]
+        out[x] = bucket_within(n, buckets, alike)
+    return out
 
 
 def sym_to_value(expr, env):

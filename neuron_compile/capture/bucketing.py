@@ -2,8 +2,9 @@
 
 When Dynamo hands us a graph with symbolic sizes, each size symbol ``s`` is
 rounded up to a bucket ``S`` (the next multiple of 128 by default, or the next
-entry of an explicit list). Inputs are padded to the bucket at call time,
-outputs sliced back, and one executable serves every length in the bucket.
+entry of an explicit list; capped at the last size the graph's guards admit,
+``bucket_layouts.bucket_within``). Inputs are padded to the bucket at call
+time, outputs sliced back, and one executable serves every length in the bucket.
 
 Padding must never leak into real values. The padded region of a tensor holds
 garbage (anything, NaN included); every op whose real outputs could read it is
@@ -19,18 +20,16 @@ made exact:
 * ``constant_pad_nd`` along a padded dim writes its value at the true end.
 
 The analysis (``analyze``) is conservative: an op it cannot prove safe on a
-padded dim (flip, roll, topk along it, a cat of merged padded pieces, a view
-that splits a padded size, ...) makes the whole graph compile at exact shapes
-instead, and the reason is kept (``CompiledGraph.bucketing``, the compile
-report, ``neuron-compile explain``).
+padded dim (flip, roll along it, a view that splits a padded size, ...) makes
+the whole graph compile at exact shapes instead, and the reason is kept
+(``CompiledGraph.bucketing``, the compile report, ``neuron-compile explain``).
 
 Layouts (their arithmetic is ``bucket_layouts.py``). A dim of a padded tensor
 is a row-major product of *atoms*, each a sympy expression of the true size
 (``s1``, ``s1 + 1``, a static ``64``); a view merging ``[s0, s1]`` into
 ``[s0*s1]`` keeps the atoms ``(s0, s1)`` so the padding pattern of the merged
-dim is known. Where such a merged dim crosses a
-graph boundary (a forward output saved for the backward), the forward records
-its atoms under the output's name and the backward reads them back.
+dim is known. Where such a merged dim crosses a graph boundary (a forward
+output saved for the backward), the backward reads the forward's atoms back.
 
 Rewrites happen while the symbolic graph is re-traced at the bucket's sizes
 (``bucket_padding.BucketInterpreter`` under ``make_fx``), so the result is a
@@ -48,13 +47,14 @@ import torch
 import torch.fx
 
 from .bucket_layouts import (NotBucketable, _broadcast, _dim_expr, _expr, _norm, _padded, _padded_layout, _regroup,
-                             Specialize, _static, agree, assume_equal_sizes, assume_invariant_sizes,
+                             Specialize, _static, agree, assume_equal_sizes, assume_invariant_sizes, symbol_admits,
                              end_assumptions, layout_of_shape, specialize_sizes)
-from .bucket_conv_cat import cat_layout, constant_pad_layout, convolution_backward_layout, convolution_layout
+from .bucket_conv_cat import (cat_layout, constant_pad_layout, convolution_backward_layout, convolution_layout,
+                              split_layout)
 from .bucket_indexing import (index_layout, index_put_layout, row_local_layout, select_layout, slice_layout, sort_layout,
                               topk_layout)
 from .bucket_values import Positions, Uniform, adopt_uniform, check_reads, inexact, value_fact
-from .shape_env import graph_traced_values
+from .shape_env import graph_shape_env, graph_traced_values
 
 aten = torch.ops.aten
 
@@ -83,7 +83,8 @@ _REDUCTIONS = {
     aten.amax.default: "min", aten.amin.default: "max", aten.max.dim: "min", aten.min.dim: "max",
     aten.argmax.default: "min", aten.argmin.default: "max", aten.any.dim: False, aten.any.dims: False,
     aten.any.default: False, aten.all.dim: True, aten.all.dims: True, aten.all.default: True,
-    aten.logsumexp.default: "-inf", aten.mean.dim: 0, aten.mean.default: 0,
+    aten.logsumexp.default: "-inf", aten.mean.dim: 0, aten.mean.default: 0, aten.max.default: "min",
+    aten.min.default: "max",
 }
 _SOFTMAX = {aten._softmax.default, aten._log_softmax.default}
 # reductions that are exact only when no reduced dim is padded (statistics over hidden sizes)
@@ -145,6 +146,8 @@ class BucketAnalysis:
     checks: list = field(default_factory=list)
     output_names: list = field(default_factory=list)
     specialized: dict = field(default_factory=dict)  # size symbol -> the value it is taken at (checked)
+    admits: dict = field(default_factory=dict)  # size symbol -> Admits: caps its bucket (bucket_within)
+    one_size: bool = False  # not ok because Dynamo's guards admit one size only: exact is one executable
 
 
 def _schema_args(node):
@@ -167,10 +170,15 @@ def analyze(gm: torch.fx.GraphModule, boundary_layouts: dict | None = None, buck
         # made symbolic, transformers' logits_to_keep=0); more where the analysis needs them
         spec = {s: v for s, v in hints.items() if v in (0, 1)}
         spec.update((boundary_layouts or {}).get(SPECIALIZED, {}))  # a backward takes its forward's
+        admits = symbol_admits(graph_shape_env(gm), hints, hints)  # the sizes the graph's guards admit
+        only = {s: v for s, v in hints.items() if s in admits and admits[s].only(v)}  # checked too
+        spec.update(only)
+        if only and spec.keys() >= hints.keys():  # Dynamo traced it for one size: exact is one executable
+            return BucketAnalysis(ok=False, one_size=True, reason=f"its guards admit one size only: {hints}")
         for _ in range(8):
             try:
-                result = _analyze(gm, boundary_layouts or {}, buckets, spec, hints)
-                result.specialized = dict(spec)
+                result = _analyze(gm, boundary_layouts or {}, buckets, spec, hints, admits)
+                result.specialized, result.admits = dict(spec), {s: admits[s] for s in result.symbols if s in admits}
                 return result
             except Specialize as more:
                 spec[more.symbol] = more.value
@@ -183,10 +191,10 @@ def analyze(gm: torch.fx.GraphModule, boundary_layouts: dict | None = None, buck
         end_assumptions()  # sizes outside an analysis are taken as they are
 
 
-def _analyze(gm, boundary_layouts, buckets, spec, hints) -> BucketAnalysis:
+def _analyze(gm, boundary_layouts, buckets, spec, hints, admits) -> BucketAnalysis:
     result = BucketAnalysis(ok=True)
     assumed = assume_equal_sizes()
-    invariant = assume_invariant_sizes(buckets)
+    invariant = assume_invariant_sizes(buckets, admits)
     specialize_sizes(spec, hints)
     layouts: dict = {}  # node -> Layout (tensor) or list of Layouts (tuple outputs)
     facts: dict = {}  # node -> what its real values are known to be (bucket_values)
@@ -419,20 +427,7 @@ def _analyze_node(node, layouts, result, facts):
     elif target is aten.linalg_vector_norm.default:
         _vector_norm(node, layouts, tensor_args, rewrite)
     elif target in (aten.split_with_sizes.default, aten.split.Tensor, aten.unbind.int):
-        src = tensor_args[0][2]
-        d = (args[2] if target is not aten.unbind.int and len(args) > 2 else
-             (args[1] if target is aten.unbind.int and len(args) > 1 else node.kwargs.get("dim", 0))) % len(src)
-        if _padded(src[d]):
-            raise NotBucketable(f"{node.name}: {target} along padded dim {d}")
-        outs = []
-        for piece in val:
-            lay = list(src)
-            if target is aten.unbind.int:
-                del lay[d]
-            else:
-                lay[d] = layout_of_shape([piece.shape[d]])[0]
-            outs.append(tuple(lay))
-        layouts[node] = outs
+        layouts[node] = split_layout(node, tensor_args[0][2])
     elif target in _ROW_REDUCTIONS:
         probe = Rewrite()
         _reduction_layout(node, layouts, tensor_args, probe)
@@ -539,10 +534,7 @@ def _fresh_or_inherit(val, tensor_args):
 
 
 def _is_pointwise(target) -> bool:
-    if target in _POINTWISE_EXTRA:
-        return True
-    tags = getattr(target, "tags", ())
-    return torch.Tag.pointwise in tags
+    return target in _POINTWISE_EXTRA or torch.Tag.pointwise in getattr(target, "tags", ())
 
 
 def _reduction_layout(node, layouts, tensor_args, rewrite):
@@ -585,8 +577,7 @@ def _vector_norm(node, layouts, tensor_args, rewrite):
 
 
 def _reduced(node, layouts, src, dims, keep, identity, rewrite):
-    target = node.target
-    nd = len(src)
+    target, nd = node.target, len(src)
     masked = [(d, src[d]) for d in dims if _padded(src[d])]
     if masked:
         rewrite.masks.append((0, masked, identity))

@@ -44,3 +44,17 @@ def guards(shape_env) -> list:
 def value_ranges(shape_env) -> dict:
     """size symbol -> its value range (``.lower``, ``.upper``)."""
     return shape_env.var_to_range
+
+
+def graph_shape_env(gm):
+    """The ShapeEnv behind ``gm``'s symbolic input sizes, or None where every size is static."""
+    import torch
+
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        val = node.meta.get("val", node.meta.get("example_value"))
+        for size in (list(val.shape) if isinstance(val, torch.Tensor) else [val]):
+            if isinstance(size, torch.SymInt):
+                return size.node.shape_env
+    return None
