@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import neuron_compile
 from neuron_compile import COUNTERS
-from neuron_compile.capture.bucket_layouts import round_up
+from neuron_compile.capture.bucket_sizes import round_up
 
 LENGTHS = [1, 127, 128, 129, 600, 5]
 

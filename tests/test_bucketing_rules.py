@@ -514,10 +514,12 @@ def length_only(n, width=8):
 
 
 @pytest.mark.parametrize("k_top", [2048, 100, 16], ids=["whole-dim", "min-of-both", "static"])
-def test_topk_along_a_padded_dim_takes_the_real_elements_first(k_top):
+def test_topk_along_a_padded_dim_takes_the_real_elements_first(k_top, fresh_cache):
     # topk at the bucket is a sort with the padded elements last, cut at the bucket's k: k the whole
     # dim (index_topk above every length), min(100, t) (the whole dim below 100 tokens, 100 past it),
-    # a static 16; the indices, scattered into a mask along the padded key dim, drop no real key
+    # a static 16; the indices, scattered into a mask along the padded key dim, drop no real key.
+    # (After the first, Dynamo makes k_top an int input, which is bucketed too: a topk's first k
+    # of the bucket's k are eager's; a fresh cache, as two k share the bucket's executable)
     run_lengths(sparse_attention(k_top), length_only(3), rtol=1e-5, atol=1e-5)
     assert_bucketed()
 
@@ -859,4 +861,62 @@ def test_a_cat_of_pieces_padded_alike_is_laid_out_as_blocks():
     neuron_compile.reset()
     run_training_lengths(heads, make_args, weights=(1,))
     run_training_lengths(ngram, lambda t: make_args(t)[:1])
+    assert_bucketed()
+
+
+def test_inputs_of_merged_sizes_take_the_layout_their_graph_computes_in():
+    # a true-size input is exact in any layout, so a merged size (2 t) at a graph boundary takes
+    # the one its graph needs: a tangent its forward output's (blocks (2, t), not a prefix of
+    # 2 t), a resumed frame's flattened tokens the blocks a view of [2, t] gives
+    def flat_head(x, w):
+        return (x.softmax(1).reshape(-1, 8) @ w).sin()  # [2 t, 8]: its tangent is a merged size
+
+    run_training_lengths(flat_head, lambda t: (torch.randn(2, t, 8), torch.randn(8, 8)), weights=(1,))
+    assert_bucketed()
+    neuron_compile.reset()
+
+    def resumed(x):
+        y = x.sin().reshape(-1, 8)  # [2 t, 8]
+        torch._dynamo.graph_break()  # the resumed frame takes x and y
+        return (x.softmax(1).reshape(-1, 8) + y.cos()).sum(0)
+
+    run_lengths(resumed, rows_static_3d, rtol=1e-5, atol=1e-5)
+    assert_bucketed()
+
+
+def rows_static_3d(t):
+    x = torch.randn(2, t, 8)
+    torch._dynamo.mark_static(x, 0)
+    return (x,)
+
+
+def test_a_size_a_static_multiple_of_another_is_bucketed_at_that_multiple():
+    # y's length, 2 t, a symbol of its own: alone it would round up to 128 for t = 37 and to 256
+    # for t = 100 (both in t's bucket 128), four executables over two buckets; at twice t's bucket
+    # it is one per bucket
+    def two(x, y):
+        return x.softmax(1) * 2, y.softmax(0)
+
+    def make_args(t):
+        x, y = torch.randn(2, t, 8), torch.randn(2 * t, 8)
+        torch._dynamo.mark_static(x, 0)
+        return x, y
+
+    run_lengths(two, make_args, rtol=1e-5, atol=1e-5)
+    assert_bucketed()
+
+
+def test_a_graph_whose_only_symbolic_size_is_an_int_input_is_bucketed(fresh_cache, caplog):
+    # after a graph break the resumed frame takes the length as an int and builds from it (an
+    # arange of positions, a causal mask): no input tensor has a symbolic size, yet its tensors
+    # do; the int is bucketed (shapes at the bucket, values at the true length: pos * 2)
+    def masks(x):
+        t, y = x.shape[1], x.sin()
+        torch._dynamo.graph_break()
+        pos = torch.arange(t)
+        return (pos[:, None] >= pos[None, :]).float().cumsum(-1), pos * 2 + t, y
+
+    caplog.set_level(logging.DEBUG, logger="neuron_compile")
+    run_lengths(masks, rows_static_3d)
+    assert not exact_shape_reasons(caplog)
     assert_bucketed()

@@ -151,7 +151,8 @@ class CompiledGraph:
                 self.static = self._compile_once((), "")
         elif options.buckets:
             # one executable per bucket when the analysis proves it exact, else per exact shape
-            from .bucketing import SPECIALIZED, analyze
+            from .bucket_layouts import shape_key
+            from .bucketing import OUTPUTS, SPECIALIZED, analyze
 
             self.bucketing = analyze(gm, boundary_layouts, options.buckets)
             if self.bucketing.ok:
@@ -165,6 +166,9 @@ class CompiledGraph:
                     boundary_layouts.update({("fact", name): fact for name, fact in zip(
                         self.bucketing.output_names, self.bucketing.output_facts) if fact is not None})
                     boundary_layouts[SPECIALIZED] = self.bucketing.specialized  # the backward's sizes too
+                    outs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+                    boundary_layouts[OUTPUTS] = [(shape_key(n.meta["val"]), lay) for n, lay in zip(
+                        outs, self.bucketing.output_layouts) if isinstance(lay, tuple)]
                 COUNTERS["bucketed_graphs"] += 1
             elif self.bucketing.one_size:  # a graph for one size (Dynamo recompiles for others)
                 log.debug("neuron_compile: %s runs at one size: %s", name, self.bucketing.reason)
@@ -257,7 +261,7 @@ class CompiledGraph:
     # -- bucketed path: pad to the bucket, run the bucket's executable, slice back ------------
 
     def _call_bucketed(self, args: list) -> list:
-        from .bucket_layouts import buckets_within, sym_to_value
+        from .bucket_sizes import buckets_within, sym_to_value
         from .bucket_padding import check_sizes, pad_to_bucket, slice_from_bucket
         from .bucketing import SymOutput
 
@@ -266,7 +270,8 @@ class CompiledGraph:
         for symbol, (pos, dim) in analysis.bindings.items():
             true_env[symbol] = int(args[pos].shape[dim]) if dim is not None else int(args[pos])
         bucket_env = dict(true_env)
-        bucket_env.update(buckets_within(true_env, analysis.symbols, self.options.buckets, analysis.admits))
+        bucket_env.update(buckets_within(true_env, analysis.symbols, self.options.buckets, analysis.admits,
+                                         analysis.multiples))
         key = tuple(bucket_env[s] for s in analysis.symbols) + tuple(true_env[s] for s in analysis.value_symbols)
         check_sizes(analysis.checks, true_env, bucket_env)
         padded = list(args)

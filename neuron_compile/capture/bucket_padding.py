@@ -23,7 +23,8 @@ import math
 import torch
 import torch.fx
 
-from .bucket_layouts import Atoms, Layout, NotBucketable, _dim_expr, _padded_layout, _static, round_up, sym_to_value
+from .bucket_layouts import Atoms, Layout, NotBucketable, _dim_expr, _padded_layout, _static
+from .bucket_sizes import round_up, sym_to_value
 from .bucketing import SAME_AT_BUCKET, BucketAnalysis
 
 aten = torch.ops.aten

@@ -47,14 +47,15 @@ import torch
 import torch.fx
 
 from .bucket_layouts import (NotBucketable, _broadcast, _dim_expr, _expr, _norm, _padded, _padded_layout, _regroup,
-                             Specialize, _static, agree, assume_equal_sizes, assume_invariant_sizes, symbol_admits,
-                             end_assumptions, layout_of_shape, specialize_sizes)
+                             Specialize, _static, agree, assume_equal_sizes, assume_invariant_sizes, end_assumptions,
+                             layout_of_shape, merged_input, shape_key, specialize_sizes)
+from .bucket_sizes import size_multiples, symbol_admits
 from .bucket_conv_cat import (cat_layout, constant_pad_layout, convolution_backward_layout, convolution_layout,
                               split_layout)
 from .bucket_indexing import (index_layout, index_put_layout, row_local_layout, select_layout, slice_layout, sort_layout,
                               topk_layout)
 from .bucket_values import Positions, Uniform, adopt_uniform, check_reads, inexact, value_fact
-from .shape_env import graph_shape_env, graph_traced_values
+from .shape_env import graph_shape_env, graph_size_symbols, graph_traced_values
 
 aten = torch.ops.aten
 
@@ -112,6 +113,7 @@ class Rewrite:
 
 
 SPECIALIZED = ("specialized",)  # boundary_layouts' key for the sizes a forward specialized
+OUTPUTS = ("outputs",)  # and for its outputs' (shape, layout): a tangent is padded as its output was
 SAME_AT_BUCKET = "same at the bucket"  # a check's right side: its left is invariant (bucket_layouts)
 
 
@@ -147,6 +149,7 @@ class BucketAnalysis:
     output_names: list = field(default_factory=list)
     specialized: dict = field(default_factory=dict)  # size symbol -> the value it is taken at (checked)
     admits: dict = field(default_factory=dict)  # size symbol -> Admits: caps its bucket (bucket_within)
+    multiples: dict = field(default_factory=dict)  # size symbol -> (another, c): bucketed at c times its
     one_size: bool = False  # not ok because Dynamo's guards admit one size only: exact is one executable
 
 
@@ -175,13 +178,19 @@ def analyze(gm: torch.fx.GraphModule, boundary_layouts: dict | None = None, buck
         spec.update(only)
         if only and spec.keys() >= hints.keys():  # Dynamo traced it for one size: exact is one executable
             return BucketAnalysis(ok=False, one_size=True, reason=f"its guards admit one size only: {hints}")
-        for _ in range(8):
+        blocks, first = False, None  # inputs of merged sizes: a prefix, then (refused so) blocks
+        for _ in range(10):
             try:
-                result = _analyze(gm, boundary_layouts or {}, buckets, spec, hints, admits)
+                result = _analyze(gm, boundary_layouts or {}, buckets, spec, hints, admits, blocks)
                 result.specialized, result.admits = dict(spec), {s: admits[s] for s in result.symbols if s in admits}
+                result.multiples = size_multiples(result.symbols, hints)
                 return result
             except Specialize as more:
                 spec[more.symbol] = more.value
+            except NotBucketable as exc:
+                if blocks or not any(merged_input(n.meta.get("val")) for n in gm.graph.nodes if n.op == "placeholder"):
+                    raise (first or exc) from None
+                blocks, first = True, exc
         raise NotBucketable(f"sizes needed at their traced values past {sorted(spec, key=str)}")
     except NotBucketable as exc:
         return BucketAnalysis(ok=False, reason=str(exc))
@@ -191,7 +200,7 @@ def analyze(gm: torch.fx.GraphModule, boundary_layouts: dict | None = None, buck
         end_assumptions()  # sizes outside an analysis are taken as they are
 
 
-def _analyze(gm, boundary_layouts, buckets, spec, hints, admits) -> BucketAnalysis:
+def _analyze(gm, boundary_layouts, buckets, spec, hints, admits, blocks=False) -> BucketAnalysis:
     result = BucketAnalysis(ok=True)
     assumed = assume_equal_sizes()
     invariant = assume_invariant_sizes(buckets, admits)
@@ -205,16 +214,14 @@ def _analyze(gm, boundary_layouts, buckets, spec, hints, admits) -> BucketAnalys
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor):
             saved = boundary_layouts.get(node.name)
+            if saved is None and node.name.startswith("tangents"):  # any layout is exact for an input at
+                # its true sizes: the one its forward output had is the one the backward computes in
+                saved = next((lay for shape, lay in boundary_layouts.get(OUTPUTS, ()) if shape == shape_key(val)), None)
             if saved is not None and len(saved) == val.dim():
                 lay = saved
-            else:
-                lay = layout_of_shape(val.shape)
-                for d, atoms in enumerate(lay):
-                    if len(atoms) == 1 and _padded(atoms) and not atoms[0].is_Symbol:
-                        if len(atoms[0].free_symbols) > 1 or atoms[0].is_Mul:
-                            raise NotBucketable(
-                                f"input {node.name} dim {d} has size {atoms[0]}: a merged padded size at a graph "
-                                "boundary whose layout is unknown")
+            else:  # every input comes at its true sizes (outputs are sliced back): real is a prefix of each
+                lay = layout_of_shape(val.shape)  # dim, one atom however merged (2 t: the padding after 2 t)
+                lay = tuple(merged_input(val, a) for a in lay) if blocks else lay
             for size in val.shape:  # a length is bucketed where the layout writes it as a constant too
                 if isinstance(size, torch.SymInt):
                     size_symbols |= size.node.expr.free_symbols - spec.keys()  # specialized: not bucketed
@@ -233,6 +240,8 @@ def _analyze(gm, boundary_layouts, buckets, spec, hints, admits) -> BucketAnalys
             result.sym_inputs[pos] = val.node.expr
             if val.node.expr.is_Symbol:
                 bindings.setdefault(val.node.expr, (pos, None))
+                if val.node.expr not in spec and val.node.expr in graph_size_symbols(gm):  # an int a shape is
+                    size_symbols.add(val.node.expr)  # made of (a resumed frame's length: arange(t)): bucketed
     for pos, node in enumerate(placeholders):  # where a specialized size comes from: checked at each call
         val = node.meta.get("val")
         for d, size in enumerate(val.shape if isinstance(val, torch.Tensor) else ()):

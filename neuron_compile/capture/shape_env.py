@@ -58,3 +58,14 @@ def graph_shape_env(gm):
             if isinstance(size, torch.SymInt):
                 return size.node.shape_env
     return None
+
+
+def graph_size_symbols(gm) -> set:
+    """The size symbols of the tensors ``gm`` computes (cached on it: the graph does not change)."""
+    import torch
+
+    if "_size_symbols" not in gm.meta:
+        gm.meta["_size_symbols"] = {
+            x for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)
+            for size in n.meta["val"].shape if isinstance(size, torch.SymInt) for x in size.node.expr.free_symbols}
+    return gm.meta["_size_symbols"]
