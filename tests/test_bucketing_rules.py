@@ -920,3 +920,19 @@ def test_a_graph_whose_only_symbolic_size_is_an_int_input_is_bucketed(fresh_cach
     run_lengths(masks, rows_static_3d)
     assert not exact_shape_reasons(caplog)
     assert_bucketed()
+
+
+def test_random_draws_over_flattened_tokens_take_the_layout_they_meet():
+    # phimoe's Gumbel sampling in training: -log of an exponential_ of an empty_like of the
+    # flattened router scores [2 t, E]; AOT makes the empty of a fresh layout (a prefix of 2 t),
+    # the scores are blocks (2, t). Unspecified values and i.i.d. draws have no layout of their
+    # own (never eager's values), so they take the scores' (the chosen experts stay random; the
+    # probabilities, gated by a test every choice passes, are eager's)
+    def router(x, w):
+        gates = (x @ w).reshape(-1, 4)
+        noise = torch.empty_like(gates, memory_format=torch.legacy_contiguous_format).exponential_().log()
+        chosen = (gates.detach() - noise).max(dim=-1)[1]
+        return gates.softmax(-1) * (chosen >= 0).unsqueeze(-1)
+
+    run_training_lengths(router, lambda t: (torch.randn(2, t, 8), torch.randn(8, 4)), weights=(1,))
+    assert_bucketed()

@@ -40,7 +40,11 @@ never assumed):
 * ``Uniform``: every element the same value (zeros, ``full``, their expands and
   copies): a tensor with no layout of its own, which an ``index_put`` by
   positions may lay out as the positions say, and which takes its fellow
-  operands' layout (``adopt_uniform``);
+  operands' layout (``adopt_uniform``); so do ``empty`` (its values are
+  unspecified) and ``Draws``, random values drawn elementwise and what unary
+  pointwise ops make of them (phimoe's Gumbel noise, ``-log`` of an
+  ``exponential_`` of an ``empty`` of flattened tokens): they are never eager's,
+  and i.i.d. draws in any layout are draws alike;
 * ``Tainted``: arithmetic on inexact positions (the dead branch of the
   negative-index wrap ``where(p < 0, p + n, p)``).
 
@@ -88,6 +92,11 @@ class Positions:
 
 @dataclass(frozen=True)
 class Uniform:
+    pass
+
+
+@dataclass(frozen=True)
+class Draws(Uniform):
     pass
 
 
@@ -152,7 +161,10 @@ _CONVERT = {aten._to_copy.default, torch.ops.prims.convert_element_type.default}
 _COMPARE = {aten.lt.Scalar: "lt", aten.ge.Scalar: "ge", aten.gt.Scalar: "gt", aten.le.Scalar: "le"}
 _UNIFORM = {aten.full.default, aten.zeros.default, aten.ones.default, aten.scalar_tensor.default,
             aten.new_zeros.default, aten.new_ones.default, aten.new_full.default, aten.full_like.default,
-            aten.zeros_like.default, aten.ones_like.default}
+            aten.zeros_like.default, aten.ones_like.default, aten.empty.memory_format, aten.empty_strided.default,
+            aten.new_empty.default, aten.new_empty_strided.default, aten.empty_like.default}  # empty: unspecified
+_DRAWS = {aten.exponential.default, aten.uniform.default, aten.bernoulli.p, aten.rand_like.default,
+          aten.randn_like.default, aten.rand.default, aten.randn.default}
 # what may read a node whose values are not eager's (check_reads): value_fact knows each of them
 _READS_INEXACT = _KEEP | _CONVERT | set(_COMPARE) | {
     aten.add.Tensor, aten.sub.Tensor, aten.where.self, aten.div.Tensor_mode, aten.index.Tensor,
@@ -192,6 +204,9 @@ def value_fact(node: torch.fx.Node, facts: dict):
     if not isinstance(val, torch.Tensor):
         return None
     get = lambda a: facts.get(a) if isinstance(a, torch.fx.Node) else None  # noqa: E731
+    if target in _DRAWS or (isinstance(get(args[0]), Draws) and (target in _KEEP | _CONVERT or (
+            torch.Tag.pointwise in getattr(target, "tags", ()) and sum(isinstance(a, torch.fx.Node) for a in args) == 1))):
+        return Draws()
     if target in _UNIFORM or (target in _KEEP | _CONVERT and isinstance(get(args[0]), Uniform)):
         return Uniform()
     if target in (aten.arange.default, aten.arange.start, aten.arange.start_step):
