@@ -200,6 +200,28 @@ def test_generate_with_a_static_cache_compiles_its_decode_step_once_per_bucket()
         [(r.graph, r.signature) for r in reports]
 
 
+@pytest.mark.slow
+def test_generate_with_a_compiled_forward_reuses_one_prefill_and_one_decode_per_bucket(fresh_cache):
+    # the user compiles the forward (dynamic=True) and generates with a static cache: prompts of
+    # 5 lengths over 2 buckets run the prefill (a graph over the prompt) and the decode step (a
+    # graph over the cache length) at one executable per bucket each, tokens equal to eager's
+    transformers = pytest.importorskip("transformers", reason="transformers is in the test extra")
+    cfg = transformers.AutoConfig.for_model(
+        "llama", vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, max_position_embeddings=512, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    eager = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    eager.load_state_dict(model.state_dict())
+    model.forward = torch.compile(model.forward, backend="neuron", dynamic=True)
+    kw = dict(do_sample=False, max_new_tokens=4, min_new_tokens=4, cache_implementation="static", disable_compile=True)
+    for t in [37, 64, 100, 129, 200]:
+        ids = torch.randint(3, 128, (1, t), generator=torch.Generator().manual_seed(t))
+        torch.testing.assert_close(model.generate(ids, **kw), eager.generate(ids, **kw), rtol=0, atol=0)
+    assert_bucketed()  # prefill and decode: one executable per bucket (128, 256) each
+    assert len({r.graph for r in neuron_compile.compile_reports()}) == 2
+
+
 def test_index_put_along_an_unpadded_dim_of_a_padded_tensor():
     # out[:, idx] = v: index_put(out, [None, idx], v), the padded dim left whole and written row by row
     def scatter_columns(x, idx, v):
