@@ -958,3 +958,25 @@ def test_random_draws_over_flattened_tokens_take_the_layout_they_meet():
 
     run_training_lengths(router, lambda t: (torch.randn(2, t, 8), torch.randn(8, 4)), weights=(1,))
     assert_bucketed()
+
+
+def test_a_prefix_of_a_merged_size_is_not_viewed_as_rows_of_a_padded_size(caplog):
+    # a dim laid out as a prefix of a t (a resumed frame's flattened input, an arange of a * t) is
+    # not t-long rows at the bucket: viewed as [a, t] it would read row i at i * T, eager at i * t.
+    # The chunk rule (a multiple of c viewed as chunks of c) holds only for a c with no padding;
+    # here the view keeps exact shapes, and every result is eager's (before: two thirds wrong)
+    def resumed(x):
+        y = x.flatten() * 2
+        torch._dynamo.graph_break()
+        return y.view(x.shape[0], x.shape[1]).softmax(-1)
+
+    def positions(x):
+        return torch.arange(x.shape[0] * x.shape[1]).view(x.shape[0], x.shape[1]) * x
+
+    caplog.set_level(logging.DEBUG, logger="neuron_compile")
+    for fn in (resumed, positions):
+        compiled = torch.compile(fn, backend="neuron", dynamic=True)
+        for a, t in [(3, 37), (3, 64), (5, 100), (3, 129)]:
+            x = torch.randn(a, t)
+            torch.testing.assert_close(compiled(x), fn(x))
+    assert any("splits a padded size" in r for r in exact_shape_reasons(caplog))

@@ -385,7 +385,8 @@ def _chunks(atom, want, rest):
     viewed as chunks: ``t + (c - t % c) % c`` as ``(t + ...) // c`` chunks of ``c``): the real
     region of a multiple of ``c`` is whole chunks, the prefix of ``want``. Sympy rarely proves
     the product (``FloorDiv``), so it is assumed and checked at each call; ``c`` is returned (a
-    size expression where the graph writes the chunk as one)."""
+    size expression where the graph writes the chunk as one). ``c`` must hold no padding (static,
+    or the same at the bucket): a prefix of ``s t`` is not ``t`` rows of ``s`` at the bucket."""
     c = sympy.Integer(1)
     for size in rest:
         if not isinstance(size, int):
@@ -393,8 +394,8 @@ def _chunks(atom, want, rest):
             break
         c *= size
     if c == 1 or _static(atom) or _static(want) or not want.free_symbols <= atom.free_symbols \
-            or sympy.simplify(atom - want) == 0:
-        return None
+            or sympy.simplify(atom - want) == 0 or _padded((c,)):
+        return None  # a padded c (a prefix of s t viewed as [t, s]) is not whole chunks at the bucket
     if sympy.simplify(want * c - atom) != 0 and not _assume_equal((want * c,), (atom,)):
         return None
     return c
