@@ -678,14 +678,21 @@ def scan_args(t):
             0.3 * torch.randn(2, t, 4, 16, generator=g), 0.3 * torch.randn(2, t, 4, 16, generator=g))
 
 
-def scan_args_static_but_tokens(t):
-    """``scan_args`` with every dim static but the tokens (dim 1)."""
-    args = scan_args(t)
-    for x in args:
-        for d in range(x.dim()):
-            if d != 1:
-                torch._dynamo.mark_static(x, d)
-    return args
+def static_but_tokens(make_args):
+    """``make_args`` with every dim of every argument static but the tokens (dim 1)."""
+
+    def make(t):
+        args = make_args(t)
+        for x in args:
+            for d in range(x.dim()):
+                if d != 1:
+                    torch._dynamo.mark_static(x, d)
+        return args
+
+    return make
+
+
+scan_args_static_but_tokens = static_but_tokens(scan_args)
 
 
 def test_tokens_padded_to_whole_chunks_the_bucket_shares_are_not_padded():
@@ -834,17 +841,9 @@ def test_a_loop_over_chunks_smaller_than_the_bucket_pads_to_the_graphs_last_leng
         return (q, k, torch.randn(2, t, 2, 16, generator=gen), -torch.rand(2, t, 2, generator=gen),
                 torch.rand(2, t, 2, generator=gen))
 
-    def static_but_tokens(t):
-        args = make_args(t)
-        for x in args:
-            for d in range(x.dim()):
-                if d != 1:
-                    torch._dynamo.mark_static(x, d)
-        return args
-
     caplog.set_level(logging.DEBUG, logger="neuron_compile")
     lengths = [37, 50, 64, 100, 129, 180, 200, 250]  # chunk counts 1, 1, 1, 2, 3, 3, 4, 4
-    run_lengths(gated_delta_rule, static_but_tokens, lengths=lengths, rtol=1e-4, atol=1e-4)
+    run_lengths(gated_delta_rule, static_but_tokens(make_args), lengths=lengths, rtol=1e-4, atol=1e-4)
     assert not exact_shape_reasons(caplog)
     per_graph = {}
     for r in neuron_compile.compile_reports():

@@ -111,11 +111,11 @@ def _same_at_bucket(atom, buckets, admits) -> bool:
     tried = [n for n in _samples(symbols, admits) if all(admits.get(x, _ANY)(n) for x in symbols)]
     if len(tried) < 3:
         return False
+    alike = [admits[x] for x in symbols if x in admits]
     try:
         for n in tried:
-            true = {x: n for x in atom.free_symbols}
-            alike = [admits[x] for x in atom.free_symbols if x in admits]
-            bucket = {x: bucket_within(n, buckets, alike) for x in atom.free_symbols}
+            true = {x: n for x in symbols}
+            bucket = dict.fromkeys(symbols, bucket_within(n, buckets, alike))
             if int(sym_to_value(atom, true)) != int(sym_to_value(atom, bucket)):
                 return False
     except Exception:  # noqa: BLE001 - an expression it cannot evaluate is not invariant
