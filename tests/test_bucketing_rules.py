@@ -979,3 +979,107 @@ def test_a_prefix_of_a_merged_size_is_not_viewed_as_rows_of_a_padded_size(caplog
             x = torch.randn(a, t)
             torch.testing.assert_close(compiled(x), fn(x))
     assert any("splits a padded size" in r for r in exact_shape_reasons(caplog))
+
+
+def test_flattened_tokens_viewed_back_after_a_graph_break_are_blocks_of_the_sizes_the_guards_give():
+    # longcat_flash's MoE: the experts take the tokens flattened, [b t, h], and their output is
+    # viewed back to the shape taken before (b, t, h), past a graph break. The resumed frame has a
+    # symbol of its own for b t, and the view guards it as b rows of t (b t % b == 0, b t // b ==
+    # t), Dynamo checking both at each call: the flattened input is laid out as blocks (b, t)
+    def experts(x):
+        shape = x.shape
+        y = x.reshape(-1, shape[-1]).sin()
+        torch._dynamo.graph_break()
+        return y.view(*shape).softmax(1)
+
+    run_lengths(experts, rows_static_3d, rtol=1e-5, atol=1e-5)
+    assert_bucketed()
+
+
+def windows_of_four(x, w):
+    # deepseek_v4's compressor: the tokens cut to whole windows of 4 and viewed as [b, n, 4, d], a
+    # window's half moved one window on, a softmax within windows
+    kv = x @ w
+    n = kv.shape[1] // 4
+    chunk = kv[:, : n * 4].view(2, n, 4, -1)
+    new = chunk.new_zeros(2, n, 8, 16)
+    new[:, :, 4:] = chunk[..., 16:]
+    new[:, 1:, :4] = chunk[:, :-1, :, :16]
+    return new.softmax(2).sum(2)
+
+
+def test_tokens_cut_to_whole_windows_are_viewed_as_windows_followed_by_their_own_dims():
+    # the chunk of 4 * (t // 4) viewed as [t // 4, 4, 32] is the 4 after the count, not 4 * 32 (the
+    # 32 is an atom of its own); where the guards make t a multiple of 4 (Dynamo's second graph)
+    # the atom is t itself and 4 * (t // 4) is t in the form the guards give it
+    run_lengths(windows_of_four, lambda t: (rows_static_3d(t)[0].repeat(1, 1, 4), torch.randn(32, 32)),
+                rtol=1e-5, atol=1e-5)
+    assert_bucketed()  # two graphs (t % 4 == 0 and not), each one executable per bucket
+    neuron_compile.reset()
+    run_training_lengths(windows_of_four, lambda t: (torch.randn(2, t, 32), torch.randn(32, 32)), weights=(1,))
+    # training guards t % 4 too (a graph per remainder: 37 and 129, 250, the multiples of 4), each
+    # graph one executable per bucket it meets
+    assert COUNTERS["bucketing_fallbacks"] == 0
+    per_graph = {}
+    for graph, signature in bucket_signatures():
+        per_graph.setdefault(graph, set()).add(signature)
+    assert len(per_graph) >= 4 and all(len(s) <= 2 for s in per_graph.values()), per_graph
+    assert COUNTERS["xla_compiles"] == len(bucket_signatures())
+
+
+def test_a_graph_dynamo_specialized_every_size_of_runs_at_one_size():
+    # kimi_linear at 64 tokens: its chunk padding of 0 guards t % 64 == 0 and its single chunk
+    # t <= 64, so Dynamo's graph for 64 has no size symbol left (a Sym(64) input). That is a graph
+    # for one size, as Dynamo compiles one per size it is called at, not a graph the padding
+    # analysis refused (no fallback counted, explain does not blame an op)
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from neuron_compile.capture.bucketing import analyze
+
+    gm = make_fx(lambda x: x.softmax(-1))(torch.randn(2, 64))
+    result = analyze(gm, buckets=128)
+    assert not result.ok and result.one_size, result.reason
+
+
+def sparse_block_bias(x, c):
+    # deepseek_v4's indexer: the top-k compressed entries per query, those past the causal
+    # threshold marked -1, a -inf bias with 0 at the picks and a sentinel column for the marked
+    b, t, n = x.shape[0], x.shape[1], c.shape[1]
+    pos = torch.arange(t).unsqueeze(0).expand(b, -1)
+    thr = (pos + 1) // 4
+    scores = (x @ c.transpose(1, 2)).masked_fill(torch.arange(n).view(1, 1, -1) >= thr.unsqueeze(-1), float("-inf"))
+    top = scores.topk(min(4, n), dim=-1).indices
+    top = torch.where(top >= thr.unsqueeze(-1), torch.full_like(top, -1), top)
+    safe = torch.where(top >= 0, top, torch.full_like(top, n))
+    bias = x.new_full((b, 1, t, n + 1), float("-inf"))
+    bias.scatter_(-1, safe.unsqueeze(1), 0.0)
+    return bias[..., :n]
+
+
+def test_a_scatter_by_picks_or_a_sentinel_at_the_true_size_stays_in_the_real_region():
+    # the scatter's index along the padded n + 1 is where(i >= 0, i, full_like(i, n)) of
+    # i = where(.., full_like(-1), topk indices): the picks lie in [0, n - 1] once i >= 0, the
+    # sentinel is n read at its true value, so every real index is within [0, n]
+    def make_args(t):
+        x, c = torch.randn(2, t, 8), torch.randn(2, t // 4, 8)
+        torch._dynamo.mark_static(x, 0)
+        torch._dynamo.mark_static(c, 0)
+        return x, c
+
+    run_lengths(sparse_block_bias, make_args)
+    assert_bucketed()
+
+
+def test_a_masked_selection_reshaped_past_its_graph_break_is_blocks_of_the_reshape():
+    # blt's patch starts: a boolean-mask selection (data-dependent, so Dynamo breaks the graph
+    # there) of exactly t entries per row, reshaped to [b, t] in the resumed frame; the reshape
+    # guards the selection's own symbol as b * t, laid out as blocks in the reshape's order
+    def patch_starts(entropies):
+        b, t = entropies.shape
+        mask = entropies > 0
+        idx = torch.arange(t).unsqueeze(0).expand(b, -1)
+        starts = torch.cat([idx, torch.full_like(idx, t)], dim=1)[torch.cat([mask, ~mask], dim=1)].reshape(b, t)
+        return starts * 2, mask.sum(1).max()
+
+    run_lengths(patch_starts, rows_static(2))
+    assert_bucketed()

@@ -45,6 +45,67 @@ def assume_equal_sizes() -> list:
 
 
 _SPECIALIZED: contextvars.ContextVar = contextvars.ContextVar("bucket_specialized", default=None)
+_PRODUCTS: contextvars.ContextVar = contextvars.ContextVar("bucket_products", default=None)
+_SHAPE_ENV: contextvars.ContextVar = contextvars.ContextVar("bucket_shape_env", default=None)
+
+
+def guarded_products(shape_env, views=()) -> dict:
+    """The size symbols the graph's guards define as a product of two others: ``Eq(Mod(s, a), 0)``
+    with ``Eq(b, s // a)`` is ``s == a * b`` (``a * (s // a) + s % a == s``), ``s -> (a, b)``.
+    A resumed frame gets a symbol of its own for a size it did not compute (longcat's
+    ``[s38, 64]`` flattened tokens, viewed back as ``orig_shape = (s61, s39, 64)``), and the
+    view's guards relate it to the sizes it came from. Dynamo checks the guards at every call, so
+    the identity holds for every call the graph serves; so does ``Eq(s, a * b)`` (a reshape of a
+    resumed frame's input to ``[a, b]``). The order ``(a, b)`` is the view's (``a`` rows of ``b``;
+    ``views``: the graph's views as pairs of input and output sizes): the blocks it is laid out in
+    when an input (``merged_input``)."""
+    if shape_env is None:
+        return {}
+    divisible, quotients, products = set(), {}, {}
+    for g in shape_env_guards(shape_env):
+        if not isinstance(g, sympy.Eq):
+            continue
+        for x, y in ((g.lhs, g.rhs), (g.rhs, g.lhs)):
+            if type(x).__name__ in ("Mod", "PythonMod") and y == 0 and x.args[0].is_Symbol:
+                divisible.add(tuple(x.args))
+            if type(x).__name__ == "FloorDiv" and y.is_Symbol and x.args[0].is_Symbol:
+                quotients[tuple(x.args)] = y
+            if x.is_Symbol and y.is_Mul and len(y.args) == 2 and x not in y.free_symbols \
+                    and all(f.is_Symbol or f.is_Integer for f in y.args):
+                products[x] = _view_order(x, y.args, views)  # blt's Eq(s38, s21*s56)
+    products.update({s: (a, b) for (s, a), b in quotients.items()
+                     if (s, a) in divisible and s != b and s not in a.free_symbols and (a.is_Symbol or a.is_Integer)})
+    return products
+
+
+def _view_order(s, factors, views) -> tuple:
+    """The two ``factors`` of ``s`` in the order a view of a size-``s`` dim into them writes them (blt's
+    ``patch_starts.reshape(batch, seq_len)``), else sympy's."""
+    for before, after in views:
+        for d, size in enumerate(before):
+            if size == s:
+                for i in range(len(after) - 1):
+                    if set(after[i:i + 2]) == set(factors) and sympy.Mul(*after[i:i + 2]) == sympy.Mul(*factors):
+                        return tuple(after[i:i + 2])
+    return tuple(factors)
+
+
+def assume_products(products: dict, shape_env=None) -> None:
+    """For this analysis, the size symbols in ``products`` (``guarded_products``) are those
+    products wherever a size is read (``size_expr``); ``shape_env`` is the graph's (its guards
+    give sizes the forms ``_same_size`` compares)."""
+    _PRODUCTS.set(products or None)
+    _SHAPE_ENV.set(shape_env)
+
+
+def size_expr(expr):
+    """``expr`` with each symbol the guards define as a product written as it (``guarded_products``):
+    a bucket is chosen for the factors, so every size, bucketed or read as a true value, is
+    written in them."""
+    products = _PRODUCTS.get()
+    if products and expr.free_symbols & products.keys():
+        expr = expr.xreplace({s: a * b for s, (a, b) in products.items()})
+    return expr
 
 
 class Specialize(NotBucketable):
@@ -88,6 +149,8 @@ def end_assumptions() -> None:
     _ASSUMED.set(None)
     _INVARIANT.set(None)
     _SPECIALIZED.set(None)
+    _PRODUCTS.set(None)
+    _SHAPE_ENV.set(None)
 
 
 def _invariant(atom) -> bool:
@@ -125,7 +188,7 @@ def _same_at_bucket(atom, buckets, admits) -> bool:
 
 def _expr(size) -> sympy.Expr:
     if isinstance(size, torch.SymInt):
-        expr = size.node.expr
+        expr = size_expr(size.node.expr)
         state = _SPECIALIZED.get()
         if state is not None and state[0] and expr.free_symbols & state[0].keys():
             expr = sympy.expand(expr.xreplace({k: sympy.Integer(v) for k, v in state[0].items()}))
@@ -276,6 +339,9 @@ def agree(a: Atoms, b: Atoms) -> bool:
     a, b = _norm(a), _norm(b)
     if a == b:
         return True
+    ga, gb = _prefix_groups(a), _prefix_groups(b)
+    if len(ga) == len(gb) and all(_same_size(x, y) for x, y in zip(ga, gb)):
+        return True  # blocks real on prefixes of one size ((2, t // 4, 4) and (2, t), t a multiple of 4)
     if len(a) == len(b) and all(x == y or _assume_equal((x,), (y,)) for x, y in zip(a, b)):
         return True
     _respecialize(a, b)
@@ -343,6 +409,7 @@ def _regroup(layout: Layout, out_shape) -> Layout:
         if not _padded_layout(fresh):
             return fresh
     atoms = [a for dim in layout for a in dim if a != 1]
+    shape_env = next((x.node.shape_env for x in out_shape if isinstance(x, torch.SymInt)), None)
     out = []
     i = 0
     for n, size in enumerate(out_shape):
@@ -352,12 +419,12 @@ def _regroup(layout: Layout, out_shape) -> Layout:
             continue
         group = []
         have = sympy.Integer(1)
-        while sympy.simplify(have - want) != 0:
+        while not _same_size(have, want, shape_env):
             if i >= len(atoms):
                 raise NotBucketable(f"view to {list(out_shape)} does not follow the padded layout {layout}")
             atom = atoms[i]
             ratio = sympy.simplify(want / have)
-            chunk = _chunks(atom, want, out_shape[n + 1:]) if not group else None
+            chunk = _chunks(atom, want, out_shape[n + 1:], shape_env) if not group else None
             if chunk is not None:
                 group.append(want)  # (q, c) of a multiple of c: q's prefix is the real chunks
                 atoms[i] = chunk
@@ -379,9 +446,9 @@ def _regroup(layout: Layout, out_shape) -> Layout:
     return tuple(out)
 
 
-def _chunks(atom, want, rest):
+def _chunks(atom, want, rest, shape_env=None):
     """A symbolic ``atom`` viewed as ``(want, c, ...)`` with ``c`` the product of the static sizes
-    after it, when ``want * c`` is ``atom`` (Mamba2's tokens padded to a multiple of the chunk and
+    after it up to the first that makes ``want * c`` the atom, when ``want * c`` is ``atom`` (Mamba2's tokens padded to a multiple of the chunk and
     viewed as chunks: ``t + (c - t % c) % c`` as ``(t + ...) // c`` chunks of ``c``): the real
     region of a multiple of ``c`` is whole chunks, the prefix of ``want``. Sympy rarely proves
     the product (``FloorDiv``), so it is assumed and checked at each call; ``c`` is returned (a
@@ -393,12 +460,44 @@ def _chunks(atom, want, rest):
             c = c * _expr(size) if c == 1 else c  # bamba's chunk is A // (A // 256), not a literal 256
             break
         c *= size
+        if _same_size(want * c, atom, shape_env):
+            break  # the chunk is these dims; the next are atoms of their own (deepseek_v4's [n, 4, 32])
     if c == 1 or _static(atom) or _static(want) or not want.free_symbols <= atom.free_symbols \
-            or sympy.simplify(atom - want) == 0 or _padded((c,)):
-        return None  # a padded c (a prefix of s t viewed as [t, s]) is not whole chunks at the bucket
-    if sympy.simplify(want * c - atom) != 0 and not _assume_equal((want * c,), (atom,)):
+            or not _smaller(want, atom) or _padded((c,)):
+        return None  # a merge (4 (t // 4) of t // 4 and 4) or the atom itself is no chunk  # a padded c (a prefix of s t viewed as [t, s]) is not whole chunks at the bucket
+    if not _same_size(want * c, atom, shape_env) and not _assume_equal((want * c,), (atom,)):
         return None
     return c
+
+
+def _smaller(a, b) -> bool:
+    """``a < b`` at sampled lengths (every symbol at 37, at 129)."""
+    try:
+        return all(int(sym_to_value(a, dict.fromkeys(a.free_symbols | b.free_symbols, n))) <
+                   int(sym_to_value(b, dict.fromkeys(a.free_symbols | b.free_symbols, n))) for n in (37, 129))
+    except Exception:  # noqa: BLE001 - not evaluable: not known smaller
+        return False
+
+
+def _same_size(a, b, shape_env=None) -> bool:
+    """Sizes sympy proves equal, or equal in the forms the graph's guards give them (``_canonical``:
+    ``4 * (t // 4)`` is ``t`` where a guard makes ``t`` a multiple of 4; checked at each call)."""
+    if sympy.simplify(a - b) == 0:
+        return True
+    shape_env = shape_env or _SHAPE_ENV.get()
+    return sympy.simplify(_canonical(a, shape_env) - _canonical(b, shape_env)) == 0
+
+
+def _prefix_groups(atoms: Atoms) -> list:
+    """``atoms`` as blocks each real on a prefix: a symbolic atom with the static ones after it as
+    one size (``(2, t // 4, 4)`` -> ``[2, 4 (t // 4)]``)."""
+    groups: list = []
+    for a in atoms:
+        if groups and _static(a):
+            groups[-1] = groups[-1] * a
+        else:
+            groups.append(a)
+    return groups
 
 
 def prefix_atoms(atoms: Atoms):
@@ -426,5 +525,8 @@ def merged_input(val, atoms=None):
         return isinstance(val, torch.Tensor) and any(len(a) == 1 and a[0].is_Mul and _padded(a)
                                                      for a in layout_of_shape(val.shape))
     if len(atoms) == 1 and atoms[0].is_Mul and _padded(atoms):
+        for a, b in (_PRODUCTS.get() or {}).values():
+            if sympy.expand(a * b - atoms[0]) == 0:
+                return _norm((a, b))  # the view the guards came from: a rows of b
         return _norm(tuple(sorted(atoms[0].args, key=lambda a: (bool(a.free_symbols), str(a)))))
     return atoms

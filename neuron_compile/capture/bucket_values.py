@@ -22,6 +22,11 @@ never assumed):
   false when ``lo >= c`` (``x >= c`` is true), ``x >= c`` and ``x > c``
   likewise; ``where(Const(b), t, f)`` is ``t`` or ``f``. This is what proves
   the negative-index wrap ``where(i < 0, i + n, i)`` is ``i`` for an arange.
+  Otherwise ``where(c, t, f)`` holds values of either interval, the true
+  branch's raised to ``k`` where ``c`` is ``t >= k`` (deepseek_v4's
+  ``where(i >= 0, i, full_like(i, n))``: picks and a sentinel in ``[0, n]``);
+* ``Filled(v)``: an integer fill (``full_like(i, n)``) of ``v``, an int or a
+  size read at its true value: the interval ``[v, v]``, and a ``Uniform``;
 
 * ``Positions(atoms, bijective)``: the indices of a sort along a padded dim
   (a MoE router's ``sort(expert_ids)``). At the bucket they are positions in
@@ -63,7 +68,7 @@ import sympy
 import torch
 import torch.fx
 
-from .bucket_layouts import NotBucketable, _broadcast, _dim_expr, _norm, _padded, _static
+from .bucket_layouts import NotBucketable, _broadcast, _dim_expr, _norm, _padded, _static, size_expr
 
 aten = torch.ops.aten
 
@@ -100,6 +105,12 @@ class Draws(Uniform):
     pass
 
 
+@dataclass(frozen=True)
+class Filled(Uniform):
+    """Every element ``value`` (an int, or a size read at its true value): ``full_like(i, n)``."""
+    value: sympy.Expr
+
+
 class Tainted:
     """Values derived from inexact positions: never read as values."""
 
@@ -118,7 +129,27 @@ def inexact(fact) -> bool:
 def as_interval(fact):
     if isinstance(fact, Positions) and fact.exact:
         return Interval(sympy.Integer(0), _dim_expr(fact.atoms) - 1)
+    if isinstance(fact, Filled):
+        return Interval(fact.value, fact.value)
     return fact if isinstance(fact, Interval) else None
+
+
+def _lower(a, b, low=True):
+    """The lower (``low``) or the upper of two bounds, where one is provably so; else sympy's."""
+    if provably_le(a, b):
+        return a if low else b
+    if provably_le(b, a):
+        return b if low else a
+    return sympy.Min(a, b) if low else sympy.Max(a, b)
+
+
+def _branch_interval(cond, branch, fact):
+    """``where(x >= c, x, y)``: where the true branch is taken, ``x >= c`` (``x > c``: ``>= c + 1``)."""
+    if isinstance(cond, torch.fx.Node) and cond.target in (aten.ge.Scalar, aten.gt.Scalar) and cond.args[0] is branch:
+        c = _sym(cond.args[1])
+        if c is not None:
+            return Interval(_lower(fact.lo, c + (cond.target is aten.gt.Scalar), low=False), fact.hi)
+    return fact
 
 
 def _sym(x):
@@ -130,7 +161,7 @@ def _sym(x):
     if isinstance(x, torch.fx.Node):
         x = x.meta.get("val")
     if isinstance(x, torch.SymInt):
-        return x.node.expr
+        return size_expr(x.node.expr)
     return None
 
 
@@ -163,6 +194,8 @@ _UNIFORM = {aten.full.default, aten.zeros.default, aten.ones.default, aten.scala
             aten.new_zeros.default, aten.new_ones.default, aten.new_full.default, aten.full_like.default,
             aten.zeros_like.default, aten.ones_like.default, aten.empty.memory_format, aten.empty_strided.default,
             aten.new_empty.default, aten.new_empty_strided.default, aten.empty_like.default}  # empty: unspecified
+# fills -> the position of their value (deepseek_v4's full_like(top_k, compressed_len) sentinel)
+_FILLS = {aten.full.default: 1, aten.full_like.default: 1, aten.new_full.default: 2, aten.scalar_tensor.default: 0}
 _DRAWS = {aten.exponential.default, aten.uniform.default, aten.bernoulli.p, aten.rand_like.default,
           aten.randn_like.default, aten.rand.default, aten.randn.default}
 # what may read a node whose values are not eager's (check_reads): value_fact knows each of them
@@ -207,6 +240,12 @@ def value_fact(node: torch.fx.Node, facts: dict):
     if target in _DRAWS or (isinstance(get(args[0]), Draws) and (target in _KEEP | _CONVERT or (
             torch.Tag.pointwise in getattr(target, "tags", ()) and sum(isinstance(a, torch.fx.Node) for a in args) == 1))):
         return Draws()
+    if target in _FILLS and not val.dtype.is_floating_point and val.dtype != torch.bool:
+        value = _sym(args[_FILLS[target]]) if len(args) > _FILLS[target] else None
+        if value is not None:
+            return Filled(value)  # a size as the value is its true value (bucketing's true_values)
+    if target in _KEEP | _CONVERT and isinstance(get(args[0]), Filled) and not val.dtype.is_floating_point:
+        return get(args[0])
     if target in _UNIFORM or (target in _KEEP | _CONVERT and isinstance(get(args[0]), Uniform)):
         return Uniform()
     if target in (aten.arange.default, aten.arange.start, aten.arange.start_step):
@@ -279,7 +318,13 @@ def value_fact(node: torch.fx.Node, facts: dict):
         cond = get(args[0])
         if isinstance(cond, Const):
             return get(args[1] if cond.value else args[2])
-        return Tainted() if any(inexact(get(a)) for a in args) else None
+        if any(inexact(get(a)) for a in args):
+            return Tainted()
+        fa, fb = as_interval(get(args[1])), as_interval(get(args[2]))
+        if isinstance(fa, Interval) and isinstance(fb, Interval):  # either branch's values
+            fa = _branch_interval(args[0], args[1], fa)
+            return Interval(_lower(fa.lo, fb.lo), _lower(fa.hi, fb.hi, low=False))
+        return None
     if target in (aten.index_put.default, aten.index_put_.default):
         accumulate = args[3] if len(args) > 3 else node.kwargs.get("accumulate", False)
         facts_in = [get(i) for i in args[1] if i is not None]

@@ -47,14 +47,16 @@ import torch
 import torch.fx
 
 from .bucket_layouts import (NotBucketable, _broadcast, _dim_expr, _expr, _norm, _padded, _padded_layout, _regroup,
-                             Specialize, _static, agree, assume_equal_sizes, assume_invariant_sizes, end_assumptions,
-                             layout_of_shape, merged_input, shape_key, specialize_sizes)
+                             Specialize, agree, assume_equal_sizes, assume_invariant_sizes, assume_products,
+                             end_assumptions, guarded_products, layout_of_shape, merged_input, shape_key, size_expr,
+                             specialize_sizes)
 from .bucket_sizes import size_multiples, symbol_admits
 from .bucket_conv_cat import (cat_layout, constant_pad_layout, convolution_backward_layout, convolution_layout,
                               split_layout)
 from .bucket_indexing import (index_layout, index_put_layout, row_local_layout, select_layout, slice_layout, sort_layout,
                               topk_layout)
-from .bucket_values import Positions, Uniform, adopt_uniform, check_reads, inexact, value_fact
+from .bucket_reductions import _REDUCTIONS, _reduction, _reduction_layout, _vector_norm
+from .bucket_values import Positions, adopt_uniform, check_reads, inexact, value_fact
 from .shape_env import graph_shape_env, graph_size_symbols, graph_traced_values
 
 aten = torch.ops.aten
@@ -78,15 +80,6 @@ _LIKE = {aten.full_like.default, aten.zeros_like.default, aten.ones_like.default
          aten.rand_like.default, aten.randn_like.default, aten.exponential.default, aten.uniform.default,
          aten.bernoulli.p}
 _VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
-# reduction -> identity (None: depends on dtype and direction, see _identity)
-_REDUCTIONS = {
-    aten.sum.dim_IntList: 0, aten.sum.default: 0, aten.prod.dim_int: 1, aten.prod.default: 1,
-    aten.amax.default: "min", aten.amin.default: "max", aten.max.dim: "min", aten.min.dim: "max",
-    aten.argmax.default: "min", aten.argmin.default: "max", aten.any.dim: False, aten.any.dims: False,
-    aten.any.default: False, aten.all.dim: True, aten.all.dims: True, aten.all.default: True,
-    aten.logsumexp.default: "-inf", aten.mean.dim: 0, aten.mean.default: 0, aten.max.default: "min",
-    aten.min.default: "max",
-}
 _SOFTMAX = {aten._softmax.default, aten._log_softmax.default}
 # reductions that are exact only when no reduced dim is padded (statistics over hidden sizes)
 _ROW_REDUCTIONS = {aten.var_mean.correction, aten.var.correction, aten.std.correction, aten.var_mean.dim,
@@ -169,6 +162,9 @@ def analyze(gm: torch.fx.GraphModule, boundary_layouts: dict | None = None, buck
     (``bucket_layouts.assume_invariant_sizes``)."""
     try:
         hints = graph_traced_values(gm)
+        if not hints:  # every size Dynamo gave a symbol it has since specialized (kimi_linear at 64 tokens:
+            # its chunk padding of 0 guards t % 64 == 0 and its one chunk t <= 64): a graph for one size
+            return BucketAnalysis(ok=False, one_size=True, reason="Dynamo specialized every size of the graph")
         # sizes Dynamo traced at 0 or 1 are constants, as it makes such sizes itself (an int argument
         # made symbolic, transformers' logits_to_keep=0); more where the analysis needs them
         spec = {s: v for s, v in hints.items() if v in (0, 1)}
@@ -205,6 +201,11 @@ def _analyze(gm, boundary_layouts, buckets, spec, hints, admits, blocks=False) -
     assumed = assume_equal_sizes()
     invariant = assume_invariant_sizes(buckets, admits)
     specialize_sizes(spec, hints)
+    products = guarded_products(graph_shape_env(gm), [
+        tuple(tuple(x.node.expr if isinstance(x, torch.SymInt) else x for x in v.shape) for v in (
+            n.args[0].meta["val"], n.meta["val"])) for n in gm.graph.nodes if n.target in _VIEWS
+        and isinstance(n.args[0], torch.fx.Node) and isinstance(n.args[0].meta.get("val"), torch.Tensor)])
+    assume_products(products, graph_shape_env(gm))
     layouts: dict = {}  # node -> Layout (tensor) or list of Layouts (tuple outputs)
     facts: dict = {}  # node -> what its real values are known to be (bucket_values)
     size_symbols: set = set()
@@ -224,7 +225,7 @@ def _analyze(gm, boundary_layouts, buckets, spec, hints, admits, blocks=False) -
                 lay = tuple(merged_input(val, a) for a in lay) if blocks else lay
             for size in val.shape:  # a length is bucketed where the layout writes it as a constant too
                 if isinstance(size, torch.SymInt):
-                    size_symbols |= size.node.expr.free_symbols - spec.keys()  # specialized: not bucketed
+                    size_symbols |= size_expr(size.node.expr).free_symbols - spec.keys()  # specialized: not bucketed
             for d, atoms in enumerate(lay):
                 for a in atoms:
                     size_symbols |= a.free_symbols
@@ -237,15 +238,16 @@ def _analyze(gm, boundary_layouts, buckets, spec, hints, admits, blocks=False) -
                 if inexact(facts[node]):
                     result.position_inputs[pos] = facts[node].atoms
         elif isinstance(val, torch.SymInt):
-            result.sym_inputs[pos] = val.node.expr
+            result.sym_inputs[pos] = size_expr(val.node.expr)
             if val.node.expr.is_Symbol:
                 bindings.setdefault(val.node.expr, (pos, None))
-                if val.node.expr not in spec and val.node.expr in graph_size_symbols(gm):  # an int a shape is
+                if val.node.expr not in spec and val.node.expr not in products and \
+                        val.node.expr in graph_size_symbols(gm):  # an int a shape is
                     size_symbols.add(val.node.expr)  # made of (a resumed frame's length: arange(t)): bucketed
-    for pos, node in enumerate(placeholders):  # where a specialized size comes from: checked at each call
+    for pos, node in enumerate(placeholders):  # where a specialized size (checked at each call) or a product comes from
         val = node.meta.get("val")
         for d, size in enumerate(val.shape if isinstance(val, torch.Tensor) else ()):
-            if isinstance(size, torch.SymInt) and size.node.expr in spec:
+            if isinstance(size, torch.SymInt) and (size.node.expr in spec or size.node.expr in products):
                 bindings.setdefault(size.node.expr, (pos, d))
     result.checks += [(x, sympy.Integer(v)) for x, v in spec.items() if x in bindings]
     symbols = sorted(size_symbols, key=str)
@@ -254,7 +256,8 @@ def _analyze(gm, boundary_layouts, buckets, spec, hints, admits, blocks=False) -
         raise NotBucketable(f"no input gives the true value of {missing}")
     result.symbols = tuple(symbols)
     result.bindings = dict(bindings)
-    result.value_symbols = tuple(sorted((s for s in bindings if s not in size_symbols), key=str))
+    # a product (guarded_products) is bound for the views rebuilt at true sizes; its factors key
+    result.value_symbols = tuple(sorted((s for s in bindings if s not in size_symbols | products.keys()), key=str))
     if not symbols:
         raise NotBucketable("no symbolic tensor size to bucket")
 
@@ -305,7 +308,7 @@ def _analyze(gm, boundary_layouts, buckets, spec, hints, admits, blocks=False) -
             if isinstance(val, torch.Tensor):
                 result.output_layouts.append(layouts[value])
             elif isinstance(val, (torch.SymInt, torch.SymFloat)):
-                result.output_layouts.append(SymOutput(val.node.expr))
+                result.output_layouts.append(SymOutput(size_expr(val.node.expr)))
             else:
                 result.output_layouts.append(None)
             result.output_names.append(value.name)
@@ -352,9 +355,9 @@ def _analyze_node(node, layouts, result, facts):
         if _is_sym_node(a) and target not in _CREATION and target not in _VIEWS and target not in (
                 aten.slice.Tensor, aten.expand.default, aten.narrow.default, aten.select.int):
             if i < len(schema) and str(schema[i].type) in ("Scalar", "Tensor", "float", "number"):
-                rewrite.true_values[i] = a.meta["val"].node.expr
+                rewrite.true_values[i] = size_expr(a.meta["val"].node.expr)
     if target is aten.scalar_tensor.default and _is_sym_node(args[0]):  # torch.tensor(n): a value
-        rewrite.true_values[0] = args[0].meta["val"].node.expr
+        rewrite.true_values[0] = size_expr(args[0].meta["val"].node.expr)
 
     # ops on unpadded tensors keep their layout, except those whose position arguments (a slice's
     # start, a select's index) could be sizes: at the bucket those read the bucket's value
@@ -544,54 +547,3 @@ def _fresh_or_inherit(val, tensor_args):
 
 def _is_pointwise(target) -> bool:
     return target in _POINTWISE_EXTRA or torch.Tag.pointwise in getattr(target, "tags", ())
-
-
-def _reduction_layout(node, layouts, tensor_args, rewrite):
-    _reduction(node, layouts, tensor_args, rewrite, identity=0)
-
-
-def _reduction(node, layouts, tensor_args, rewrite, identity=None):
-    target = node.target
-    src = tensor_args[0][2]
-    nd = len(src)
-    args = node.args
-    if target in (aten.sum.default, aten.prod.default, aten.any.default, aten.all.default, aten.mean.default) or (
-            identity is not None and (len(args) < 2 or args[1] is None) and "dim" not in node.kwargs):
-        dims = list(range(nd))
-        keep = False
-    else:
-        dims = args[1] if len(args) > 1 else node.kwargs.get("dim")
-        if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
-            dims = list(range(nd))  # dim=[] reduces every dim (sum.dim_IntList, amax)
-        elif isinstance(dims, int):
-            dims = [dims]
-        dims = [d % nd for d in dims] if nd else []
-        keep = (args[2] if len(args) > 2 else node.kwargs.get("keepdim", False))
-    _reduced(node, layouts, src, dims, keep, _REDUCTIONS.get(target, identity), rewrite)
-
-
-def _vector_norm(node, layouts, tensor_args, rewrite):
-    """``linalg_vector_norm(x, ord, dim)`` over a padded dim: ``(sum |x|^ord)^(1/ord)``, ``max |x|``
-    or a count of nonzeros: zeros on the padded positions add nothing for any ``ord >= 0``
-    (a negative order or -inf would read them as infinities or minima)."""
-    args, src = node.args, tensor_args[0][2]
-    order = args[1] if len(args) > 1 else node.kwargs.get("ord", 2)
-    dims = args[2] if len(args) > 2 else node.kwargs.get("dim")
-    keep = args[3] if len(args) > 3 else node.kwargs.get("keepdim", False)
-    dims = list(range(len(src))) if not dims else [d % len(src) for d in ([dims] if isinstance(dims, int) else dims)]
-    if not isinstance(order, (int, float)) or order < 0:
-        if any(_padded(src[d]) for d in dims):
-            raise NotBucketable(f"{node.name}: a vector norm of order {order} over a padded dim")
-    _reduced(node, layouts, src, dims, keep, 0, rewrite)
-
-
-def _reduced(node, layouts, src, dims, keep, identity, rewrite):
-    target, nd = node.target, len(src)
-    masked = [(d, src[d]) for d in dims if _padded(src[d])]
-    if masked:
-        rewrite.masks.append((0, masked, identity))
-        if target in (aten.mean.dim, aten.mean.default):
-            rewrite.mean_dims = [(d, src[d]) for d in dims]
-    out = [() if d in dims else src[d] for d in range(nd)] if keep else [src[d] for d in range(nd) if d not in dims]
-    val = node.meta["val"]
-    layouts[node] = [tuple(out), tuple(out)] if isinstance(val, (tuple, list)) else tuple(out)

@@ -1,0 +1,73 @@
+"""Reductions over padded dims, for the padding analysis (``bucketing.py``): a reduced padded dim
+sees the reduction's identity on its padded positions (``where(mask, x, identity)`` before the op,
+``bucket_padding`` applies it), a mean divides by the true element count.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .bucket_layouts import NotBucketable, _padded
+
+aten = torch.ops.aten
+
+# reduction -> identity (None: depends on dtype and direction, see _identity)
+_REDUCTIONS = {
+    aten.sum.dim_IntList: 0, aten.sum.default: 0, aten.prod.dim_int: 1, aten.prod.default: 1,
+    aten.amax.default: "min", aten.amin.default: "max", aten.max.dim: "min", aten.min.dim: "max",
+    aten.argmax.default: "min", aten.argmin.default: "max", aten.any.dim: False, aten.any.dims: False,
+    aten.any.default: False, aten.all.dim: True, aten.all.dims: True, aten.all.default: True,
+    aten.logsumexp.default: "-inf", aten.mean.dim: 0, aten.mean.default: 0, aten.max.default: "min",
+    aten.min.default: "max",
+}
+
+
+def _reduction_layout(node, layouts, tensor_args, rewrite):
+    _reduction(node, layouts, tensor_args, rewrite, identity=0)
+
+
+def _reduction(node, layouts, tensor_args, rewrite, identity=None):
+    target = node.target
+    src = tensor_args[0][2]
+    nd = len(src)
+    args = node.args
+    if target in (aten.sum.default, aten.prod.default, aten.any.default, aten.all.default, aten.mean.default) or (
+            identity is not None and (len(args) < 2 or args[1] is None) and "dim" not in node.kwargs):
+        dims = list(range(nd))
+        keep = False
+    else:
+        dims = args[1] if len(args) > 1 else node.kwargs.get("dim")
+        if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+            dims = list(range(nd))  # dim=[] reduces every dim (sum.dim_IntList, amax)
+        elif isinstance(dims, int):
+            dims = [dims]
+        dims = [d % nd for d in dims] if nd else []
+        keep = (args[2] if len(args) > 2 else node.kwargs.get("keepdim", False))
+    _reduced(node, layouts, src, dims, keep, _REDUCTIONS.get(target, identity), rewrite)
+
+
+def _vector_norm(node, layouts, tensor_args, rewrite):
+    """``linalg_vector_norm(x, ord, dim)`` over a padded dim: ``(sum |x|^ord)^(1/ord)``, ``max |x|``
+    or a count of nonzeros: zeros on the padded positions add nothing for any ``ord >= 0``
+    (a negative order or -inf would read them as infinities or minima)."""
+    args, src = node.args, tensor_args[0][2]
+    order = args[1] if len(args) > 1 else node.kwargs.get("ord", 2)
+    dims = args[2] if len(args) > 2 else node.kwargs.get("dim")
+    keep = args[3] if len(args) > 3 else node.kwargs.get("keepdim", False)
+    dims = list(range(len(src))) if not dims else [d % len(src) for d in ([dims] if isinstance(dims, int) else dims)]
+    if not isinstance(order, (int, float)) or order < 0:
+        if any(_padded(src[d]) for d in dims):
+            raise NotBucketable(f"{node.name}: a vector norm of order {order} over a padded dim")
+    _reduced(node, layouts, src, dims, keep, 0, rewrite)
+
+
+def _reduced(node, layouts, src, dims, keep, identity, rewrite):
+    target, nd = node.target, len(src)
+    masked = [(d, src[d]) for d in dims if _padded(src[d])]
+    if masked:
+        rewrite.masks.append((0, masked, identity))
+        if target in (aten.mean.dim, aten.mean.default):
+            rewrite.mean_dims = [(d, src[d]) for d in dims]
+    out = [() if d in dims else src[d] for d in range(nd)] if keep else [src[d] for d in range(nd) if d not in dims]
+    val = node.meta["val"]
+    layouts[node] = [tuple(out), tuple(out)] if isinstance(val, (tuple, list)) else tuple(out)
