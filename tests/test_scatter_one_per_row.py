@@ -43,6 +43,23 @@ def test_general_scatter_still_exact():
     torch.testing.assert_close(torch.compile(fn, backend="neuron", fullgraph=True)(x), fn(x))
 
 
+def test_repeated_indices_write_one_of_their_values_as_eager_does():
+    # where indices repeat, eager writes one of the values (CPU: the last along dim); the
+    # decomposition picks the last too. It used to add the repeats up: a value eager never
+    # writes (22 off on rows of 37 from x.scatter(1, idx, 3 x) with idx of x's magnitudes)
+    def fn(x, idx, src):
+        return x.scatter(1, idx, src), x.scatter(0, idx[:, :3].t().contiguous() % 4, src[:, :3].t().contiguous())
+
+    compiled = torch.compile(fn, backend="neuron", dynamic=False)
+    for dtype in (torch.float32, torch.int64, torch.bool):
+        x = torch.randint(0, 2, (4, 37)).to(dtype)
+        idx = torch.randint(0, 5, (4, 9))  # nine writes into five columns per row: repeats
+        src = torch.randint(-3, 4, (4, 9)).to(dtype)
+        got, want = compiled(x, idx, src), fn(x, idx, src)
+        for g, w in zip(got, want):
+            assert torch.equal(g, w), (dtype, g, w)
+
+
 def test_cross_entropy_backward_with_ignore_index():
     logits = torch.randn(2, 5, 11, requires_grad=True)
     target = torch.randint(0, 11, (2, 5))

@@ -251,8 +251,9 @@ def _one_per_row(x: torch.Tensor, dim: int, index: torch.Tensor):
 def _scatter_src(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor):
     # torch-mlir's StableHLO lowering has scatter_add but not scatter.src (median's and
     # kthvalue's backward, value-selecting reductions). Written positions take the
-    # scattered value, the rest keep x; with duplicate indices eager's winner is
-    # unspecified, here they add up.
+    # scattered value, the rest keep x. Where indices repeat, eager writes one of the values
+    # (which is unspecified; CPU: the last); here the last along dim, picked exactly: a sum
+    # of the repeats would be a value eager never writes.
     if index.numel() == 0:
         return aten.clone.default(x)
     src = aten.slice.Tensor(src, 0, 0, index.shape[0]) if src.dim() else src
@@ -261,10 +262,20 @@ def _scatter_src(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tens
     mask = _one_per_row(x, dim, index)
     if mask is not None:  # src now has index's shape: one value per row, broadcast along dim
         return aten.where.self(mask, aten._to_copy.default(src, dtype=x.dtype), x)
-    written = aten.scatter_add.default(aten.zeros_like.default(x, dtype=torch.int64), dim, index,
-                                       aten.ones_like.default(index, dtype=torch.int64))
-    placed = aten.scatter_add.default(aten.zeros_like.default(x), dim, index, aten._to_copy.default(src, dtype=x.dtype))
-    return aten.where.self(aten.gt.Scalar(written, 0), placed, x)
+    from .core import _masked_scatter_reduce
+
+    dim = dim % x.dim()
+    order = aten.view.default(aten.arange.start_step(0, index.shape[dim], 1, dtype=torch.int64, device=x.device),
+                              [-1 if d == dim else 1 for d in range(index.dim())])
+    order = aten.expand.default(order, list(index.shape))
+    last = _masked_scatter_reduce(aten.full_like.default(x, -1, dtype=torch.int64), dim, index, order, "amax", False)
+    if last is NotImplemented or x.dtype.is_complex:
+        return NotImplemented  # the op stays: lowering names it
+    winner = aten.eq.Tensor(order, aten.gather.default(last, dim, index))  # one entry per written position
+    src = aten._to_copy.default(src, dtype=x.dtype)
+    fill = False if x.dtype == torch.bool else float("-inf") if x.dtype.is_floating_point else torch.iinfo(x.dtype).min
+    only = aten.where.self(winner, src, aten.full_like.default(src, fill))  # the rest below any value
+    return _masked_scatter_reduce(x, dim, index, only, "amax", False)
 
 
 @_ours(aten.scatter.value)
