@@ -202,12 +202,17 @@ def row_local_layout(node: torch.fx.Node, layout_of, facts: dict, rewrite):
     ``gather``: ``out[..., j, ...] = x[..., index[..., j, ...], ...]`` along ``d``, elementwise in
     every other dim ``k``, where ``index.size(k) <= x.size(k)``: ``index`` and ``x`` are padded
     alike in every other dim or neither is, so real entries sit at real rows. Along a padded
-    ``d`` the index's real values must point into the real region (an ``Interval`` within the
-    true size, or ``Positions`` in ``d``'s own layout: a topk's indices); padded entries read
-    garbage, as padding is anyway. The result is laid out as ``index``.
+    ``d`` of one atom (its real region a prefix, where eager's index values are positions) the
+    index's real values point into the real region: eager raises for an index outside
+    ``[0, x.size(d))`` (gather does not wrap negatives as indexing does), so on every call eager
+    accepts they do, whatever computed them (blt's patch ids, in its amax's backward); positions
+    in another layout (an inexact ``Positions``) are not eager's values and are refused. Padded
+    entries read garbage, as padding is anyway. The result is laid out as ``index``. (The
+    compiled path checks no bounds, padded or not: XLA clamps where eager would raise.)
 
     ``scatter``: ``out[..., index[..., j, ...], ...] = src[..., j, ...]`` (or the value). Real
-    entries write where eager's do by the same argument. Along a padded ``d`` a padded entry of
+    entries write where eager's do by the same argument (scatters raise outside ``[0, size)`` as
+    gather does: deepseek_v4's picks, a user's column ids). Along a padded ``d`` a padded entry of
     ``index`` could point at a real element: allowed only where it cannot, namely where the
     index's own dim ``d`` is not padded (a static ``k`` of top-k indices; its padded entries then
     lie in padded rows of another dim) or its padded entries are known to point at padded
@@ -231,7 +236,10 @@ def row_local_layout(node: torch.fx.Node, layout_of, facts: dict, rewrite):
     accumulate = target is aten.scatter_add.default or (target is aten.scatter_reduce.two and args[4] == "sum")
     if _padded(src[d]):
         fact = facts.get(args[2])
-        if not (_matches(fact, src[d]) or (len(src[d]) == 1 and within(fact, src[d][0]))):
+        if inexact(fact) and not _matches(fact, src[d]):
+            raise NotBucketable(f"{node.name}: {target} along dim {d} by positions in another layout")
+        eager_bounds = len(src[d]) == 1  # real: a prefix of the true size, which eager's indices lie in
+        if not (_matches(fact, src[d]) or (len(src[d]) == 1 and within(fact, src[d][0])) or eager_bounds):
             raise NotBucketable(f"{node.name}: {target} along padded dim {d}: its index is not provably within "
                                 "the real region")
         if target is not aten.gather.default and not accumulate and index is not None and _padded(index[d]) \
