@@ -252,8 +252,9 @@ def _scatter_src(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tens
     # torch-mlir's StableHLO lowering has scatter_add but not scatter.src (median's and
     # kthvalue's backward, value-selecting reductions). Written positions take the
     # scattered value, the rest keep x. Where indices repeat, eager writes one of the values
-    # (which is unspecified; CPU: the last); here the last along dim, picked exactly: a sum
-    # of the repeats would be a value eager never writes.
+    # (which is unspecified; CPU: the last); here the last along dim, the others masked to 0
+    # before the sum (a pairwise compare along dim, O(k^2) per row): a sum of the repeats
+    # would be a value eager never writes.
     if index.numel() == 0:
         return aten.clone.default(x)
     src = aten.slice.Tensor(src, 0, 0, index.shape[0]) if src.dim() else src
@@ -262,20 +263,20 @@ def _scatter_src(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tens
     mask = _one_per_row(x, dim, index)
     if mask is not None:  # src now has index's shape: one value per row, broadcast along dim
         return aten.where.self(mask, aten._to_copy.default(src, dtype=x.dtype), x)
-    from .core import _masked_scatter_reduce
-
+    # the last writer: no later entry along dim (in its row) with the same index; the others add 0
     dim = dim % x.dim()
-    order = aten.view.default(aten.arange.start_step(0, index.shape[dim], 1, dtype=torch.int64, device=x.device),
-                              [-1 if d == dim else 1 for d in range(index.dim())])
-    order = aten.expand.default(order, list(index.shape))
-    last = _masked_scatter_reduce(aten.full_like.default(x, -1, dtype=torch.int64), dim, index, order, "amax", False)
-    if last is NotImplemented or x.dtype.is_complex:
-        return NotImplemented  # the op stays: lowering names it
-    winner = aten.eq.Tensor(order, aten.gather.default(last, dim, index))  # one entry per written position
+    k = index.shape[dim]
+    later = aten.unsqueeze.default(aten.arange.start_step(0, k, 1, device=x.device), -1)  # [k, 1]: j' > j
+    later = aten.lt.Tensor(later, aten.arange.start_step(0, k, 1, device=x.device))  # [j, j']
+    later = aten.view.default(later, [k if d == dim else 1 for d in range(index.dim())] + [k])
+    same = aten.eq.Tensor(aten.unsqueeze.default(index, -1), aten.unsqueeze.default(aten.movedim.int(index, dim, -1), dim))
+    overwritten = aten.any.dim(aten.logical_and.default(same, later), -1)  # index.shape
     src = aten._to_copy.default(src, dtype=x.dtype)
-    fill = False if x.dtype == torch.bool else float("-inf") if x.dtype.is_floating_point else torch.iinfo(x.dtype).min
-    only = aten.where.self(winner, src, aten.full_like.default(src, fill))  # the rest below any value
-    return _masked_scatter_reduce(x, dim, index, only, "amax", False)
+    src = aten.where.self(overwritten, aten.zeros_like.default(src), src)
+    written = aten.scatter_add.default(aten.zeros_like.default(x, dtype=torch.int64), dim, index,
+                                       aten.ones_like.default(index, dtype=torch.int64))
+    placed = aten.scatter_add.default(aten.zeros_like.default(x), dim, index, src)
+    return aten.where.self(aten.gt.Scalar(written, 0), placed, x)
 
 
 @_ours(aten.scatter.value)
