@@ -238,8 +238,8 @@ def row_local_layout(node: torch.fx.Node, layout_of, facts: dict, rewrite):
         fact = facts.get(args[2])
         if inexact(fact) and not _matches(fact, src[d]):
             raise NotBucketable(f"{node.name}: {target} along dim {d} by positions in another layout")
-        eager_bounds = len(src[d]) == 1  # real: a prefix of the true size, which eager's indices lie in
-        if not (_matches(fact, src[d]) or (len(src[d]) == 1 and within(fact, src[d][0])) or eager_bounds):
+        # one atom: the real region is a prefix of the true size, which eager's indices lie in
+        if not (_matches(fact, src[d]) or len(src[d]) == 1):
             raise NotBucketable(f"{node.name}: {target} along padded dim {d}: its index is not provably within "
                                 "the real region")
         if target is not aten.gather.default and not accumulate and index is not None and _padded(index[d]) \

@@ -98,6 +98,11 @@ def assume_products(products: dict, shape_env=None) -> None:
     _SHAPE_ENV.set(shape_env)
 
 
+def assumed_products() -> dict:
+    """The products ``assume_products`` set for this analysis (symbol -> its two factors)."""
+    return _PRODUCTS.get() or {}
+
+
 def size_expr(expr):
     """``expr`` with each symbol the guards define as a product written as it (``guarded_products``):
     a bucket is chosen for the factors, so every size, bucketed or read as a true value, is
@@ -409,7 +414,6 @@ def _regroup(layout: Layout, out_shape) -> Layout:
         if not _padded_layout(fresh):
             return fresh
     atoms = [a for dim in layout for a in dim if a != 1]
-    shape_env = next((x.node.shape_env for x in out_shape if isinstance(x, torch.SymInt)), None)
     out = []
     i = 0
     for n, size in enumerate(out_shape):
@@ -419,12 +423,12 @@ def _regroup(layout: Layout, out_shape) -> Layout:
             continue
         group = []
         have = sympy.Integer(1)
-        while not _same_size(have, want, shape_env):
+        while not _same_size(have, want):
             if i >= len(atoms):
                 raise NotBucketable(f"view to {list(out_shape)} does not follow the padded layout {layout}")
             atom = atoms[i]
             ratio = sympy.simplify(want / have)
-            chunk = _chunks(atom, want, out_shape[n + 1:], shape_env) if not group else None
+            chunk = _chunks(atom, want, out_shape[n + 1:]) if not group else None
             if chunk is not None:
                 group.append(want)  # (q, c) of a multiple of c: q's prefix is the real chunks
                 atoms[i] = chunk
@@ -446,10 +450,12 @@ def _regroup(layout: Layout, out_shape) -> Layout:
     return tuple(out)
 
 
-def _chunks(atom, want, rest, shape_env=None):
+def _chunks(atom, want, rest):
     """A symbolic ``atom`` viewed as ``(want, c, ...)`` with ``c`` the product of the static sizes
-    after it up to the first that makes ``want * c`` the atom, when ``want * c`` is ``atom`` (Mamba2's tokens padded to a multiple of the chunk and
-    viewed as chunks: ``t + (c - t % c) % c`` as ``(t + ...) // c`` chunks of ``c``): the real
+    after it, up to the first that makes ``want * c`` the atom (deepseek_v4's ``[t // 4, 4, 32]``
+    of ``4 (t // 4)``: ``c`` is 4), when ``want * c`` is ``atom`` and ``want`` is the smaller
+    (else the view merges atoms). Mamba2's tokens padded to a multiple of the chunk are viewed
+    as chunks so: ``t + (c - t % c) % c`` as ``(t + ...) // c`` chunks of ``c``. The real
     region of a multiple of ``c`` is whole chunks, the prefix of ``want``. Sympy rarely proves
     the product (``FloorDiv``), so it is assumed and checked at each call; ``c`` is returned (a
     size expression where the graph writes the chunk as one). ``c`` must hold no padding (static,
@@ -460,12 +466,12 @@ def _chunks(atom, want, rest, shape_env=None):
             c = c * _expr(size) if c == 1 else c  # bamba's chunk is A // (A // 256), not a literal 256
             break
         c *= size
-        if _same_size(want * c, atom, shape_env):
-            break  # the chunk is these dims; the next are atoms of their own (deepseek_v4's [n, 4, 32])
+        if _same_size(want * c, atom):
+            break  # the chunk is these dims; the next are atoms of their own
     if c == 1 or _static(atom) or _static(want) or not want.free_symbols <= atom.free_symbols \
             or not _smaller(want, atom) or _padded((c,)):
-        return None  # a merge (4 (t // 4) of t // 4 and 4) or the atom itself is no chunk  # a padded c (a prefix of s t viewed as [t, s]) is not whole chunks at the bucket
-    if not _same_size(want * c, atom, shape_env) and not _assume_equal((want * c,), (atom,)):
+        return None  # a padded c (a prefix of s t viewed as [t, s]) is not whole chunks at the bucket
+    if not _same_size(want * c, atom) and not _assume_equal((want * c,), (atom,)):
         return None
     return c
 
@@ -479,12 +485,12 @@ def _smaller(a, b) -> bool:
         return False
 
 
-def _same_size(a, b, shape_env=None) -> bool:
+def _same_size(a, b) -> bool:
     """Sizes sympy proves equal, or equal in the forms the graph's guards give them (``_canonical``:
     ``4 * (t // 4)`` is ``t`` where a guard makes ``t`` a multiple of 4; checked at each call)."""
     if sympy.simplify(a - b) == 0:
         return True
-    shape_env = shape_env or _SHAPE_ENV.get()
+    shape_env = _SHAPE_ENV.get()
     return sympy.simplify(_canonical(a, shape_env) - _canonical(b, shape_env)) == 0
 
 
@@ -525,7 +531,7 @@ def merged_input(val, atoms=None):
         return isinstance(val, torch.Tensor) and any(len(a) == 1 and a[0].is_Mul and _padded(a)
                                                      for a in layout_of_shape(val.shape))
     if len(atoms) == 1 and atoms[0].is_Mul and _padded(atoms):
-        for a, b in (_PRODUCTS.get() or {}).values():
+        for a, b in assumed_products().values():
             if sympy.expand(a * b - atoms[0]) == 0:
                 return _norm((a, b))  # the view the guards came from: a rows of b
         return _norm(tuple(sorted(atoms[0].args, key=lambda a: (bool(a.free_symbols), str(a)))))

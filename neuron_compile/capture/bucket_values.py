@@ -134,7 +134,7 @@ def as_interval(fact):
     return fact if isinstance(fact, Interval) else None
 
 
-def _lower(a, b, low=True):
+def _bound(a, b, low=True):
     """The lower (``low``) or the upper of two bounds, where one is provably so; else sympy's."""
     if provably_le(a, b):
         return a if low else b
@@ -148,7 +148,7 @@ def _branch_interval(cond, branch, fact):
     if isinstance(cond, torch.fx.Node) and cond.target in (aten.ge.Scalar, aten.gt.Scalar) and cond.args[0] is branch:
         c = _sym(cond.args[1])
         if c is not None:
-            return Interval(_lower(fact.lo, c + (cond.target is aten.gt.Scalar), low=False), fact.hi)
+            return Interval(_bound(fact.lo, c + (cond.target is aten.gt.Scalar), low=False), fact.hi)
     return fact
 
 
@@ -323,7 +323,7 @@ def value_fact(node: torch.fx.Node, facts: dict):
         fa, fb = as_interval(get(args[1])), as_interval(get(args[2]))
         if isinstance(fa, Interval) and isinstance(fb, Interval):  # either branch's values
             fa = _branch_interval(args[0], args[1], fa)
-            return Interval(_lower(fa.lo, fb.lo), _lower(fa.hi, fb.hi, low=False))
+            return Interval(_bound(fa.lo, fb.lo), _bound(fa.hi, fb.hi, low=False))
         return None
     if target in (aten.index_put.default, aten.index_put_.default):
         accumulate = args[3] if len(args) > 3 else node.kwargs.get("accumulate", False)

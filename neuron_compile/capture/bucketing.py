@@ -48,8 +48,8 @@ import torch.fx
 
 from .bucket_layouts import (NotBucketable, _broadcast, _dim_expr, _expr, _norm, _padded, _padded_layout, _regroup,
                              Specialize, agree, assume_equal_sizes, assume_invariant_sizes, assume_products,
-                             end_assumptions, guarded_products, layout_of_shape, merged_input, shape_key, size_expr,
-                             specialize_sizes)
+                             assumed_products, end_assumptions, guarded_products, layout_of_shape, merged_input,
+                             shape_key, size_expr, specialize_sizes)
 from .bucket_sizes import size_multiples, symbol_admits
 from .bucket_conv_cat import (cat_layout, constant_pad_layout, convolution_backward_layout, convolution_layout,
                               split_layout)
@@ -169,7 +169,12 @@ def analyze(gm: torch.fx.GraphModule, boundary_layouts: dict | None = None, buck
         # made symbolic, transformers' logits_to_keep=0); more where the analysis needs them
         spec = {s: v for s, v in hints.items() if v in (0, 1)}
         spec.update((boundary_layouts or {}).get(SPECIALIZED, {}))  # a backward takes its forward's
-        admits = symbol_admits(graph_shape_env(gm), hints, hints)  # the sizes the graph's guards admit
+        shape_env = graph_shape_env(gm)
+        admits = symbol_admits(shape_env, hints, hints)  # the sizes the graph's guards admit
+        assume_products(guarded_products(shape_env, [  # each view as its input's and its output's sizes
+            tuple(shape_key(v) for v in (n.args[0].meta["val"], n.meta["val"])) for n in gm.graph.nodes
+            if n.target in _VIEWS and isinstance(n.args[0], torch.fx.Node)
+            and isinstance(n.args[0].meta.get("val"), torch.Tensor)]), shape_env)
         only = {s: v for s, v in hints.items() if s in admits and admits[s].only(v)}  # checked too
         spec.update(only)
         if only and spec.keys() >= hints.keys():  # Dynamo traced it for one size: exact is one executable
@@ -201,11 +206,7 @@ def _analyze(gm, boundary_layouts, buckets, spec, hints, admits, blocks=False) -
     assumed = assume_equal_sizes()
     invariant = assume_invariant_sizes(buckets, admits)
     specialize_sizes(spec, hints)
-    products = guarded_products(graph_shape_env(gm), [
-        tuple(tuple(x.node.expr if isinstance(x, torch.SymInt) else x for x in v.shape) for v in (
-            n.args[0].meta["val"], n.meta["val"])) for n in gm.graph.nodes if n.target in _VIEWS
-        and isinstance(n.args[0], torch.fx.Node) and isinstance(n.args[0].meta.get("val"), torch.Tensor)])
-    assume_products(products, graph_shape_env(gm))
+    products = assumed_products()
     layouts: dict = {}  # node -> Layout (tensor) or list of Layouts (tuple outputs)
     facts: dict = {}  # node -> what its real values are known to be (bucket_values)
     size_symbols: set = set()
