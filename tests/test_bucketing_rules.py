@@ -1095,3 +1095,20 @@ def test_a_masked_selection_reshaped_past_its_graph_break_is_blocks_of_the_resha
 
     run_lengths(patch_starts, rows_static(2))
     assert_bucketed()
+
+
+# ----------------------------------------------------------------------------- prefix scans
+
+
+@pytest.mark.parametrize("scan", ["cumsum", "cumprod"])
+def test_a_prefix_scan_over_padded_blocks_sees_its_identity_in_their_tails(scan):
+    """cumsum over ``[2, t]`` flattened: the second row's sums start after the first row's padded
+    tail, which must add 0 (multiply by 1) as eager has no tail; this was a wrong number."""
+
+    def scan_blocks(x):
+        y = x.exp() if scan == "cumsum" else 1 + x / 64
+        return getattr(torch, scan)(y.reshape(-1), 0).reshape(x.shape)
+
+    run_lengths(scan_blocks, rows_static(2), rtol=1e-4, atol=1e-4)
+    if scan == "cumsum":
+        assert_bucketed()  # cumprod reaches the analysis decomposed (exact shapes, also eager's values)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .bucket_layouts import NotBucketable, _padded
+from .bucket_layouts import NotBucketable, _padded, prefix_atoms
 
 aten = torch.ops.aten
 
@@ -71,3 +71,22 @@ def _reduced(node, layouts, src, dims, keep, identity, rewrite):
     out = [() if d in dims else src[d] for d in range(nd)] if keep else [src[d] for d in range(nd) if d not in dims]
     val = node.meta["val"]
     layouts[node] = [tuple(out), tuple(out)] if isinstance(val, (tuple, list)) else tuple(out)
+
+
+# prefix scan -> the identity its padded positions see where they lie inside the real region
+_SCANS = {aten.cumsum.default: 0, aten.cumprod.default: 1}
+
+
+def prefix_scan_layout(node, src, rewrite):
+    """A prefix scan along ``d`` (``out[i] = x[0] op ... op x[i]``) keeps its input's layout.
+
+    Where ``d``'s real region is a prefix of the dim (one atom), a real output reads real inputs
+    only. Where ``d`` is blocks each real on a prefix (``(2, t)``: a view of ``[2, t]`` as ``[2 t]``),
+    a real output of the second block reads the first block's padded tail as well: those
+    positions are set to the scan's identity first (0 for a sum, 1 for a product), and the real
+    outputs are then eager's."""
+    if src:
+        d = node.args[1] % len(src)
+        if _padded(src[d]) and prefix_atoms(src[d]) is None:
+            rewrite.masks.append((0, [(d, src[d])], _SCANS[node.target]))
+    return src

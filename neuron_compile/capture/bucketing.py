@@ -55,7 +55,7 @@ from .bucket_conv_cat import (cat_layout, constant_pad_layout, convolution_backw
                               split_layout)
 from .bucket_indexing import (index_layout, index_put_layout, row_local_layout, select_layout, slice_layout, sort_layout,
                               topk_layout)
-from .bucket_reductions import _REDUCTIONS, _reduction, _reduction_layout, _vector_norm
+from .bucket_reductions import _REDUCTIONS, _SCANS, _reduction, _reduction_layout, _vector_norm, prefix_scan_layout
 from .bucket_values import Positions, adopt_uniform, check_reads, inexact, value_fact
 from .shape_env import graph_shape_env, graph_size_symbols, graph_traced_values
 
@@ -503,12 +503,11 @@ def _analyze_node(node, layouts, result, facts):
         tgt = tensor_args[[i for i, _, _ in tensor_args].index(t_index)][2]
         rewrite.masks.append((t_index, [(k, a) for k, a in enumerate(tgt) if _padded(a)], ("value", ignore)))
         layouts[node] = [(), ()] if target is aten.nll_loss_forward.default else tensor_args[1][2]
-    elif target is aten.cumsum.default:
-        layouts[node] = tensor_args[0][2]  # prefix sums never read the padded tail
+    elif target in _SCANS:
+        layouts[node] = prefix_scan_layout(node, tensor_args[0][2], rewrite)
     elif target is aten.constant_pad_nd.default:
         layouts[node] = constant_pad_layout(node, tensor_args[0][2], rewrite, result.checks)
-    elif target in (aten.flip.default, aten.sort.default, aten.sort.stable, aten.topk.default, aten.roll.default,
-                    aten.cumprod.default):
+    elif target in (aten.flip.default, aten.sort.default, aten.sort.stable, aten.topk.default, aten.roll.default):
         dims = _op_dims(node, tensor_args[0][2])
         if any(_padded(tensor_args[0][2][d]) for d in dims):
             raise NotBucketable(f"{node.name}: {target} moves data across a padded dim")
@@ -533,8 +532,6 @@ def _op_dims(node, layout):
         return [(node.args[2] if len(node.args) > 2 else -1) % nd]
     if t is aten.roll.default:
         return [d % nd for d in (node.args[2] if len(node.args) > 2 else range(nd))]
-    if t is aten.cumprod.default:
-        return []  # prefix products, like cumsum, never read the tail
     return list(range(nd))
 
 
