@@ -36,6 +36,7 @@ from runtime.executor import (DEVICE_ADAPTERS, PersistentBuffers, XlaExecutable,
 
 from .cache_key import fx_cache_key, input_signature, output_signature, stablehlo_cache_key
 from .dump import GraphDump, pass_file_name
+from .capture.associative_scan import expand_associative_scans
 from .capture.graph_rewrites import device_arguments_to_cpu, fold_one_hot_sums, zero_size_values_to_constants
 from .output_views import find_output_views, make_view
 from .lowering import drop_error_checks, lower_to_stablehlo
@@ -179,6 +180,7 @@ def prepare_graph(gm: torch.fx.GraphModule) -> GraphPlan:
     """Rewrite AOTAutograd's graph in place for XLA and plan it: drop what XLA never sees (linalg
     error checks, scalars, unused inputs, passthrough outputs, device arguments), fold one-hot sums and
     make zero-size values constants."""
+    expand_associative_scans(gm)
     drop_error_checks(gm)
     device_arguments_to_cpu(gm)
     fold_one_hot_sums(gm)

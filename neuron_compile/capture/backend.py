@@ -52,6 +52,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from ..compiler import Executable, cached_executable
 from ..output_views import _storage, find_output_views, make_view
 from ..report import COUNTERS, CompileReport, record
+from .associative_scan import install as _install_associative_scan, mark_backend
 from .options import Options, _env_flag
 from .precompile import (_bypass_reason, _cacheable_rewrites, _precompile_tag, _refused_unloadable_package,
                          _save_precompiled, _skip_unsaveable_frame, _summarize_dropped_guards, _user_options,
@@ -489,6 +490,7 @@ def _partition(joint_module: torch.fx.GraphModule, joint_inputs, **kwargs):
         return min_cut_rematerialization_partition(joint_module, joint_inputs, **kwargs)
 
 
+@mark_backend
 def neuron_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **kwargs):
     """Dynamo backend entry point (``torch.compile(..., backend="neuron", options={...})``)."""
     from torch._dynamo.backends.common import aot_autograd
@@ -582,3 +584,6 @@ if os.environ.get("NEURON_COMPILE_PRECOMPILE", "").strip().lower() in ("1", "tru
     # Read when torch.compile first looks the backend up, which is before Dynamo decides whether
     # the function gets a precompile package (and loads a saved one).
     torch._dynamo.config.caching_precompile = True
+
+
+_install_associative_scan()  # before Dynamo traces a frame for this backend

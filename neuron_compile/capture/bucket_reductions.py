@@ -6,8 +6,9 @@ sees the reduction's identity on its padded positions (``where(mask, x, identity
 from __future__ import annotations
 
 import torch
+import torch.fx
 
-from .bucket_layouts import NotBucketable, _padded, prefix_atoms
+from .bucket_layouts import NotBucketable, _padded, _padded_layout, prefix_atoms
 
 aten = torch.ops.aten
 
@@ -90,3 +91,23 @@ def prefix_scan_layout(node, src, rewrite):
         if _padded(src[d]) and prefix_atoms(src[d]) is None:
             rewrite.masks.append((0, [(d, src[d])], _SCANS[node.target]))
     return src
+
+
+def associative_scan_layout(node, layout_of, combine):
+    """The ``associative_scan`` op (``associative_scan.py``) scans its inputs along dim 0 with a
+    pointwise combine (Dynamo checks): ``out[i] = x[0] . x[1] . ... . x[i]``, elementwise in the
+    other dims, so every output keeps the inputs' layout, which they must share. Where dim 0's
+    real region is a prefix, a real output combines real inputs only. A combine has no identity we
+    know, so dim 0 laid out as blocks (each real on a prefix) is refused, as is a padded additional
+    input, or a size the combine reads (its value at the bucket is not the true one)."""
+    xs = [layout_of(x) for x in node.args[1]]
+    if any(lay is None or tuple(lay) != tuple(xs[0]) for lay in xs):
+        raise NotBucketable(f"{node.name}: associative_scan's inputs are laid out differently")
+    if xs[0] and _padded(xs[0][0]) and prefix_atoms(xs[0][0]) is None:
+        raise NotBucketable(f"{node.name}: associative_scan along padded blocks (a combine has no identity to mask with)")
+    lifted = [p for p in combine.graph.nodes if p.op == "placeholder"][2 * len(xs):]
+    for extra, placeholder in zip(node.args[2], lifted):
+        if _padded_layout(layout_of(extra)) or (not isinstance(extra, torch.fx.Node) or not isinstance(
+                extra.meta.get("val"), torch.Tensor)) and placeholder.users:
+            raise NotBucketable(f"{node.name}: associative_scan's combine reads a padded tensor or a size")
+    return [tuple(xs[0]) for _ in node.meta["val"]]

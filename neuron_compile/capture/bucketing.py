@@ -55,7 +55,9 @@ from .bucket_conv_cat import (cat_layout, constant_pad_layout, convolution_backw
                               split_layout)
 from .bucket_indexing import (index_layout, index_put_layout, row_local_layout, select_layout, slice_layout, sort_layout,
                               topk_layout)
-from .bucket_reductions import _REDUCTIONS, _SCANS, _reduction, _reduction_layout, _vector_norm, prefix_scan_layout
+from .associative_scan import scan_op
+from .bucket_reductions import (_REDUCTIONS, _SCANS, _reduction, _reduction_layout, _vector_norm,
+                                associative_scan_layout, prefix_scan_layout)
 from .bucket_values import Positions, adopt_uniform, check_reads, inexact, value_fact
 from .shape_env import graph_shape_env, graph_size_symbols, graph_traced_values
 
@@ -505,6 +507,9 @@ def _analyze_node(node, layouts, result, facts):
         layouts[node] = [(), ()] if target is aten.nll_loss_forward.default else tensor_args[1][2]
     elif target in _SCANS:
         layouts[node] = prefix_scan_layout(node, tensor_args[0][2], rewrite)
+    elif target is scan_op():
+        layouts[node] = associative_scan_layout(node, lambda a: _tensor_layout(layouts, a),
+                                                getattr(node.graph.owning_module, node.args[0].target))
     elif target is aten.constant_pad_nd.default:
         layouts[node] = constant_pad_layout(node, tensor_args[0][2], rewrite, result.checks)
     elif target in (aten.flip.default, aten.sort.default, aten.sort.stable, aten.topk.default, aten.roll.default):

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+_CAPTURE = str(Path(__file__).resolve().parent.parent / "capture") + os.sep  # what we trace in PyTorch's place
+
 
 class LoweringError(RuntimeError):
     """An FX graph could not be lowered to StableHLO.
@@ -125,9 +127,11 @@ def _matches(node: torch.fx.Node, op: str) -> bool:
 
 
 def user_source_line(node: torch.fx.Node) -> str | None:
-    """The innermost 'File ..., line N' frame of a node's stack trace, with its code line."""
+    """The innermost 'File ..., line N' frame of a node's stack trace, with its code line (our own
+    frames skipped: what Dynamo traced in place of a PyTorch function is not the user's line)."""
     trace = node.meta.get("stack_trace") or ""
     frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', trace)
+    frames = [f for f in frames if not f[0].startswith(_CAPTURE)] or frames
     if not frames:
         return None
     path, line, func, code = frames[-1]

@@ -1,0 +1,159 @@
+"""``torch._higher_order_ops.associative_scan``: one op while sizes are symbolic, expanded at concrete ones.
+
+Mamba's selective scan in transformers (mamba, falcon_mamba, zamba, jamba)
+calls ``associative_scan(combine_fn, (A, Bu), dim=2, combine_mode="generic")``
+off CUDA. PyTorch's generic mode is a Python recursion on the length (halve,
+recurse, interleave), so Dynamo unrolls it, guarding on the length's parity
+and magnitude at every level: a graph per length, none of them bucketable.
+The ``pointwise`` mode is the ``associative_scan`` higher-order op: one node,
+its combine function a subgraph, whatever the length; PyTorch refuses it off
+CUDA only because its own kernels are CUDA's.
+
+So, for us:
+
+* ``install`` registers a Dynamo substitution for the frontend
+  (``torch.compiler.substitute_in_graph``): a generic-mode scan whose scanned
+  size is symbolic is traced as the higher-order op (the combine function
+  must then be pointwise, as Mamba's is: Dynamo checks); every other call
+  (a static length, a concrete call) is PyTorch's own code, unchanged.
+* the padding analysis reads the op as a prefix scan along its dim 0
+  (``bucketing``: real outputs read real inputs only);
+* ``expand_associative_scans`` replaces each op, in a graph whose sizes are
+  concrete (every graph we lower is), by PyTorch's own generic recursion
+  traced at those sizes: ``log2(n)`` levels of slices and pointwise combines,
+  which lower like any other ops. This is the op's eager (dense) kernel, so
+  the results are what eager computes.
+
+The private names used here (the frontend, ``generic_associative_scan``,
+``wrap_combine_fn_flat``, ``associative_scan_op``) are checked by
+``tests/test_associative_scan.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+import sys
+import types
+
+import torch
+import torch._higher_order_ops.associative_scan  # noqa: F401  (imported by torch's own __init__)
+import torch.fx
+from torch.utils import _pytree as pytree
+
+# the module, not the function the package re-exports under the same name
+_scan = sys.modules["torch._higher_order_ops.associative_scan"]
+_installed = False
+_frontend = None
+
+
+def scan_op():
+    """The higher-order op, or None where this torch has none."""
+    return getattr(torch.ops.higher_order, "associative_scan", None)
+
+
+def install() -> None:
+    """Register the substitution (once per process; a no-op where PyTorch lacks the op)."""
+    global _installed, _frontend
+    if _installed or scan_op() is None:
+        return
+    _installed = True
+    original = _scan.associative_scan
+    # PyTorch's frontend for every other call: a copy (same code and globals) that Dynamo inlines as
+    # it is; calling ``original`` from the substitution would call the substitution again
+    _frontend = types.FunctionType(original.__code__, original.__globals__, original.__name__,
+                                   original.__defaults__, original.__closure__)
+    _frontend.__kwdefaults__ = original.__kwdefaults__
+    torch.compiler.substitute_in_graph(original)(_traced_associative_scan)
+
+
+def _traced_associative_scan(combine_fn, xs, dim, reverse=False, combine_mode="pointwise"):
+    """What Dynamo traces for ``associative_scan``: the op for a generic-mode scan that needs no
+    gradient in a frame traced for our backend, PyTorch's frontend otherwise. (PyTorch's autograd
+    for the op materializes ``n x n`` matrices per element: 140 GB for Mamba's backward at 256
+    tokens, so a scan that needs a gradient keeps the recursion.) Module globals only: Dynamo
+    reads them by name."""
+    leaves, spec = pytree.tree_flatten(xs)
+    grad = torch.is_grad_enabled() and any(x.requires_grad for x in leaves)
+    if combine_mode != "generic" or not leaves or grad or not _for_neuron():
+        return _frontend(combine_fn, xs, dim, reverse, combine_mode)
+    leaves = [torch.movedim(x, dim, 0) for x in leaves]
+    if reverse:
+        leaves = [torch.flip(x, [0]) for x in leaves]
+    flat = functools.partial(_scan.wrap_combine_fn_flat, combine_fn=combine_fn, spec=spec, num_leaves=len(leaves))
+    out = _scan.associative_scan_op(flat, leaves, additional_inputs=())
+    if reverse:
+        out = [x.flip([0]) for x in out]
+    return pytree.tree_unflatten([torch.movedim(x, 0, dim) for x in out], spec)
+
+
+def mark_backend(fn):
+    """Mark our Dynamo backend: the substitution applies only to graphs traced for it."""
+    fn._neuron_compile_backend = True
+    return fn
+
+
+@torch.compiler.assume_constant_result
+def _for_neuron() -> bool:
+    """Whether the frame Dynamo is tracing now is traced for our backend (read at trace time: a
+    constant of the trace). Other backends (Inductor's scan needs a GPU) keep PyTorch's recursion."""
+    from torch._dynamo.symbolic_convert import InstructionTranslator
+
+    tx = getattr(InstructionTranslator, "current_tx", lambda: None)()
+    fn, seen = getattr(getattr(tx, "output", None), "compiler_fn", None), 0
+    while fn is not None and seen < 8:  # Dynamo's debug wrapper, torch.compile's, options' partials
+        if getattr(fn, "_neuron_compile_backend", False):
+            return True
+        fn = next((getattr(fn, a) for a in ("_torchdynamo_orig_backend", "compiler_fn", "func", "__wrapped__")
+                   if getattr(fn, a, None) is not None), None)
+        seen += 1
+    return False
+
+
+def expand_associative_scans(gm: torch.fx.GraphModule) -> int:
+    """Inline each ``associative_scan`` op of a concrete-size graph as PyTorch's generic recursion,
+    traced at its sizes. Returns how many ops were expanded."""
+    op = scan_op()
+    nodes = [n for n in gm.graph.nodes if op is not None and n.op == "call_function" and n.target is op]
+    if not nodes:
+        return 0
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    generic = _scan.generic_associative_scan
+    graph = gm.graph
+    for node in nodes:
+        combine = getattr(gm, node.args[0].target)
+        xs, extra = list(node.args[1]), list(node.args[2])
+
+        def run(*flat, n=len(xs), combine=combine):
+            return tuple(generic(combine, list(flat[:n]), additional_inputs=tuple(flat[n:])))
+
+        inputs = [a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in xs + extra]
+        sub = make_fx(run, tracing_mode="fake")(*inputs)
+        env = {}
+        placeholders = [p for p in sub.graph.nodes if p.op == "placeholder"]
+        for p, a in zip(placeholders, xs + extra):
+            env[p] = a
+        for attr in [n for n in sub.graph.nodes if n.op == "get_attr"]:
+            name = f"_scan_{node.name}_{attr.target}"
+            setattr(gm, name, getattr(sub, attr.target))
+            with graph.inserting_before(node):
+                env[attr] = graph.get_attr(name)
+            env[attr].meta.update(attr.meta)
+        with graph.inserting_before(node):
+            outs = graph.graph_copy(sub.graph, env)
+        trace = node.meta.get("stack_trace")
+        for new in env.values():
+            if isinstance(new, torch.fx.Node) and trace and "stack_trace" not in new.meta:
+                new.meta["stack_trace"] = trace
+        for user in list(node.users):
+            if user.op == "call_function" and user.target is operator.getitem:
+                user.replace_all_uses_with(outs[user.args[1]])
+                graph.erase_node(user)
+        if node.users:
+            raise RuntimeError(f"{node.name}: associative_scan's results used other than by index: "
+                               f"{list(node.users)}")
+        graph.erase_node(node)
+    graph.lint()
+    gm.recompile()
+    return len(nodes)
