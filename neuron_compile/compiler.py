@@ -177,9 +177,9 @@ class Executable:
 
 
 def prepare_graph(gm: torch.fx.GraphModule) -> GraphPlan:
-    """Rewrite AOTAutograd's graph in place for XLA and plan it: drop what XLA never sees (linalg
-    error checks, scalars, unused inputs, passthrough outputs, device arguments), fold one-hot sums and
-    make zero-size values constants."""
+    """Rewrite AOTAutograd's graph in place for XLA and plan it: expand ``associative_scan`` ops at
+    the graph's sizes, drop what XLA never sees (linalg error checks, scalars, unused inputs,
+    passthrough outputs, device arguments), fold one-hot sums and make zero-size values constants."""
     expand_associative_scans(gm)
     drop_error_checks(gm)
     device_arguments_to_cpu(gm)

@@ -13,9 +13,11 @@
   compiled parts;
 * ``graph_rewrites``: FX rewrites of AOTAutograd's graphs (CSE before the
   partitioner, the one-hot sum fold before planning);
+* ``associative_scan``: a generic-mode ``associative_scan`` traced as PyTorch's
+  op for our backend (Mamba's selective scan), expanded at concrete sizes;
 * ``options``: the backend's options and their environment variables.
 
 Each static graph goes to ``neuron_compile.compiler``. This ``__init__``
-imports nothing, so ``compiler`` can read ``options`` and ``graph_rewrites``
-(two leaf modules) without loading the backend.
+imports nothing, so ``compiler`` can read ``options``, ``graph_rewrites`` and
+``associative_scan`` (leaf modules) without loading the backend.
 """
