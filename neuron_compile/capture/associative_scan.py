@@ -32,6 +32,7 @@ The private names used here (the frontend, ``generic_associative_scan``,
 from __future__ import annotations
 
 import functools
+import logging
 import operator
 import sys
 import types
@@ -64,7 +65,11 @@ def install() -> None:
     _frontend = types.FunctionType(original.__code__, original.__globals__, original.__name__,
                                    original.__defaults__, original.__closure__)
     _frontend.__kwdefaults__ = original.__kwdefaults__
-    torch.compiler.substitute_in_graph(original)(_traced_associative_scan)
+    try:
+        torch.compiler.substitute_in_graph(original)(_traced_associative_scan)
+    except Exception as exc:  # noqa: BLE001 - a PyTorch that substitutes it itself: its own wins
+        logging.getLogger("neuron_compile").warning(
+            "neuron_compile: associative_scan stays PyTorch's recursion (a graph per length): %s", exc)
 
 
 def _traced_associative_scan(combine_fn, xs, dim, reverse=False, combine_mode="pointwise"):
