@@ -12,7 +12,9 @@ CUDA only because its own kernels are CUDA's.
 So, for us:
 
 * ``install`` registers a Dynamo substitution for the frontend
-  (``torch.compiler.substitute_in_graph``): a generic-mode scan whose scanned
+  (``torch.compiler.substitute_in_graph``; what Dynamo traces is in
+  ``neuron_compile/traced.py``, outside the packages the device hides from
+  Dynamo): a generic-mode scan whose scanned
   size is symbolic is traced as the higher-order op (the combine function
   must then be pointwise, as Mamba's is: Dynamo checks); every other call
   (a static length, a concrete call) is PyTorch's own code, unchanged.
@@ -40,12 +42,10 @@ import types
 import torch
 import torch._higher_order_ops.associative_scan  # noqa: F401  (imported by torch's own __init__)
 import torch.fx
-from torch.utils import _pytree as pytree
 
 # the module, not the function the package re-exports under the same name
 _scan = sys.modules["torch._higher_order_ops.associative_scan"]
 _installed = False
-_frontend = None
 
 
 def scan_op():
@@ -55,64 +55,30 @@ def scan_op():
 
 def install() -> None:
     """Register the substitution (once per process; a no-op where PyTorch lacks the op)."""
-    global _installed, _frontend
+    global _installed
     if _installed or scan_op() is None:
         return
     _installed = True
+    from .. import traced
+
     original = _scan.associative_scan
     # PyTorch's frontend for every other call: a copy (same code and globals) that Dynamo inlines as
     # it is; calling ``original`` from the substitution would call the substitution again
-    _frontend = types.FunctionType(original.__code__, original.__globals__, original.__name__,
-                                   original.__defaults__, original.__closure__)
-    _frontend.__kwdefaults__ = original.__kwdefaults__
+    frontend = types.FunctionType(original.__code__, original.__globals__, original.__name__,
+                                  original.__defaults__, original.__closure__)
+    frontend.__kwdefaults__ = original.__kwdefaults__
+    traced.frontend = frontend
     try:
-        torch.compiler.substitute_in_graph(original)(_traced_associative_scan)
+        torch.compiler.substitute_in_graph(original)(traced.associative_scan)
     except Exception as exc:  # noqa: BLE001 - a PyTorch that substitutes it itself: its own wins
         logging.getLogger("neuron_compile").warning(
             "neuron_compile: associative_scan stays PyTorch's recursion (a graph per length): %s", exc)
-
-
-def _traced_associative_scan(combine_fn, xs, dim, reverse=False, combine_mode="pointwise"):
-    """What Dynamo traces for ``associative_scan``: the op for a generic-mode scan that needs no
-    gradient in a frame traced for our backend, PyTorch's frontend otherwise. (PyTorch's autograd
-    for the op materializes ``n x n`` matrices per element: 140 GB for Mamba's backward at 256
-    tokens, so a scan that needs a gradient keeps the recursion.) Module globals only: Dynamo
-    reads them by name."""
-    leaves, spec = pytree.tree_flatten(xs)
-    grad = torch.is_grad_enabled() and any(x.requires_grad for x in leaves)
-    if combine_mode != "generic" or not leaves or grad or not _for_neuron():
-        return _frontend(combine_fn, xs, dim, reverse, combine_mode)
-    leaves = [torch.movedim(x, dim, 0) for x in leaves]
-    if reverse:
-        leaves = [torch.flip(x, [0]) for x in leaves]
-    flat = functools.partial(_scan.wrap_combine_fn_flat, combine_fn=combine_fn, spec=spec, num_leaves=len(leaves))
-    out = _scan.associative_scan_op(flat, leaves, additional_inputs=())
-    if reverse:
-        out = [x.flip([0]) for x in out]
-    return pytree.tree_unflatten([torch.movedim(x, 0, dim) for x in out], spec)
 
 
 def mark_backend(fn):
     """Mark our Dynamo backend: the substitution applies only to graphs traced for it."""
     fn._neuron_compile_backend = True
     return fn
-
-
-@torch.compiler.assume_constant_result
-def _for_neuron() -> bool:
-    """Whether the frame Dynamo is tracing now is traced for our backend (read at trace time: a
-    constant of the trace). Other backends (Inductor's scan needs a GPU) keep PyTorch's recursion."""
-    from torch._dynamo.symbolic_convert import InstructionTranslator
-
-    tx = getattr(InstructionTranslator, "current_tx", lambda: None)()
-    fn, seen = getattr(getattr(tx, "output", None), "compiler_fn", None), 0
-    while fn is not None and seen < 8:  # Dynamo's debug wrapper, torch.compile's, options' partials
-        if getattr(fn, "_neuron_compile_backend", False):
-            return True
-        fn = next((getattr(fn, a) for a in ("_torchdynamo_orig_backend", "compiler_fn", "func", "__wrapped__")
-                   if getattr(fn, a, None) is not None), None)
-        seen += 1
-    return False
 
 
 def expand_associative_scans(gm: torch.fx.GraphModule) -> int:

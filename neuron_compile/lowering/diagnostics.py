@@ -22,7 +22,9 @@ from pathlib import Path
 
 import torch
 
-_CAPTURE = str(Path(__file__).resolve().parent.parent / "capture") + os.sep  # what we trace in PyTorch's place
+# what Dynamo traces in PyTorch's place
+_OURS_TRACED = (str(Path(__file__).resolve().parent.parent / "capture") + os.sep,
+                str(Path(__file__).resolve().parent.parent / "traced.py"))
 
 
 class LoweringError(RuntimeError):
@@ -131,7 +133,7 @@ def user_source_line(node: torch.fx.Node) -> str | None:
     frames skipped: what Dynamo traced in place of a PyTorch function is not the user's line)."""
     trace = node.meta.get("stack_trace") or ""
     frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', trace)
-    frames = [f for f in frames if not f[0].startswith(_CAPTURE)] or frames
+    frames = [f for f in frames if not f[0].startswith(_OURS_TRACED)] or frames
     if not frames:
         return None
     path, line, func, code = frames[-1]
