@@ -17,6 +17,7 @@ import torch
 import torch._higher_order_ops.associative_scan  # noqa: F401  (imported by torch's own __init__)
 from torch.utils import _pytree as pytree
 
+# the module, not the function the package re-exports under the same name
 _scan = sys.modules["torch._higher_order_ops.associative_scan"]
 frontend = None  # PyTorch's frontend, a copy Dynamo inlines as it is (set by install)
 

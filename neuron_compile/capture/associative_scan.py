@@ -14,10 +14,11 @@ So, for us:
 * ``install`` registers a Dynamo substitution for the frontend
   (``torch.compiler.substitute_in_graph``; what Dynamo traces is in
   ``neuron_compile/traced.py``, outside the packages the device hides from
-  Dynamo): a generic-mode scan whose scanned
-  size is symbolic is traced as the higher-order op (the combine function
-  must then be pointwise, as Mamba's is: Dynamo checks); every other call
-  (a static length, a concrete call) is PyTorch's own code, unchanged.
+  Dynamo): in a frame traced for our backend, a generic-mode scan that needs
+  no gradient is traced as the higher-order op, at any length (the combine
+  function must then be pointwise, as Mamba's is: Dynamo checks); every other
+  call (another backend, a scan that needs a gradient, an eager call) is
+  PyTorch's own code, unchanged.
 * the padding analysis reads the op as a prefix scan along its dim 0
   (``bucketing``: real outputs read real inputs only);
 * ``expand_associative_scans`` replaces each op, in a graph whose sizes are
@@ -36,15 +37,14 @@ from __future__ import annotations
 import functools
 import logging
 import operator
-import sys
 import types
 
 import torch
-import torch._higher_order_ops.associative_scan  # noqa: F401  (imported by torch's own __init__)
 import torch.fx
 
-# the module, not the function the package re-exports under the same name
-_scan = sys.modules["torch._higher_order_ops.associative_scan"]
+from .. import traced
+from ..traced import _scan  # the module, not the function the package re-exports under its name
+
 _installed = False
 
 
@@ -59,8 +59,6 @@ def install() -> None:
     if _installed or scan_op() is None:
         return
     _installed = True
-    from .. import traced
-
     original = _scan.associative_scan
     # PyTorch's frontend for every other call: a copy (same code and globals) that Dynamo inlines as
     # it is; calling ``original`` from the substitution would call the substitution again

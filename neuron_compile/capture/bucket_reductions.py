@@ -107,7 +107,7 @@ def associative_scan_layout(node, layout_of, combine):
         raise NotBucketable(f"{node.name}: associative_scan along padded blocks (a combine has no identity to mask with)")
     lifted = [p for p in combine.graph.nodes if p.op == "placeholder"][2 * len(xs):]
     for extra, placeholder in zip(node.args[2], lifted):
-        if _padded_layout(layout_of(extra)) or (not isinstance(extra, torch.fx.Node) or not isinstance(
-                extra.meta.get("val"), torch.Tensor)) and placeholder.users:
+        a_size = not isinstance(extra, torch.fx.Node) or not isinstance(extra.meta.get("val"), torch.Tensor)
+        if _padded_layout(layout_of(extra)) or (a_size and placeholder.users):
             raise NotBucketable(f"{node.name}: associative_scan's combine reads a padded tensor or a size")
     return [tuple(xs[0]) for _ in node.meta["val"]]
