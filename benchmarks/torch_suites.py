@@ -1,0 +1,262 @@
+"""PyTorch's own device-generic test files on ``neuron``, against the same tests on CPU.
+
+PyTorch tests every backend in its tree with the same files:
+``instantiate_device_type_tests`` makes a class per device type from a generic
+one, and an out-of-tree PrivateUse1 backend gets its own (``TestViewOpsNEURON``,
+``test_t_inplace_view_neuron``) once ``neuron`` is registered, which installing
+this package does at ``import torch``. This harness runs PyTorch's
+``test_view_ops.py``, ``test_modules.py`` and ``test_optim.py`` (at the torch
+version we pin) for both ``cpu`` and ``neuron`` and compares them test by test.
+
+The files are PyTorch's, not ours: nothing of them is committed here. Put
+PyTorch's ``test/`` folder at tag v2.13.0 (or just these three files) in a
+folder and pass it with ``--tests-dir`` (default ``$NEURON_TORCH_TESTS``).
+
+Each (file, device) runs in pytest processes with ``torch_suites_plugin``:
+every test writes a ``start`` and a ``result`` line to a JSONL file as it
+runs. A test that kills its process (a segfault) is a ``crash``; one that
+runs past ``--timeout`` seconds is a ``hang`` (a watchdog ends the process);
+either way pytest starts again from the next test, so one crash costs one
+test, never the run. Tests that are not device-generic (no CPU/neuron class)
+are left out on both sides.
+
+The score (the bar issues 39 and 40 set): of the tests that pass on CPU, the
+share that passes on ``neuron``. A test skipped on ``neuron`` but not on CPU is
+not a pass (PyTorch's own ``onlyCUDA``-style skips skip CPU too, so they are
+not counted at all). The rest are listed by cause (the error's first line,
+numbers blanked).
+
+    python benchmarks/torch_suites.py --tests-dir ~/pytorch/test                 # all three, both devices
+    python benchmarks/torch_suites.py --tests-dir DIR --files test_view_ops.py -k inplace_view
+    python benchmarks/torch_suites.py --table                                    # rebuild the table only
+
+Raw records: ``~/.cache/neuron_compile/torch_suites/<file>.<device>.jsonl``
+(``--raw``); ``--resume`` keeps them and runs only the tests without a record.
+Table: ``benchmarks/results/torch_suites.{md,json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+FILES = ("test_view_ops.py", "test_modules.py", "test_optim.py")
+DEVICES = ("cpu", "neuron")
+RAW = Path.home() / ".cache" / "neuron_compile" / "torch_suites"
+RESULTS = HERE / "results" / "torch_suites"
+NOT_PASSING = ("crash", "hang", "failed", "error", "skipped", "xfailed", "xpassed", "not run")
+
+
+# --- running ---------------------------------------------------------------------------------
+
+def run_suite(tests_dir: Path, file: str, device: str, raw: Path, keyword: str | None, timeout: float,
+              budget: float | None) -> Path:
+    """Run ``file``'s tests for ``device`` until every collected test has a record; returns the JSONL."""
+    records = raw / f"{file}.{device}.jsonl"
+    env = dict(os.environ)
+    env.update(TORCH_SUITES_RECORDS=str(records), TORCH_SUITES_TIMEOUT=str(timeout),
+               TORCH_SUITES_DEVICE=device, PYTHONPATH=os.pathsep.join(
+                   [str(HERE), str(tests_dir)] + [p for p in [env.get("PYTHONPATH")] if p]),
+               NEURON_COMPILE_FALLBACK="error")
+    command = [sys.executable, "-m", "pytest", file, "-q", "-p", "torch_suites_plugin", "-p", "no:cacheprovider",
+               "-o", "addopts=", "--tb=short", "-rN", "--continue-on-collection-errors"]
+    if keyword:
+        command += ["-k", keyword]
+    started = time.monotonic()
+    while True:
+        before = _record_count(records)
+        left = None if budget is None else budget - (time.monotonic() - started)
+        if left is not None and left <= 0:
+            print(f"  {file} [{device}]: time budget spent; --resume goes on", flush=True)
+            break
+        proc = subprocess.run(command, cwd=tests_dir, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, timeout=left)
+        dead = _mark_crash(records, proc.returncode)
+        after = _record_count(records)
+        print(f"  {file} [{device}]: pytest exited {proc.returncode}, {after} tests recorded"
+              + (f", crash in {dead}" if dead else ""), flush=True)
+        if proc.returncode in (0, 1, 5) and not dead:
+            break  # a full pass: every collected test has a record
+        if after == before and not dead:
+            break  # nothing moved (a collection error): stop rather than loop
+    return records
+
+
+def _record_count(records: Path) -> int:
+    return sum(1 for r in load(records).values())
+
+
+def _mark_crash(records: Path, returncode: int) -> str | None:
+    """A ``start`` with nothing after it: the test killed the process."""
+    if not records.exists():
+        return None
+    last_start, finished = None, set()
+    for record in _lines(records):
+        if record["event"] == "start":
+            last_start = record["id"]
+        else:
+            finished.add(record["id"])
+    if last_start is None or last_start in finished:
+        return None
+    with open(records, "a") as f:
+        f.write(json.dumps({"event": "crash", "id": last_start, "returncode": returncode}) + "\n")
+    return last_start
+
+
+def _lines(path: Path):
+    with open(path) as f:
+        for line in f:
+            try:
+                yield json.loads(line)
+            except ValueError:
+                continue
+
+
+def load(path: Path) -> dict:
+    """nodeid -> (outcome, message) for every test with a final record."""
+    out = {}
+    if not path.exists():
+        return out
+    for record in _lines(path):
+        event = record["event"]
+        if event == "result":
+            out[record["id"]] = (record["outcome"], record.get("message", ""))
+        elif event == "crash":
+            out[record["id"]] = ("crash", f"process died (return code {record.get('returncode')})")
+        elif event == "hang":
+            out[record["id"]] = ("hang", f"still running after {record.get('seconds')} s")
+    return out
+
+
+# --- comparing -------------------------------------------------------------------------------
+
+_DEVICE_WORD = re.compile(r"(?i)(cpu|neuron|privateuse1)")
+
+
+def generic_id(nodeid: str) -> str:
+    """``test_view_ops.py::TestViewOpsNEURON::test_t_inplace_view_neuron`` and its CPU twin, alike."""
+    return _DEVICE_WORD.sub("DEV", nodeid)
+
+
+def cause(message: str) -> str:
+    text = message.strip().splitlines()[0] if message.strip() else "(no message)"
+    text = re.sub(r"0x[0-9a-fA-F]+", "<address>", text)
+    text = re.sub(r"\d+(\.\d+)?(e-?\d+)?", "#", text)
+    return text[:140]
+
+
+def compare(raw: Path, files=FILES) -> dict:
+    summary = {}
+    for file in files:
+        cpu, dev = load(raw / f"{file}.cpu.jsonl"), load(raw / f"{file}.neuron.jsonl")
+        if not cpu and not dev:
+            continue
+        dev_by_generic = {generic_id(k): v for k, v in dev.items()}
+        cpu_passing = [k for k, (outcome, _) in cpu.items() if outcome == "passed"]
+        rows = Counter()
+        causes = defaultdict(list)
+        listed = []
+        for test in cpu_passing:
+            outcome, message = dev_by_generic.get(generic_id(test), ("not run", ""))
+            rows[outcome] += 1
+            if outcome != "passed":
+                key = f"{outcome}: {cause(message)}" if outcome in ("failed", "error") else \
+                    f"{outcome}: {cause(message)}" if outcome in ("skipped", "xfailed") else outcome
+                causes[key].append(generic_id(test).split("::")[-1])
+                listed.append({"test": generic_id(test), "outcome": outcome, "message": message[:300]})
+        dev_crashes = [k for k, (o, _) in dev.items() if o in ("crash", "hang")]
+        summary[file] = {
+            "cpu_collected": len(cpu), "cpu_passed": len(cpu_passing),
+            "neuron_collected": len(dev), "neuron_passed_of_cpu_passing": rows["passed"],
+            "outcomes": dict(rows), "crashes": sum(o == "crash" for o, _ in dev.values()),
+            "hangs": sum(o == "hang" for o, _ in dev.values()), "crashed_or_hung": dev_crashes,
+            "causes": {k: v for k, v in sorted(causes.items(), key=lambda kv: -len(kv[1]))},
+            "not_passing": listed,
+        }
+    return summary
+
+
+def write_table(summary: dict, out: Path, command: str) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    meta = {"torch": torch.__version__, "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+            "command": command, "date": time.strftime("%Y-%m-%d")}
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "files": summary}, indent=1) + "\n")
+    total_cpu = sum(s["cpu_passed"] for s in summary.values())
+    total_dev = sum(s["neuron_passed_of_cpu_passing"] for s in summary.values())
+    lines = [
+        "# PyTorch's device-generic test files on `neuron`",
+        "",
+        f"torch {meta['torch']}, {meta['machine']}, {meta['date']}. Rerun: `{command}`.",
+        "Of the tests that pass on CPU, how many pass on `neuron` (a skip on `neuron` only is not a pass;",
+        "crashes and hangs are counted apart and each costs one test, never the run).",
+        "",
+        "| file | CPU collected | CPU passed | neuron passed (of those) | share | failed | skipped on neuron only | crashes | hangs |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for file, s in summary.items():
+        o = s["outcomes"]
+        share = s["neuron_passed_of_cpu_passing"] / s["cpu_passed"] if s["cpu_passed"] else 0.0
+        lines.append(f"| {file} | {s['cpu_collected']} | {s['cpu_passed']} | {s['neuron_passed_of_cpu_passing']} | "
+                     f"{share:.1%} | {o.get('failed', 0) + o.get('error', 0)} | {o.get('skipped', 0)} | "
+                     f"{s['crashes']} | {s['hangs']} |")
+    if total_cpu:
+        lines.append(f"| **all** | | {total_cpu} | {total_dev} | {total_dev / total_cpu:.1%} | | | "
+                     f"{sum(s['crashes'] for s in summary.values())} | {sum(s['hangs'] for s in summary.values())} |")
+    for file, s in summary.items():
+        if s["crashed_or_hung"]:
+            lines += ["", f"## {file}: crashes and hangs", ""] + [f"- `{t}`" for t in s["crashed_or_hung"]]
+        if s["causes"]:
+            lines += ["", f"## {file}: tests that pass on CPU and not on neuron, by cause", "",
+                      "| tests | cause | examples |", "| ---: | --- | --- |"]
+            for key, tests in s["causes"].items():
+                examples = ", ".join(f"`{t}`" for t in tests[:3]) + (" ..." if len(tests) > 3 else "")
+                lines.append(f"| {len(tests)} | {key.replace('|', '/')} | {examples} |")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tests-dir", type=Path, default=os.environ.get("NEURON_TORCH_TESTS"),
+                        help="a folder holding PyTorch's test files at v2.13.0 (default $NEURON_TORCH_TESTS)")
+    parser.add_argument("--files", default=",".join(FILES))
+    parser.add_argument("--devices", default=",".join(DEVICES))
+    parser.add_argument("-k", dest="keyword", help="pytest -k expression (the same on both devices)")
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds before a test is a hang")
+    parser.add_argument("--budget", type=float, default=None, help="seconds per (file, device) run")
+    parser.add_argument("--raw", type=Path, default=RAW)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--resume", action="store_true", help="keep earlier records, run only the rest")
+    parser.add_argument("--table", action="store_true", help="only rebuild the table from the records")
+    args = parser.parse_args(argv)
+    files = [f for f in args.files.split(",") if f]
+    command = "python benchmarks/torch_suites.py " + " ".join(a for a in (argv or sys.argv[1:]) if a != "--resume")
+    if not args.table:
+        if args.tests_dir is None or not all((Path(args.tests_dir) / f).exists() for f in files):
+            parser.error(f"--tests-dir must hold {', '.join(files)} (PyTorch's test/ folder at v2.13.0)")
+        args.raw.mkdir(parents=True, exist_ok=True)
+        for file in files:
+            for device in args.devices.split(","):
+                if not args.resume:
+                    (args.raw / f"{file}.{device}.jsonl").unlink(missing_ok=True)
+                print(f"{file} on {device}", flush=True)
+                run_suite(Path(args.tests_dir).resolve(), file, device, args.raw, args.keyword, args.timeout,
+                          args.budget)
+    summary = compare(args.raw, files)
+    write_table(summary, args.out, command)
+    print(args.out.with_suffix(".md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""The harness that runs PyTorch's device-generic test files on ``neuron`` (benchmarks/torch_suites.py).
+
+A device-generic test file of our own, written the way PyTorch's are
+(``instantiate_device_type_tests``), with a test that passes, one that fails,
+one that kills its process, one that hangs and one that skips on ``neuron``
+only: the harness must count each apart, lose no other test to the crash or
+the hang, and score only the tests that pass on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import torch_suites  # noqa: E402
+
+SUITE = textwrap.dedent('''
+    import os, signal, time, unittest
+    import torch
+    from torch.testing._internal.common_device_type import instantiate_device_type_tests
+    from torch.testing._internal.common_utils import TestCase
+
+
+    class TestFake(TestCase):
+        def test_passes(self, device):
+            self.assertTrue(torch.device(device).type in ("cpu", "neuron"))
+
+        def test_fails_on_neuron(self, device):
+            self.assertEqual(torch.device(device).type, "cpu")
+
+        def test_crashes_on_neuron(self, device):
+            if torch.device(device).type != "cpu":
+                os.kill(os.getpid(), signal.SIGSEGV)
+
+        def test_hangs_on_neuron(self, device):
+            if torch.device(device).type != "cpu":
+                time.sleep(3600)
+
+        def test_skipped_on_neuron(self, device):
+            if torch.device(device).type != "cpu":
+                raise unittest.SkipTest("not on this device")
+
+        def test_z_after_the_others(self, device):
+            pass
+
+
+    class TestNotDeviceGeneric(TestCase):
+        def test_plain(self):
+            pass
+
+
+    instantiate_device_type_tests(TestFake, globals())
+''')
+
+
+@pytest.mark.slow
+def test_crashes_and_hangs_are_counted_apart_and_lose_no_other_test(tmp_path):
+    (tmp_path / "suite").mkdir()
+    (tmp_path / "suite" / "test_fake.py").write_text(SUITE)
+    raw, out = tmp_path / "raw", tmp_path / "table"
+    torch_suites.main(["--tests-dir", str(tmp_path / "suite"), "--files", "test_fake.py", "--raw", str(raw),
+                       "--out", str(out), "--timeout", "8"])
+    summary = json.loads(out.with_suffix(".json").read_text())["files"]["test_fake.py"]
+    # the plain TestCase is in neither side; every device-generic test has a record on both
+    assert summary["cpu_collected"] == 6 and summary["cpu_passed"] == 6
+    assert summary["neuron_collected"] == 6
+    assert summary["outcomes"] == {"passed": 2, "failed": 1, "crash": 1, "hang": 1, "skipped": 1}
+    assert summary["crashes"] == 1 and summary["hangs"] == 1
+    assert sorted(t.split("::")[-1] for t in summary["crashed_or_hung"]) == [
+        "test_crashes_on_neuron_neuron", "test_hangs_on_neuron_neuron"]
+    table = out.with_suffix(".md").read_text()
+    assert "| test_fake.py | 6 | 6 | 2 | 33.3% | 1 | 1 | 1 | 1 |" in table, table
+
+
+def test_cpu_and_neuron_twins_are_matched_by_name():
+    assert torch_suites.generic_id("f.py::TestViewOpsNEURON::test_t_inplace_view_neuron") == \
+        torch_suites.generic_id("f.py::TestViewOpsCPU::test_t_inplace_view_cpu")
+    assert torch_suites.generic_id("f.py::TestOptimRenewedPRIVATEUSE1::test_step_neuron_float32") == \
+        torch_suites.generic_id("f.py::TestOptimRenewedCPU::test_step_cpu_float32")
+    assert torch_suites.cause("RuntimeError: size 12 at 0x7f00ab") == "RuntimeError: size # at <address>"
