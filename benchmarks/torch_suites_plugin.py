@@ -12,6 +12,9 @@ it reads two environment variables:
                            (PyTorch's ``CPUTestBase`` / ``PrivateUse1TestBase``
                            classes) are kept; tests that are not device-generic
                            are left out
+    TORCH_SUITES_SAMPLE    ``K``: only one test in K, picked by a hash of the
+                           test's name with the device left out, so both
+                           devices run the same tests
 
 Tests that already have a ``result`` (or ``crash``/``hang``) line are
 deselected at collection, so the harness restarts pytest after a crash and it
@@ -31,6 +34,7 @@ import pytest
 _RECORDS = os.environ.get("TORCH_SUITES_RECORDS")
 _TIMEOUT = float(os.environ.get("TORCH_SUITES_TIMEOUT", "180"))
 _DEVICE = os.environ.get("TORCH_SUITES_DEVICE")
+_SAMPLE = int(os.environ.get("TORCH_SUITES_SAMPLE", "1"))
 
 
 def _append(record: dict) -> None:
@@ -59,11 +63,21 @@ def pytest_collection_modifyitems(session, config, items):
         return
     done = _done()
     for_device = _device_filter()
-    kept = [item for item in items if item.nodeid not in done and for_device(item)]
+    kept = [item for item in items if item.nodeid not in done and for_device(item) and _sampled(item.nodeid)]
     if len(kept) != len(items):
         kept_ids = {id(item) for item in kept}
         config.hook.pytest_deselected(items=[item for item in items if id(item) not in kept_ids])
         items[:] = kept
+
+
+def _sampled(nodeid: str) -> bool:
+    if _SAMPLE <= 1:
+        return True
+    import re
+    import zlib
+
+    generic = re.sub(r"(?i)(cpu|neuron|privateuse1)", "DEV", nodeid)  # torch_suites.generic_id
+    return zlib.crc32(generic.encode()) % _SAMPLE == 0
 
 
 def _device_filter():

@@ -24,7 +24,7 @@ import torch_suites  # noqa: E402
 SUITE = textwrap.dedent('''
     import os, signal, time, unittest
     import torch
-    from torch.testing._internal.common_device_type import instantiate_device_type_tests
+    from torch.testing._internal.common_device_type import instantiate_device_type_tests, onlyCPU
     from torch.testing._internal.common_utils import TestCase
 
 
@@ -50,6 +50,10 @@ SUITE = textwrap.dedent('''
         def test_z_after_the_others(self, device):
             pass
 
+        @onlyCPU
+        def test_only_cpu(self, device):
+            pass
+
 
     class TestNotDeviceGeneric(TestCase):
         def test_plain(self):
@@ -69,14 +73,15 @@ def test_crashes_and_hangs_are_counted_apart_and_lose_no_other_test(tmp_path):
                        "--out", str(out), "--timeout", "8"])
     summary = json.loads(out.with_suffix(".json").read_text())["files"]["test_fake.py"]
     # the plain TestCase is in neither side; every device-generic test has a record on both
-    assert summary["cpu_collected"] == 6 and summary["cpu_passed"] == 6
-    assert summary["neuron_collected"] == 6
-    assert summary["outcomes"] == {"passed": 2, "failed": 1, "crash": 1, "hang": 1, "skipped": 1}
+    # PyTorch's own onlyCPU skip is left out of the score
+    assert summary["cpu_collected"] == 7 and summary["cpu_passed"] == 6
+    assert summary["neuron_collected"] == 7 and summary["skipped_by_pytorch_rules"] == 1
+    assert summary["outcomes"] == {"passed": 2, "failed": 1, "crash": 1, "hang": 1, "skipped": 1, "pytorch skip": 1}
     assert summary["crashes"] == 1 and summary["hangs"] == 1
     assert sorted(t.split("::")[-1] for t in summary["crashed_or_hung"]) == [
         "test_crashes_on_neuron_neuron", "test_hangs_on_neuron_neuron"]
     table = out.with_suffix(".md").read_text()
-    assert "| test_fake.py | 6 | 6 | 2 | 33.3% | 1 | 1 | 1 | 1 |" in table, table
+    assert "| test_fake.py | 7 | 6 | 2 | 33.3% | 1 | 1 | 1 | 1 | 1 |" in table, table
 
 
 def test_cpu_and_neuron_twins_are_matched_by_name():
