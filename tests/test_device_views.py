@@ -1,0 +1,115 @@
+"""Views on the ``neuron`` device against CPU eager: metadata and aliasing.
+
+In-place view ops (``torch.Tag.inplace_view``: ``t_``, ``transpose_``,
+``squeeze_``, ``as_strided_``, ``set_``...) change a tensor's size, stride and
+offset on its own storage; every later write through the tensor, or through a
+further view of it, must land where CPU's lands.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+aten = torch.ops.aten
+
+
+def _inplace_view_ops() -> list:
+    """Every aten overload torch tags ``inplace_view``: a new one is tested (and needs a sample below)."""
+    found = []
+    for name in torch._C._dispatch_get_all_op_names():
+        if not name.startswith("aten::"):
+            continue
+        packet, _, overload = name.removeprefix("aten::").partition(".")
+        op = getattr(getattr(aten, packet), overload or "default")
+        if torch.Tag.inplace_view in op.tags:
+            found.append(op)
+    return sorted(found, key=str)
+
+
+def _strided(base):
+    return base[1:, ::2]  # 3x3, strides (6, 2), offset 6: not contiguous
+
+
+# op -> (the view it works on, its arguments after self); both from the base
+SAMPLES = {
+    "aten.as_strided_.default": (_strided, lambda b: ((2, 3), (1, 2), 3)),
+    "aten.detach_.default": (lambda b: b, lambda b: ()),  # (a view can't be detached in place)
+    "aten.resize_.default": (_strided, lambda b: ((2, 3),)),
+    "aten.resize_as_.default": (_strided, lambda b: (b[:2, :4],)),
+    "aten.set_.default": (_strided, lambda b: ()),
+    "aten.set_.source_Storage": (_strided, lambda b: (b.untyped_storage(),)),
+    "aten.set_.source_Storage_storage_offset": (_strided, lambda b: (b.untyped_storage(), 2, (2, 3), (1, 2))),
+    "aten.set_.source_Tensor": (_strided, lambda b: (b[:, 1:3],)),
+    "aten.set_.source_Tensor_storage_offset": (_strided, lambda b: (b, 2, (2, 3), (1, 2))),
+    "aten.squeeze_.default": (lambda b: b[1:2, ::2].unsqueeze(2), lambda b: ()),
+    "aten.squeeze_.dim": (lambda b: b[1:2, ::2].unsqueeze(2), lambda b: (2,)),
+    "aten.squeeze_.dims": (lambda b: b[1:2, ::2].unsqueeze(2), lambda b: ([0, 2],)),
+    "aten.swapaxes_.default": (_strided, lambda b: (0, 1)),
+    "aten.swapdims_.default": (_strided, lambda b: (1, 0)),
+    "aten.t_.default": (_strided, lambda b: ()),
+    "aten.transpose_.default": (_strided, lambda b: (0, 1)),
+    "aten.unsqueeze_.default": (_strided, lambda b: (1,)),
+}
+
+
+def _run(op, device, made_by):
+    base = torch.arange(1.0, 25.0).reshape(4, 6).clone()  # not a view
+    base = base.to(device) if made_by == "copy" else (base.to(device) * 1)  # an op's result or a copy's
+    make_view, make_args = SAMPLES[str(op)]
+    v = make_view(base)
+    out = op(v, *make_args(base))
+    assert out is v
+    # a write through the view, one value per element (a misplaced element shows), then through a view of it
+    v.copy_(torch.arange(100.0, 100.0 + v.numel()).reshape(v.shape).to(device))
+    if v.dim() and v.numel():
+        v.select(-1, 0).mul_(-1)
+    return base, v
+
+
+@pytest.mark.parametrize("made_by", ["copy", "op"])
+@pytest.mark.parametrize("op", _inplace_view_ops(), ids=str)
+def test_inplace_view_ops_keep_aliasing_like_cpu(op, made_by):
+    assert str(op) in SAMPLES, f"{op} is a new in-place view op: give it a sample in SAMPLES"
+    base, v = _run(op, "neuron", made_by)
+    ref_base, ref_v = _run(op, "cpu", made_by)
+    assert (v.shape, v.stride(), v.storage_offset()) == (ref_v.shape, ref_v.stride(), ref_v.storage_offset())
+    assert_close(v.cpu(), ref_v)
+    assert_close(base.cpu(), ref_base)
+
+
+def _is_view_of(base, other):  # PyTorch's test_view_ops.py, for devices that do not expose storage
+    return other._is_view() and other is not base and other._base is base and base.device == other.device
+
+
+def test_t_inplace_view():  # PyTorch's test_view_ops.py, on neuron
+    t = torch.ones(5, 5, device="neuron")
+    v = t.view_as(t)
+    v = v.t_()
+    assert _is_view_of(t, v)
+    v[0, 1] = 0
+    assert_close(t[1, 0], v[0, 1])
+    assert t[1, 0].item() == 0
+
+
+@pytest.mark.parametrize("method", ["swapdims_", "swapaxes_", "transpose_"])
+def test_transpose_inplace_view(method):  # PyTorch's test_view_ops.py, on neuron
+    t = torch.ones(5, 5, device="neuron")
+    v = t.view_as(t)
+    v = getattr(v, method)(0, 1)
+    assert _is_view_of(t, v)
+    v[0, 1] = 0
+    assert_close(t[1, 0], v[0, 1])
+    assert t[1, 0].item() == 0
+
+
+@pytest.mark.parametrize("made_by", ["copy", "op"])
+def test_as_strided_inplace_past_the_storage_raises_like_cpu(made_by):
+    for device in ("cpu", "neuron"):
+        base = torch.zeros(2, 3).to(device)
+        base = base if made_by == "copy" else base * 1
+        with pytest.raises(RuntimeError, match="out of bounds|need a storage of 28 bytes"):
+            base.as_strided_((2, 3), (3, 1), 1)
