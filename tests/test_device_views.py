@@ -113,3 +113,113 @@ def test_as_strided_inplace_past_the_storage_raises_like_cpu(made_by):
         base = base if made_by == "copy" else base * 1
         with pytest.raises(RuntimeError, match="out of bounds|need a storage of 28 bytes"):
             base.as_strided_((2, 3), (3, 1), 1)
+
+
+# --- view(dtype): a view of the same storage, its bytes read in another dtype ---------------------
+
+DTYPE_PAIRS = [(torch.float16, torch.uint8), (torch.float16, torch.int8), (torch.float32, torch.int16),
+               (torch.float32, torch.int64), (torch.float32, torch.float16), (torch.int64, torch.float32),
+               (torch.bool, torch.uint8), (torch.complex64, torch.float32),
+               (torch.bfloat16, torch.int16), (torch.uint8, torch.float32), (torch.float16, torch.float32)]
+
+
+def _dtype_view_inputs(dtype):
+    """PyTorch's test_view_ops.py::test_view_dtype_new inputs: (a host tensor, the view taken of it)."""
+    torch.manual_seed(0)
+    make = lambda *shape: torch.testing.make_tensor(shape, dtype=dtype, device="cpu", low=-5, high=5)  # noqa: E731
+    return [(make(4, 4, 64), lambda t: t), (make(4, 4, 64), lambda t: t.permute(1, 0, 2)),
+            (make(4, 64, 4), lambda t: t.permute(2, 0, 1)), (make(1, 5, 1), lambda t: t.expand(5, 5, 64)),
+            (make(2, 5, 256), lambda t: t[1::2, 1:, ::2]), (make(0, 5, 64), lambda t: t), (make(), lambda t: t)]
+
+
+def _bytes(t):
+    t = t.cpu()
+    return t.contiguous().view(torch.uint8) if t.dim() else t.reshape(1).view(torch.uint8)
+
+
+@pytest.mark.parametrize("src,dst", DTYPE_PAIRS, ids=str)
+def test_view_dtype_has_cpus_shape_strides_and_bytes(src, dst):
+    for base, take in _dtype_view_inputs(src):
+        host, device = take(base), take(base.to("neuron"))
+        try:
+            expected = host.view(dst)
+        except RuntimeError as error:
+            with pytest.raises(RuntimeError, match=str(error).split(" to view")[0].replace("(", r"\(")
+                               .replace(")", r"\)")):
+                device.view(dst)
+            continue
+        view = device.view(dst)
+        assert (view.shape, view.stride(), view.storage_offset()) == \
+            (expected.shape, expected.stride(), expected.storage_offset())
+        assert torch.equal(_bytes(view), _bytes(expected))
+        assert torch.equal(_bytes(view.view(src)), _bytes(host))
+        assert view.untyped_storage().data_ptr() == device.untyped_storage().data_ptr()
+
+
+def test_a_bool_view_of_bytes_holds_0_or_1_else_raises():
+    ref = torch.tensor([0, 1, 1, 0], dtype=torch.uint8)
+    x = ref.to("neuron")
+    v, ref_v = x.view(torch.bool), ref.view(torch.bool)
+    v[0] = True
+    ref_v[0] = True
+    assert_close(v.cpu(), ref_v)
+    assert_close(x.cpu(), ref)
+    # a PJRT bool holds 0 or 1: bytes 4 or 255 read as bool would come back changed
+    y = torch.tensor([0, 4, 255, 1], dtype=torch.uint8).to("neuron")
+    with pytest.raises(RuntimeError, match="bytes are not all 0 or 1"):
+        y.view(torch.bool).cpu()
+    assert y.cpu().tolist() == [0, 4, 255, 1]
+
+
+def _tail(dev):  # a view ending short of the storage's end: the bytes past it stay
+    base = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float16).to(dev) * 1
+    v = base[:2].view(torch.float32)
+    v.mul_(1)
+    return base, v
+
+
+def _whole_bytes(dev):  # a dtype view as long (in elements) as its storage: not the whole storage
+    base = torch.arange(8.0, dtype=torch.float16).to(dev) * 1
+    v = base.view(torch.uint8)[:8]
+    v.copy_(torch.full((8,), 7, dtype=torch.uint8).to(dev))
+    return base, v
+
+
+def _from_host(dev):
+    base = torch.arange(8.0, dtype=torch.float16).to(dev) * 1
+    v = base.view(torch.uint8)[:8]
+    v.copy_(torch.full((8,), 7, dtype=torch.uint8))
+    return base, v
+
+
+def _base_and_view_in_one_op(dev):
+    base = torch.arange(8.0).to(dev) * 1
+    read = base + base.view(torch.int32)  # one op reading the storage as float32 and as int32
+    base.add_(base.view(torch.int32))
+    return base, read
+
+
+def _strided_writes(dev):  # writes through views of the dtype view, then through the base
+    base = torch.arange(24.0).reshape(4, 6).to(dev) * 1
+    v = base[1:3].view(torch.int16)[:, 2:7]
+    v.fill_(3)
+    v[:, 0].zero_()
+    base[0].neg_()
+    return base, v
+
+
+def _resize_a_dtype_view(dev):
+    base = torch.arange(2.0).to(dev) * 1
+    v = base.view(torch.int8)
+    v.resize_(6)
+    return base, v
+
+
+@pytest.mark.parametrize("case", [_tail, _whole_bytes, _from_host, _base_and_view_in_one_op, _strided_writes,
+                                  _resize_a_dtype_view], ids=lambda f: f.__name__.strip("_"))
+def test_writes_through_a_dtype_view_reach_the_base_like_cpu(case):
+    base, v = case("neuron")
+    ref_base, ref_v = case("cpu")
+    assert torch.equal(_bytes(base), _bytes(ref_base))
+    assert (v.shape, v.stride(), v.storage_offset()) == (ref_v.shape, ref_v.stride(), ref_v.storage_offset())
+    assert torch.equal(_bytes(v), _bytes(ref_v))

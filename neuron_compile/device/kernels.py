@@ -303,14 +303,6 @@ def _lazy_bit_view(op, x):
     return ops.dispatch(physical, (x,), {})
 
 
-@kernel(aten.view.dtype)
-def _view_dtype(op, x, dtype):
-    # a bitcast: its own storage (writes through it do not reach x)
-    if dtype == x.dtype:
-        return _view(aten.alias.default, x)
-    return ops.from_host(ops.to_host(x).view(dtype))
-
-
 # --- random ops ------------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)

@@ -58,6 +58,8 @@ def dispatch(op, args, kwargs):
         if not leaves.device_seen:  # a factory (triu_indices...): made on the host, then moved
             return _factory_on_host(op, args, kwargs)
         check_same_device(op, leaves)
+    if leaves.two_dtypes:  # one storage read as two dtypes (a view(dtype) beside its base): host copies
+        return run_on_host(op, args, kwargs)
     key = (op, tuple(leaves.parts))
     kernel = _KERNELS.get(key)
     if kernel is not None:
@@ -162,8 +164,9 @@ def _written_positions(op, args, kwargs) -> list[int]:
 # --- writing into neuron tensors ---------------------------------------------------------
 
 def whole(tensor: torch.Tensor, data) -> bool:
-    """``tensor`` covers its whole storage, contiguously from element 0."""
-    return tensor.storage_offset() == 0 and tensor.is_contiguous() and tensor.numel() == data.numel
+    """``tensor`` covers its whole storage, contiguously from element 0, in the storage's dtype."""
+    return (tensor.dtype is data.dtype and tensor.storage_offset() == 0 and tensor.is_contiguous()
+            and tensor.numel() == data.numel)
 
 
 def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -183,6 +186,8 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
 def resize_(tensor: torch.Tensor, size, memory_format=None) -> torch.Tensor:
     size = tuple(size)
     data = _storage.data_of(tensor)
+    if data.dtype is not tensor.dtype:  # sizes below count elements of the tensor's dtype
+        _storage.retype(data, tensor.dtype)
     stride = (_storage.contiguous_strides(size) if memory_format in (None, torch.contiguous_format, torch.preserve_format)
               else torch.empty(size, device="meta", memory_format=memory_format).stride())
     offset = tensor.storage_offset()
