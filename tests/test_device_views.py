@@ -223,3 +223,27 @@ def test_writes_through_a_dtype_view_reach_the_base_like_cpu(case):
     assert torch.equal(_bytes(base), _bytes(ref_base))
     assert (v.shape, v.stride(), v.storage_offset()) == (ref_v.shape, ref_v.stride(), ref_v.storage_offset())
     assert torch.equal(_bytes(v), _bytes(ref_v))
+
+
+@pytest.mark.parametrize("src,dst", [(torch.float32, torch.uint8), (torch.uint8, torch.float32),
+                                     (torch.float16, torch.int64), (torch.int64, torch.bfloat16),
+                                     (torch.bfloat16, torch.float32), (torch.float64, torch.int16)], ids=str)
+def test_view_copy_dtype_lowers_narrowing_and_widening(src, dst):
+    # torch-mlir lowers a bitcast to a narrower or same-size dtype only; the decomposition widens
+    x = torch.testing.make_tensor((3, 16), dtype=src, device="cpu", low=-100, high=100)
+    out = torch.view_copy(x.to("neuron"), dst)
+    assert torch.equal(_bytes(out), _bytes(torch.view_copy(x, dst)))
+
+
+def test_a_dtype_switch_stays_on_the_device():
+    from neuron_compile.device.opkernel import COUNTS
+
+    x = torch.arange(-8.0, 8.0).reshape(4, 4).to("neuron") * 1
+    ref = torch.arange(-8.0, 8.0).reshape(4, 4)
+    before = COUNTS["host_copies"]
+    for t in (x, ref):
+        t.view(torch.int32).bitwise_and_(0x7FFFFFFF)  # |x| by its sign bit
+        t.mul_(2)
+        t[1:3].view(torch.int16)[:, 1::2].add_(1)  # the high halves of the middle rows
+    assert COUNTS["host_copies"] == before  # each switch is one bitcast on the device, no host transfer
+    assert torch.equal(_bytes(x), _bytes(ref))

@@ -71,8 +71,10 @@ class Leaves:
                         raise RuntimeError("a neuron tensor without data reached an op") from None
                 data = self.datas[slot]
                 if data.dtype is not value.dtype:
+                    from .ops import retype
+
                     self.two_dtypes = self.two_dtypes or seen
-                    _storage.retype(data, value.dtype)
+                    retype(data, value.dtype)
                 if own_buffer(value, data) is not None:
                     self.parts.append((value.dtype, value.shape, slot))
                 else:
