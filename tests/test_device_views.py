@@ -81,6 +81,23 @@ def test_inplace_view_ops_keep_aliasing_like_cpu(op, made_by):
     assert_close(base.cpu(), ref_base)
 
 
+def test_inplace_view_ops_under_autograd_like_cpu():
+    def run(device):
+        torch.manual_seed(0)
+        w = torch.randn(3, 4).to(device).requires_grad_()
+        y = w * 2
+        y.t_()
+        y.unsqueeze_(0)
+        (y * torch.arange(12.0).reshape(1, 4, 3).to(device)).sum().backward()
+        return y, w.grad
+
+    y, grad = run("neuron")
+    ref_y, ref_grad = run("cpu")
+    assert (y.shape, y.stride()) == (ref_y.shape, ref_y.stride())
+    assert_close(y.detach().cpu(), ref_y.detach())
+    assert_close(grad.cpu(), ref_grad)
+
+
 def _is_view_of(base, other):  # PyTorch's test_view_ops.py, for devices that do not expose storage
     return other._is_view() and other is not base and other._base is base and base.device == other.device
 

@@ -79,9 +79,10 @@ def dispatch(op, args, kwargs):
 
 def retype(data, dtype: torch.dtype) -> None:
     """Reinterpret a storage's bytes as ``dtype`` (a tensor reaching an op in a dtype other than its
-    storage's: a ``view(dtype)``, or its base after one): on the device, one compiled bitcast of the
-    whole storage (``view_copy.dtype``), where its bytes make whole elements of ``dtype`` and neither
-    dtype is bool (a PJRT bool holds 0 or 1) or complex; otherwise through the host (``storage.retype``)."""
+    storage's: a ``view(dtype)``, or its base after one; ``torch.load`` rebuilds float tensors on the
+    uint8 storages it restored): on the device, one compiled bitcast of the whole storage
+    (``view_copy.dtype``), where its bytes make whole elements of ``dtype`` and neither dtype is bool (a
+    PJRT bool holds 0 or 1) or complex; otherwise through the host (``storage.retype``)."""
     nbytes = data.numel * data.dtype.itemsize
     if (data.buffer is None or nbytes % dtype.itemsize or torch.bool in (data.dtype, dtype)
             or data.dtype.is_complex or dtype.is_complex):

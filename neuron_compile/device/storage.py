@@ -7,8 +7,9 @@ nothing). Views, ``.data``, ``detach()`` and ``nn.Parameter`` share the storage
 object, so they share the ``Data``; an in-place op replaces ``Data.buffer`` and
 every view sees the new value. A ``view(dtype)`` shares it too: a tensor that
 reaches an op in a dtype other than its storage's has the storage's bytes
-reinterpreted first (``retype``, a round trip through the host), so a write
-through either dtype reaches the other.
+reinterpreted first (``ops.retype``: one bitcast on the device; ``retype``
+here, through the host, for bool and complex), so a write through either dtype
+reaches the other.
 
 The buffer is kept in the shape of whatever wrote the whole storage last; a
 tensor whose size, stride and offset are not that shape's is read through a
@@ -183,10 +184,9 @@ def zeros_buffer(numel: int, dtype: torch.dtype):
 
 
 def retype(data: Data, dtype: torch.dtype) -> None:
-    """Reinterpret a storage's bytes as ``dtype``, through the host: a tensor reaching an op in a dtype
-    other than its storage's (a ``view(dtype)``, or its base after one; ``torch.load`` rebuilds float
-    tensors on the uint8 storages it restored). A tail shorter than one ``dtype`` element is padded with
-    zero bytes, so that no byte is lost (the storage grows by less than one element)."""
+    """Reinterpret a storage's bytes as ``dtype``, through the host (``ops.retype`` does it on the device
+    where it can). A tail shorter than one ``dtype`` element is padded with zero bytes, so that no byte
+    is lost (the storage grows by less than one element)."""
     nbytes = data.numel * data.dtype.itemsize
     numel = -(-nbytes // dtype.itemsize)
     if data.buffer is None:
