@@ -264,3 +264,18 @@ def test_a_dtype_switch_stays_on_the_device():
         t[1:3].view(torch.int16)[:, 1::2].add_(1)  # the high halves of the middle rows
     assert COUNTS["host_copies"] == before  # each switch is one bitcast on the device, no host transfer
     assert torch.equal(_bytes(x), _bytes(ref))
+
+
+def _bit_tricks(x):
+    return (x.view(torch.uint8) + 1, (x.view(torch.int64) + 1).view(torch.float32),
+            x.view(torch.uint8).view(torch.float32) * 2, x.view(torch.int16).view(torch.bfloat16) + 0,
+            (x > 0).view(torch.uint8) + 1, (x.view(torch.uint8) & 1).view(torch.bool))
+
+
+@pytest.mark.parametrize("device", ["cpu", "neuron"])
+def test_compiled_view_dtype_of_any_element_size(device):
+    # torch-mlir lowers only narrowing and same-size bitcasts; the JAX rule takes every view.dtype
+    x = torch.randn(4, 8)
+    out = torch.compile(_bit_tricks, backend="neuron", fullgraph=True)(x.to(device))
+    for got, expected in zip(out, _bit_tricks(x)):
+        assert torch.equal(got.cpu(), expected)

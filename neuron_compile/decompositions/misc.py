@@ -595,26 +595,11 @@ def _nonzero_static(x, *, size: int, fill_value: int = -1):
     return torch.where(found, coords, fill_value)
 
 
-_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
 @_misc(aten.view_copy.dtype)
 def _view_copy_dtype(x, dtype):
-    # torch-mlir lowers the view (a bitcast) to a narrower or same-size dtype, not its copy and not a
-    # wider one: a wider element is its bytes (little-endian, as ATen's) summed at their place values
-    # in the same-size integer (sums wrap: disjoint bit fields add as they OR), then bitcast. The device
-    # reinterprets a storage's bytes with it (device.ops.retype)
-    if dtype.itemsize <= x.dtype.itemsize or x.dim() == 0:
-        return aten.view.dtype(x, dtype).clone()
-    if x.shape[-1] * x.dtype.itemsize % dtype.itemsize:
-        return NotImplemented
-    size = dtype.itemsize
-    raw = aten.view.dtype(x, torch.uint8)
-    raw = raw.reshape(list(x.shape[:-1]) + [raw.shape[-1] // size, size]).to(_SAME_SIZE_INT[size])
-    word = raw[..., 0]
-    for i in range(1, size):
-        word = word + raw[..., i] * (1 << 8 * i)
-    return aten.view.dtype(word, dtype)
+    # torch-mlir has no view_copy.dtype: the view (a bitcast, ``lowering.jax_rules``), then a copy. The
+    # device reinterprets a storage's bytes with it (device.ops.retype)
+    return aten.view.dtype(x, dtype).clone()
 
 
 def _torch_decompositions():

@@ -8,7 +8,8 @@ LAPACK custom calls that jaxlib registers with the very XLA CPU client we
 compile on, and ``stablehlo.while`` loops. ``splice`` picks the nodes these
 rules take, lowers them with JAX and joins the result to Torch-MLIR's.
 
-``@rule(packets...)`` registers a rule in ``RULES``; with ``always`` (the
+``@rule(packets...)`` registers a rule in ``RULES`` (an overload, ``aten.view.dtype``, takes its
+nodes from its packet's rule); with ``always`` (the
 default) its packets go into ``ALWAYS``, the ops Torch-MLIR never lowers,
 which always take the JAX path; the others (views, arithmetic...) take it
 only on a complex operand or result. A rule is written against the ATen
@@ -180,6 +181,27 @@ def _to_copy(out, x, **kwargs):
 @rule(torch.ops.prims.convert_element_type, always=False)
 def _convert(out, x, dtype):
     return x.astype(_np_dtype(dtype))
+
+
+@rule(aten.view.dtype)
+def _view_dtype(out, x, dtype):
+    # a bitcast (torch-mlir lowers only a narrowing or same-size one); ATen's byte order is the host's,
+    # little-endian, as XLA's bitcast_convert on its last dimension
+    import jax.numpy as jnp
+    from jax import lax
+
+    target = _np_dtype(dtype)
+    if x.dtype == jnp.bool_:
+        x = x.astype(jnp.uint8)
+    wide = target if target != jnp.bool_ else jnp.dtype(jnp.uint8)
+    if x.dtype.itemsize == wide.itemsize:
+        result = lax.bitcast_convert_type(x, wide)
+    elif x.dtype.itemsize > wide.itemsize:
+        result = lax.bitcast_convert_type(x, wide).reshape(tuple(out.shape))
+    else:
+        ratio = wide.itemsize // x.dtype.itemsize
+        result = lax.bitcast_convert_type(x.reshape(x.shape[:-1] + (x.shape[-1] // ratio, ratio)), wide)
+    return result != 0 if target == jnp.bool_ else result
 
 
 @rule(aten.view, aten._unsafe_view, aten.reshape, always=False)
