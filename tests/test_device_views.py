@@ -279,3 +279,17 @@ def test_compiled_view_dtype_of_any_element_size(device):
     out = torch.compile(_bit_tricks, backend="neuron", fullgraph=True)(x.to(device))
     for got, expected in zip(out, _bit_tricks(x)):
         assert torch.equal(got.cpu(), expected)
+
+
+def _complex_bits(x):
+    c = torch.complex(x, x * 2)
+    return (c.view(torch.float32) + 1, (c.view(torch.float64) * 1).view(torch.complex64) + 0,
+            x.view(torch.complex64) * 1, x[0, 0].view(torch.int32) + 1)
+
+
+@pytest.mark.parametrize("device", ["cpu", "neuron"])
+def test_compiled_view_dtype_of_complex_and_0d(device):
+    x = torch.randn(4, 8)
+    out = torch.compile(_complex_bits, backend="neuron", fullgraph=True)(x.to(device))
+    for got, expected in zip(out, _complex_bits(x)):
+        assert torch.equal(got.cpu(), expected)

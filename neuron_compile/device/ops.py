@@ -81,11 +81,10 @@ def retype(data, dtype: torch.dtype) -> None:
     """Reinterpret a storage's bytes as ``dtype`` (a tensor reaching an op in a dtype other than its
     storage's: a ``view(dtype)``, or its base after one; ``torch.load`` rebuilds float tensors on the
     uint8 storages it restored): on the device, one compiled bitcast of the whole storage
-    (``view_copy.dtype``), where its bytes make whole elements of ``dtype`` and neither dtype is bool (a
-    PJRT bool holds 0 or 1) or complex; otherwise through the host (``storage.retype``)."""
+    (``view_copy.dtype``), where its bytes make whole elements of ``dtype`` and that is not bool (a PJRT
+    bool holds 0 or 1: the host checks the bytes); otherwise through the host (``storage.retype``)."""
     nbytes = data.numel * data.dtype.itemsize
-    if (data.buffer is None or nbytes % dtype.itemsize or torch.bool in (data.dtype, dtype)
-            or data.dtype.is_complex or dtype.is_complex):
+    if data.buffer is None or nbytes % dtype.itemsize or dtype == torch.bool:
         if data.buffer is not None:
             COUNTS["host_copies"] += 2
         _storage.retype(data, dtype)

@@ -8,7 +8,7 @@ object, so they share the ``Data``; an in-place op replaces ``Data.buffer`` and
 every view sees the new value. A ``view(dtype)`` shares it too: a tensor that
 reaches an op in a dtype other than its storage's has the storage's bytes
 reinterpreted first (``ops.retype``: one bitcast on the device; ``retype``
-here, through the host, for bool and complex), so a write through either dtype
+here, through the host, for a bool view), so a write through either dtype
 reaches the other.
 
 The buffer is kept in the shape of whatever wrote the whole storage last; a

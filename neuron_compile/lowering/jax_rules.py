@@ -185,23 +185,32 @@ def _convert(out, x, dtype):
 
 @rule(aten.view.dtype)
 def _view_dtype(out, x, dtype):
-    # a bitcast (torch-mlir lowers only a narrowing or same-size one); ATen's byte order is the host's,
-    # little-endian, as XLA's bitcast_convert on its last dimension
+    # a bitcast (torch-mlir lowers only a narrowing or same-size one), through the bytes of the last
+    # dimension: little-endian, ATen's byte order on the host and XLA's bitcast_convert's. A bool is
+    # a byte of 0 or 1, a complex number its real and imaginary parts
     import jax.numpy as jnp
     from jax import lax
 
-    target = _np_dtype(dtype)
     if x.dtype == jnp.bool_:
         x = x.astype(jnp.uint8)
-    wide = target if target != jnp.bool_ else jnp.dtype(jnp.uint8)
-    if x.dtype.itemsize == wide.itemsize:
-        result = lax.bitcast_convert_type(x, wide)
-    elif x.dtype.itemsize > wide.itemsize:
-        result = lax.bitcast_convert_type(x, wide).reshape(tuple(out.shape))
+    elif jnp.issubdtype(x.dtype, jnp.complexfloating):
+        x = jnp.stack([x.real, x.imag], -1)
+    if x.dtype.itemsize > 1:
+        x = lax.bitcast_convert_type(x, jnp.uint8)
+    lead = tuple(out.shape[:-1])
+    raw = x.astype(jnp.uint8).reshape(lead + (-1,))
+    target = _np_dtype(dtype)
+    plain = {jnp.dtype(jnp.bool_): jnp.dtype(jnp.uint8), jnp.dtype(jnp.complex64): jnp.dtype(jnp.float32),
+             jnp.dtype(jnp.complex128): jnp.dtype(jnp.float64)}.get(target, target)
+    if plain.itemsize > 1:
+        result = lax.bitcast_convert_type(raw.reshape(lead + (-1, plain.itemsize)), plain)
     else:
-        ratio = wide.itemsize // x.dtype.itemsize
-        result = lax.bitcast_convert_type(x.reshape(x.shape[:-1] + (x.shape[-1] // ratio, ratio)), wide)
-    return result != 0 if target == jnp.bool_ else result
+        result = lax.bitcast_convert_type(raw, plain)
+    if target == jnp.bool_:
+        result = result != 0
+    elif plain != target:
+        result = lax.complex(result[..., 0::2], result[..., 1::2])
+    return result.reshape(tuple(out.shape))
 
 
 @rule(aten.view, aten._unsafe_view, aten.reshape, always=False)
