@@ -8,8 +8,8 @@ LAPACK custom calls that jaxlib registers with the very XLA CPU client we
 compile on, and ``stablehlo.while`` loops. ``splice`` picks the nodes these
 rules take, lowers them with JAX and joins the result to Torch-MLIR's.
 
-``@rule(packets...)`` registers a rule in ``RULES`` (an overload, ``aten.view.dtype``, takes its
-nodes from its packet's rule); with ``always`` (the
+``@rule(packets...)`` registers a rule in ``RULES`` (a rule for one overload,
+``aten.view.dtype``, takes its nodes from its packet's); with ``always`` (the
 default) its packets go into ``ALWAYS``, the ops Torch-MLIR never lowers,
 which always take the JAX path; the others (views, arithmetic...) take it
 only on a complex operand or result. A rule is written against the ATen
@@ -195,10 +195,10 @@ def _view_dtype(out, x, dtype):
         x = x.astype(jnp.uint8)
     elif jnp.issubdtype(x.dtype, jnp.complexfloating):
         x = jnp.stack([x.real, x.imag], -1)
-    if x.dtype.itemsize > 1:
-        x = lax.bitcast_convert_type(x, jnp.uint8)
+    if x.dtype != jnp.uint8:
+        x = lax.bitcast_convert_type(x, jnp.uint8)  # a last dimension of bytes where wider
     lead = tuple(out.shape[:-1])
-    raw = x.astype(jnp.uint8).reshape(lead + (-1,))
+    raw = x.reshape(lead + (-1,))
     target = _np_dtype(dtype)
     plain = {jnp.dtype(jnp.bool_): jnp.dtype(jnp.uint8), jnp.dtype(jnp.complex64): jnp.dtype(jnp.float32),
              jnp.dtype(jnp.complex128): jnp.dtype(jnp.float64)}.get(target, target)
