@@ -3,7 +3,9 @@
 In-place view ops (``torch.Tag.inplace_view``: ``t_``, ``transpose_``,
 ``squeeze_``, ``as_strided_``, ``set_``...) change a tensor's size, stride and
 offset on its own storage; every later write through the tensor, or through a
-further view of it, must land where CPU's lands.
+further view of it, must land where CPU's lands. ``view(dtype)`` of any
+element size shares the storage byte for byte, on the device and in compiled
+graphs.
 """
 
 from __future__ import annotations
