@@ -595,6 +595,13 @@ def _nonzero_static(x, *, size: int, fill_value: int = -1):
     return torch.where(found, coords, fill_value)
 
 
+@_misc(aten.view_copy.dtype)
+def _view_copy_dtype(x, dtype):
+    # torch-mlir has no view_copy.dtype: the view (a bitcast, ``lowering.jax_rules``), then a copy. The
+    # device reinterprets a storage's bytes with it (device.ops.retype)
+    return aten.view.dtype(x, dtype).clone()
+
+
 def _torch_decompositions():
     # PyTorch's own decompositions that torch-mlir's list leaves out
     from torch._decomp import decomposition_table

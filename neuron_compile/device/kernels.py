@@ -1,8 +1,11 @@
 """The neuron device's own kernels, and the dispatcher fallback that sends every other op to ``ops``.
 
 Kernels of their own: factories (``empty``: no data until written), copies
-across the host boundary, ``_to_copy``, ``resize_`` and ``set_``, ``item``,
-view ops (their Meta kernels: metadata only, the storage is shared), random
+across the host boundary, ``_to_copy``, ``item``, view ops (their Meta
+kernels: metadata only, the storage is shared), the in-place view ops
+(``torch.Tag.inplace_view``: ``resize_``, ``set_`` and ``as_strided_``, which
+``t_``, ``transpose_``, ``squeeze_``... call; they change the tensor's size,
+stride and offset on its storage, never traced as a graph), random
 ops (drawn by the device's CPU generator, so ``torch.manual_seed`` gives
 CPU's numbers), and ``native_dropout`` (the noise CPU's dropout draws).
 """
@@ -229,25 +232,41 @@ def _resize(op, tensor, size, memory_format=None):
     return ops.resize_(tensor, size, memory_format)
 
 
+@kernel(aten.as_strided_.default)
+def _as_strided_(op, tensor, size, stride, storage_offset=None):
+    # what t_, transpose_, squeeze_... come to. The Meta as_strided_ checks the bounds against the
+    # storage's byte size, which only an addressed storage has (an op result's is 0 bytes): checked
+    # here against the data's, then ``place`` sets the metadata
+    offset = tensor.storage_offset() if storage_offset is None else storage_offset
+    data = _storage.data_of(tensor)
+    needed = _storage.storage_extent(size, stride, offset) * tensor.dtype.itemsize
+    if needed > data.numel * data.dtype.itemsize:
+        raise RuntimeError(f"as_strided_: sizes {list(size)}, strides {list(stride)}, storage offset {offset} "
+                           f"and itemsize {tensor.dtype.itemsize} need a storage of {needed} bytes; the "
+                           f"tensor's holds {data.numel * data.dtype.itemsize}")
+    return _torch_hooks.place(tensor, tensor.untyped_storage(), offset, size, stride)
+
+
 @kernel(aten.set_.source_Tensor, aten.set_.source_Storage, aten.set_.source_Storage_storage_offset)
-def _set(op, tensor, source, *args, **kwargs):
-    source_storage = source if isinstance(source, torch.UntypedStorage) else source.untyped_storage()
-    if not hasattr(source_storage, "_neuron"):
-        raise RuntimeError("set_ onto a storage that is not a neuron storage")
-    if not source_storage.resizable():  # an addressed storage (``_torch_hooks.addressed_tensor``)
-        if op is aten.set_.source_Tensor:
-            args = (source.storage_offset(), source.shape, source.stride())
-        elif op is aten.set_.source_Storage:
-            args = (0, (source_storage.nbytes() // tensor.dtype.itemsize,), (1,))
-        return _torch_hooks.place(tensor, source_storage, *args, **kwargs)
-    return _torch_hooks.meta_redispatch(op, tensor, source, *args, **kwargs)
+def _set(op, tensor, source, storage_offset=0, size=None, stride=()):
+    storage = source if isinstance(source, torch.UntypedStorage) else source.untyped_storage()
+    data = getattr(storage, "_neuron", None)
+    if data is None:
+        raise RuntimeError(f"{op}: the source is not a neuron storage (move it with .to('neuron') first)")
+    if op is aten.set_.source_Tensor:
+        storage_offset, size, stride = source.storage_offset(), source.shape, source.stride()
+    elif op is aten.set_.source_Storage:
+        # the data's size: only an addressed storage object has a byte size; an op result's has 0
+        size, stride = (data.numel * data.dtype.itemsize // tensor.dtype.itemsize,), (1,)
+    elif not stride:
+        stride = _storage.contiguous_strides(size)
+    return _torch_hooks.place(tensor, storage, storage_offset, size, stride)
 
 
 @kernel(aten.set_.default)
 def _set_empty(op, tensor):
-    _torch_hooks.meta_redispatch(op, tensor)
-    tensor.untyped_storage()._neuron = _storage.Data(tensor.dtype, 0)
-    return tensor
+    # a storage of its own, empty (the Meta set_() would set_ a Meta storage)
+    return _torch_hooks.place(tensor, new_tensor((0,), tensor.dtype).untyped_storage(), 0, (0,), (1,))
 
 
 # --- convolution: PyTorch sends an unknown backend's convolutions to the *_overrideable ops ---
@@ -282,14 +301,6 @@ def _lazy_bit_view(op, x):
     # (its own storage: a write through it does not reach x)
     physical = aten.conj_physical.default if op is aten._conj.default else aten.neg.default
     return ops.dispatch(physical, (x,), {})
-
-
-@kernel(aten.view.dtype)
-def _view_dtype(op, x, dtype):
-    # a bitcast: its own storage (writes through it do not reach x)
-    if dtype == x.dtype:
-        return _view(aten.alias.default, x)
-    return ops.from_host(ops.to_host(x).view(dtype))
 
 
 # --- random ops ------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ def _scalar_part(value):
 class Leaves:
     """The tensors of one call, in argument order, and the storages they read."""
 
-    __slots__ = ("tensors", "datas", "slots", "host", "parts", "device_seen", "mixed", "floats")
+    __slots__ = ("tensors", "datas", "slots", "host", "parts", "device_seen", "mixed", "floats", "two_dtypes")
 
     def __init__(self):
         self.tensors: list[torch.Tensor] = []
@@ -53,6 +53,7 @@ class Leaves:
         self.device_seen = False
         self.mixed = None  # a CPU tensor that is not a 0-d scalar
         self.floats: list[float] = []  # runtime float arguments (trace.runtime_float), in order
+        self.two_dtypes = False  # a storage read as two dtypes (one slot has one dtype): run on the host
 
     def visit(self, value):
         if isinstance(value, torch.Tensor):
@@ -61,7 +62,8 @@ class Leaves:
                 storage = value.untyped_storage()
                 ident = storage._cdata
                 slot = self.slots.get(ident)
-                if slot is None:
+                seen = slot is not None
+                if not seen:
                     slot = self.slots[ident] = len(self.datas)
                     try:
                         self.datas.append(storage._neuron)
@@ -69,7 +71,10 @@ class Leaves:
                         raise RuntimeError("a neuron tensor without data reached an op") from None
                 data = self.datas[slot]
                 if data.dtype is not value.dtype:
-                    _storage.retype(data, value.dtype)
+                    from .ops import retype
+
+                    self.two_dtypes = self.two_dtypes or seen
+                    retype(data, value.dtype)
                 if own_buffer(value, data) is not None:
                     self.parts.append((value.dtype, value.shape, slot))
                 else:

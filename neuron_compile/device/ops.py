@@ -58,6 +58,8 @@ def dispatch(op, args, kwargs):
         if not leaves.device_seen:  # a factory (triu_indices...): made on the host, then moved
             return _factory_on_host(op, args, kwargs)
         check_same_device(op, leaves)
+    if leaves.two_dtypes:  # one storage read as two dtypes (a view(dtype) beside its base): host copies
+        return run_on_host(op, args, kwargs)
     key = (op, tuple(leaves.parts))
     kernel = _KERNELS.get(key)
     if kernel is not None:
@@ -75,13 +77,31 @@ def dispatch(op, args, kwargs):
     return kernel(leaves) if kernel.__class__ is OpKernel else kernel(op, args, kwargs, leaves)
 
 
+def retype(data, dtype: torch.dtype) -> None:
+    """Reinterpret a storage's bytes as ``dtype`` (a tensor reaching an op in a dtype other than its
+    storage's: a ``view(dtype)``, or its base after one; ``torch.load`` rebuilds float tensors on the
+    uint8 storages it restored): on the device, one compiled bitcast of the whole storage
+    (``view_copy.dtype``), where its bytes make whole elements of ``dtype`` and that is not bool (a PJRT
+    bool holds 0 or 1: the host checks the bytes); otherwise through the host (``storage.retype``)."""
+    nbytes = data.numel * data.dtype.itemsize
+    if data.buffer is None or nbytes % dtype.itemsize or dtype == torch.bool:
+        if data.buffer is not None:
+            COUNTS["host_copies"] += 2
+        _storage.retype(data, dtype)
+        return
+    flat = new_tensor(data.buffer.shape, data.dtype, data.buffer).reshape(-1)
+    buffer = _storage.data_of(dispatch(aten.view_copy.dtype, (flat, dtype), {})).buffer
+    data.dtype, data.numel = dtype, nbytes // dtype.itemsize
+    data.set(buffer)
+
+
 def to_host(value):
     """A CPU copy of a neuron tensor, with the same size, stride and offset (its whole storage comes over)."""
     if not (isinstance(value, torch.Tensor) and value.device.type == "neuron"):
         return value
     data = _storage.data_of(value)
     if data.dtype is not value.dtype:
-        _storage.retype(data, value.dtype)
+        retype(data, value.dtype)
     COUNTS["host_copies"] += 1
     if data.buffer is None:
         flat = torch.zeros(data.numel, dtype=data.dtype)
@@ -162,8 +182,9 @@ def _written_positions(op, args, kwargs) -> list[int]:
 # --- writing into neuron tensors ---------------------------------------------------------
 
 def whole(tensor: torch.Tensor, data) -> bool:
-    """``tensor`` covers its whole storage, contiguously from element 0."""
-    return tensor.storage_offset() == 0 and tensor.is_contiguous() and tensor.numel() == data.numel
+    """``tensor`` covers its whole storage, contiguously from element 0, in the storage's dtype."""
+    return (tensor.dtype is data.dtype and tensor.storage_offset() == 0 and tensor.is_contiguous()
+            and tensor.numel() == data.numel)
 
 
 def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -183,6 +204,8 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
 def resize_(tensor: torch.Tensor, size, memory_format=None) -> torch.Tensor:
     size = tuple(size)
     data = _storage.data_of(tensor)
+    if data.dtype is not tensor.dtype:  # sizes below count elements of the tensor's dtype
+        retype(data, tensor.dtype)
     stride = (_storage.contiguous_strides(size) if memory_format in (None, torch.contiguous_format, torch.preserve_format)
               else torch.empty(size, device="meta", memory_format=memory_format).stride())
     offset = tensor.storage_offset()

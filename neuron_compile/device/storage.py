@@ -5,7 +5,11 @@ carries a ``Data``: the storage's element type, its length in elements and a
 PJRT buffer (``None`` until something is written: ``torch.empty`` allocates
 nothing). Views, ``.data``, ``detach()`` and ``nn.Parameter`` share the storage
 object, so they share the ``Data``; an in-place op replaces ``Data.buffer`` and
-every view sees the new value.
+every view sees the new value. A ``view(dtype)`` shares it too: a tensor that
+reaches an op in a dtype other than its storage's has the storage's bytes
+reinterpreted first (``ops.retype``: one bitcast on the device; ``retype``
+here, through the host, for a bool view), so a write through either dtype
+reaches the other.
 
 The buffer is kept in the shape of whatever wrote the whole storage last; a
 tensor whose size, stride and offset are not that shape's is read through a
@@ -180,16 +184,22 @@ def zeros_buffer(numel: int, dtype: torch.dtype):
 
 
 def retype(data: Data, dtype: torch.dtype) -> None:
-    """Reinterpret a storage's bytes as ``dtype`` (``torch.load`` rebuilds float tensors on the uint8
-    storages it restored)."""
+    """Reinterpret a storage's bytes as ``dtype``, through the host (``ops.retype`` does it on the device
+    where it can). A tail shorter than one ``dtype`` element is padded with zero bytes, so that no byte
+    is lost (the storage grows by less than one element)."""
     nbytes = data.numel * data.dtype.itemsize
+    numel = -(-nbytes // dtype.itemsize)
     if data.buffer is None:
-        data.dtype, data.numel = dtype, nbytes // dtype.itemsize
+        data.dtype, data.numel = dtype, numel
         return
     host = buffer_to_host(data.buffer, data.dtype).reshape(-1).view(torch.uint8)
-    usable = host[: nbytes // dtype.itemsize * dtype.itemsize]
-    data.dtype, data.numel = dtype, nbytes // dtype.itemsize
-    data.set(host_to_buffer(usable.view(dtype)))
+    if dtype == torch.bool and bool((host > 1).any()):
+        raise RuntimeError(f"a bool view of {data.dtype} data whose bytes are not all 0 or 1: the device's bool "
+                           "elements hold 0 or 1 only (the bytes would change); compare instead (x != 0)")
+    if numel * dtype.itemsize != nbytes:
+        host = torch.cat([host, host.new_zeros(numel * dtype.itemsize - nbytes)])
+    data.dtype, data.numel = dtype, numel
+    data.set(host_to_buffer(host.view(dtype)))
 
 
 @functools.lru_cache(maxsize=None)

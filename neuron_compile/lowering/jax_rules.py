@@ -8,7 +8,8 @@ LAPACK custom calls that jaxlib registers with the very XLA CPU client we
 compile on, and ``stablehlo.while`` loops. ``splice`` picks the nodes these
 rules take, lowers them with JAX and joins the result to Torch-MLIR's.
 
-``@rule(packets...)`` registers a rule in ``RULES``; with ``always`` (the
+``@rule(packets...)`` registers a rule in ``RULES`` (a rule for one overload,
+``aten.view.dtype``, takes its nodes from its packet's); with ``always`` (the
 default) its packets go into ``ALWAYS``, the ops Torch-MLIR never lowers,
 which always take the JAX path; the others (views, arithmetic...) take it
 only on a complex operand or result. A rule is written against the ATen
@@ -180,6 +181,36 @@ def _to_copy(out, x, **kwargs):
 @rule(torch.ops.prims.convert_element_type, always=False)
 def _convert(out, x, dtype):
     return x.astype(_np_dtype(dtype))
+
+
+@rule(aten.view.dtype)
+def _view_dtype(out, x, dtype):
+    # a bitcast (torch-mlir lowers only a narrowing or same-size one), through the bytes of the last
+    # dimension: little-endian, ATen's byte order on the host and XLA's bitcast_convert's. A bool is
+    # a byte of 0 or 1, a complex number its real and imaginary parts
+    import jax.numpy as jnp
+    from jax import lax
+
+    if x.dtype == jnp.bool_:
+        x = x.astype(jnp.uint8)
+    elif jnp.issubdtype(x.dtype, jnp.complexfloating):
+        x = jnp.stack([x.real, x.imag], -1)
+    if x.dtype != jnp.uint8:
+        x = lax.bitcast_convert_type(x, jnp.uint8)  # a last dimension of bytes where wider
+    lead = tuple(out.shape[:-1])
+    raw = x.reshape(lead + (-1,))
+    target = _np_dtype(dtype)
+    plain = {jnp.dtype(jnp.bool_): jnp.dtype(jnp.uint8), jnp.dtype(jnp.complex64): jnp.dtype(jnp.float32),
+             jnp.dtype(jnp.complex128): jnp.dtype(jnp.float64)}.get(target, target)
+    if plain.itemsize > 1:
+        result = lax.bitcast_convert_type(raw.reshape(lead + (-1, plain.itemsize)), plain)
+    else:
+        result = lax.bitcast_convert_type(raw, plain)
+    if target == jnp.bool_:
+        result = result != 0
+    elif plain != target:
+        result = lax.complex(result[..., 0::2], result[..., 1::2])
+    return result.reshape(tuple(out.shape))
 
 
 @rule(aten.view, aten._unsafe_view, aten.reshape, always=False)

@@ -47,8 +47,11 @@ from .jax_rules import _ELEMENT_NAME, ALWAYS, RULES, _np_dtype
 
 
 def _packet(node: torch.fx.Node):
+    """The key of the node's rule: its op's packet, or the overload itself where that has a rule."""
     target = node.target
-    return target.overloadpacket if isinstance(target, torch._ops.OpOverload) else target
+    if isinstance(target, torch._ops.OpOverload) and target not in RULES:
+        return target.overloadpacket
+    return target
 
 
 def _tensors(node: torch.fx.Node) -> list[torch.Tensor]:
