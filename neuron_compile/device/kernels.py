@@ -15,7 +15,7 @@ import torch
 
 from . import _torch_hooks, ops
 from . import storage as _storage
-from .storage import new_tensor
+from .storage import check_device, new_tensor
 
 aten = torch.ops.aten
 
@@ -52,8 +52,12 @@ def register_direct_kernels() -> None:
     # native_layer_norm's and native_group_norm's composites (for backends with no kernel of their own)
     # run them as native_batch_norm in the input's dtype; CPU's kernels (and our table's decompositions)
     # compute in float32 and round once: in bfloat16, half of a layer norm's outputs were an ulp off
+    # copy_'s composite sends a copy for our device to _copy_from, which torch's conjugate and negative
+    # bit fallbacks do not pass through: they resolve the bit with clone, whose copy_ is _copy_from again
+    # (x.conj().cpu() recursed until the stack overflowed); copy_ itself is theirs to pass through
     direct += [aten.convolution_overrideable.default, aten.convolution_backward_overrideable.default,
-               aten._to_copy.default, aten.native_layer_norm.default, aten.native_group_norm.default]
+               aten._to_copy.default, aten.native_layer_norm.default, aten.native_group_norm.default,
+               aten.copy_.default]
     for op in direct:
         _direct.impl(op, functools.partial(handle, op), _torch_hooks.PRIVATE_KEY)
     from runtime.executor import register_device_adapter
@@ -138,13 +142,6 @@ def _dtype(dtype):
     return dtype if dtype is not None else torch.get_default_dtype()
 
 
-def check_device(device) -> None:
-    if device is not None:
-        device = torch.device(device)
-        if device.type == "neuron" and device.index not in (None, 0):
-            raise RuntimeError(f"neuron device {device.index} is out of range: there is 1 neuron device (neuron:0)")
-
-
 @kernel(aten.empty.memory_format)
 def _empty(op, size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     check_device(device)
@@ -164,6 +161,8 @@ def _empty_strided(op, size, stride, dtype=None, layout=None, device=None, pin_m
 
 @kernel(aten.copy_.default)
 def _copy(op, dst, src, non_blocking=False):
+    if dst.is_conj() or dst.is_neg() or src.is_conj() or src.is_neg():
+        return _copy_math_bits(dst, src, non_blocking)
     dst_neuron, src_neuron = dst.device.type == "neuron", src.device.type == "neuron"
     if dst_neuron and src_neuron:
         if dst.numel() == 0:
@@ -179,6 +178,25 @@ def _copy(op, dst, src, non_blocking=False):
         ops.copy_into(dst, src)
         return dst
     dst.copy_(ops.to_host(src))
+    return dst
+
+
+def _copy_math_bits(dst, src, non_blocking=False):
+    """``copy_`` where a side is a view with torch's lazy conjugate or negative bit (``x.conj()``,
+    ``x.conj().imag``): the values are computed on bit-free views, as CPU's copy kernel does. Every op
+    that reads such a view gets it materialized by torch's fallback for the bit, through ``clone``, so
+    through this copy. A write through a bit stores the value seen through the bit (each is its own
+    inverse): an in-place op on ``x.conj()`` reaches ``x`` conjugated, as on CPU."""
+    target = dst
+    if dst.is_conj():
+        target, src = target.conj(), src.conj()  # .conj() and ._neg_view() flip the bit: a view of the same data
+    if dst.is_neg():
+        target, src = target._neg_view(), src._neg_view()
+    if src.is_neg():
+        src = aten.neg.default(src._neg_view())
+    if src.is_conj():
+        src = aten.conj_physical.default(src.conj())
+    _copy(aten.copy_.default, target, src, non_blocking)
     return dst
 
 
@@ -274,14 +292,6 @@ def _index_put(op, x, indices, values, *args, **kwargs):
     if masks and (len(indices) != 1 or values.dim() > x.dim() - masks[0].dim()):
         return ops.run_on_host(op, (x, indices, values) + args, kwargs)
     return ops.dispatch(op, (x, indices, values) + args, kwargs)
-
-
-@kernel(aten._conj.default, aten._neg_view.default)
-def _lazy_bit_view(op, x):
-    # CPU marks a conj/neg bit on a view; their Meta kernels crash on our tensors: the value instead
-    # (its own storage: a write through it does not reach x)
-    physical = aten.conj_physical.default if op is aten._conj.default else aten.neg.default
-    return ops.dispatch(physical, (x,), {})
 
 
 @kernel(aten.view.dtype)
