@@ -11,6 +11,10 @@ it):
   ``neuron:0`` with a 0-byte storage, whose Python storage object carries our
   PJRT buffer;
 * ``OpOverload.redispatch`` to the Meta key: view ops change metadata only;
+* ``torch.UntypedStorage.__new__`` (over ``torch._C.StorageBase.__new__``),
+  ``clone``, ``new`` and ``_byteswap``: storages of the device made from
+  Python (``copy.deepcopy`` of a tensor clones its storage), which torch
+  would make with a C++ allocator a Python backend cannot register;
 * ``torch._C._construct_storage_from_data_pointer``: a storage with a unique,
   never dereferenced address, so ``data_ptr()`` tells storages apart;
 * the dispatcher's keyset and exclude guards, to run autocast kernels;
@@ -132,7 +136,7 @@ def make_storages_with(new_storage, clone_storage, byteswap_storage) -> None:
     ``_new_shared`` (the constructor). A sequence (``torch.UntypedStorage([1, 2], device="neuron")``)
     is checked and converted by torch's CPU constructor, then copied over."""
     storage_class = torch.UntypedStorage
-    if getattr(storage_class.__dict__.get("__new__"), "_neuron", False):
+    if getattr(storage_class.__new__, "_neuron", False):
         return
     construct = torch._C.StorageBase.__new__  # THPStorage_pynew
     clone, new, byteswap = storage_class.clone, storage_class.new, storage_class._byteswap

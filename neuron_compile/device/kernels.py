@@ -257,6 +257,8 @@ def _set(op, tensor, source, *args, **kwargs):
             args = (source.storage_offset(), source.shape, source.stride())
         elif op is aten.set_.source_Storage:
             args = (0, (source_storage.nbytes() // tensor.dtype.itemsize,), (1,))
+        elif len(args) == 2 or not args[2]:  # stride=[] (its default): contiguous
+            args = (args[0], args[1], _storage.contiguous_strides(args[1]))
         return _torch_hooks.place(tensor, source_storage, *args, **kwargs)
     return _torch_hooks.meta_redispatch(op, tensor, source, *args, **kwargs)
 
