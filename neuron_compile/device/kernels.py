@@ -250,8 +250,7 @@ def _resize(op, tensor, size, memory_format=None):
 @kernel(aten.set_.source_Tensor, aten.set_.source_Storage, aten.set_.source_Storage_storage_offset)
 def _set(op, tensor, source, *args, **kwargs):
     source_storage = source if isinstance(source, torch.UntypedStorage) else source.untyped_storage()
-    if not hasattr(source_storage, "_neuron"):
-        raise RuntimeError("set_ onto a storage that is not a neuron storage")
+    _storage.storage_data(source_storage)  # raises for a storage without data (a slice of a neuron storage)
     if not source_storage.resizable():  # an addressed storage (``_torch_hooks.addressed_tensor``)
         if op is aten.set_.source_Tensor:
             args = (source.storage_offset(), source.shape, source.stride())
