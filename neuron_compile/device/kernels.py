@@ -1,7 +1,9 @@
 """The neuron device's own kernels, and the dispatcher fallback that sends every other op to ``ops``.
 
 Kernels of their own: factories (``empty``: no data until written), copies
-across the host boundary, ``_to_copy``, ``resize_`` and ``set_``, ``item``,
+across the host boundary (``copy_``, which also computes the values of torch's
+lazy conjugate and negative views: ``x.conj()``, ``x.conj().imag``),
+``_to_copy``, ``resize_`` and ``set_``, ``item``,
 view ops (their Meta kernels: metadata only, the storage is shared), random
 ops (drawn by the device's CPU generator, so ``torch.manual_seed`` gives
 CPU's numbers), and ``native_dropout`` (the noise CPU's dropout draws).

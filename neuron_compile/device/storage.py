@@ -7,6 +7,12 @@ nothing). Views, ``.data``, ``detach()`` and ``nn.Parameter`` share the storage
 object, so they share the ``Data``; an in-place op replaces ``Data.buffer`` and
 every view sees the new value.
 
+A storage made from Python (``torch.UntypedStorage(n, device="neuron")``,
+``storage.clone()``, which ``copy.deepcopy`` of a tensor calls) is made here
+(``new_storage``, ``clone_storage``): torch would make it with a C++ allocator
+that a Python backend cannot register. A clone shares the buffer, which is
+immutable: a copy that costs nothing.
+
 The buffer is kept in the shape of whatever wrote the whole storage last; a
 tensor whose size, stride and offset are not that shape's is read through a
 view computed inside the op's executable (``ops``).
