@@ -194,3 +194,28 @@ def test_dynamo_disable_and_skip_folders_keep_dynamo_out():
     fn = _torch_hooks.run_eagerly(lambda x: x + 1)
     assert getattr(fn, "_torchdynamo_disable", False)
     assert torch.compile(lambda x: fn(x) * 2, backend="eager")(torch.ones(1)).tolist() == [4.0]
+
+
+def test_storages_of_the_device_are_made_by_ours_and_cpu_storages_by_torch():
+    # torch.UntypedStorage(n, device=...) goes through the Python class's __new__ (ours, over
+    # torch._C.StorageBase.__new__), clone/new/_byteswap through its methods: a torch that moves them to
+    # C++ fails here, not with a segfault in a user's copy.deepcopy
+    assert getattr(torch.UntypedStorage.__new__, "_neuron", False)
+    made = torch.UntypedStorage(6, device="neuron")
+    assert made.device.type == "neuron" and made.nbytes() == 6 and not made.resizable()
+    assert made.clone().device.type == "neuron" and made.new().nbytes() == 0
+    cpu = torch.UntypedStorage(6)
+    assert type(cpu) is torch.UntypedStorage and cpu.device.type == "cpu" and cpu.resizable()
+    assert torch.UntypedStorage([1, 2]).tolist() == [1, 2] and cpu.clone().nbytes() == 6
+    # Tensor.__deepcopy__ still reaches the storage's clone (it copies a tensor with a storage that way)
+    x = torch.arange(3.0).to("neuron")
+    calls = []
+    clone = torch.UntypedStorage.clone
+    try:
+        torch.UntypedStorage.clone = lambda self: calls.append(self) or clone(self)
+        import copy
+
+        copy.deepcopy(x)
+    finally:
+        torch.UntypedStorage.clone = clone
+    assert len(calls) == 1

@@ -17,6 +17,7 @@ import math
 import threading
 
 import torch
+import torch._decomp
 from torch._decomp import register_decomposition
 
 aten = torch.ops.aten
@@ -147,6 +148,11 @@ _RANK0 = {
     aten.any.dim: lambda x, dim, keepdim=False: aten.ne.Scalar(x, 0),
     aten.all.dim: lambda x, dim, keepdim=False: aten.ne.Scalar(x, 0),
     aten.cumsum.default: lambda x, dim, *, dtype=None: aten._to_copy.default(x, dtype=_sum_dtype(x, dtype)),
+    # torch.softmax(x, dim=0) of a 0-d x (nn.Softmax on a scalar): torch-mlir's own lowering of _softmax
+    # (torch-mlir's table leaves the op to it) does not apply to a reduction over a 0-d tensor, and its
+    # torch-decompose-complex-ops pass then never finished (the process hung). PyTorch's decomposition
+    # goes through amax and sum, whose 0-d rules are above.
+    aten._softmax.default: torch._decomp.decomposition_table[aten._softmax.default],
 }
 
 

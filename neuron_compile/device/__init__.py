@@ -32,7 +32,7 @@ def register() -> None:
 
     if _registered:  # the first `import torch` of the process ran our entry point, which registered
         return
-    from . import _torch_hooks, distributed, module
+    from . import _torch_hooks, distributed, module, storage
 
     if torch._C._get_privateuse1_backend_name() not in ("privateuseone", _torch_hooks.NAME):
         return  # another backend owns PrivateUse1 in this process: leave it alone
@@ -43,6 +43,7 @@ def register() -> None:
     _torch_hooks.load_onto_device()
     _torch_hooks.keep_parameters_on_conversion()
     _torch_hooks.print_through_cpu()
+    _torch_hooks.make_storages_with(storage.new_storage, storage.clone_storage, storage.byteswap_storage)
     distributed.register()  # init_process_group("neuron"): names the backend, connects nothing
     _torch_hooks.route_default_compiler(_default_compiler)
     _registered = True

@@ -11,6 +11,10 @@ it):
   ``neuron:0`` with a 0-byte storage, whose Python storage object carries our
   PJRT buffer;
 * ``OpOverload.redispatch`` to the Meta key: view ops change metadata only;
+* ``torch.UntypedStorage.__new__`` (over ``torch._C.StorageBase.__new__``),
+  ``clone``, ``new`` and ``_byteswap``: storages of the device made from
+  Python (``copy.deepcopy`` of a tensor clones its storage), which torch
+  would make with a C++ allocator a Python backend cannot register;
 * ``torch._C._construct_storage_from_data_pointer``: a storage with a unique,
   never dereferenced address, so ``data_ptr()`` tells storages apart;
 * the dispatcher's keyset and exclude guards, to run autocast kernels;
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 
 import torch
 
@@ -91,11 +96,15 @@ def addressed_tensor(shape, stride, offset: int, nbytes: int, dtype: torch.dtype
     storage is not resizable: the Meta ``set_`` takes it only at an empty size, then ``as_strided_``
     (which checks the bounds) gives the tensor its shape. About 10 us, against 1 us for
     ``empty_tensor``: kept for tensors made by factories and copies, not every op result."""
+    return place(empty_tensor((0,), dtype), addressed_storage(nbytes), offset, shape, stride)
+
+
+def addressed_storage(nbytes: int) -> torch.UntypedStorage:
+    """A neuron storage of ``nbytes`` at a fake address of its own (``addressed_tensor``), not resizable."""
     global _next_address
     address = _next_address
     _next_address += (nbytes + 127) // 64 * 64  # 64-byte aligned and at least 64 bytes apart
-    storage = torch._C._construct_storage_from_data_pointer(address, _device(), nbytes)
-    return place(empty_tensor((0,), dtype), storage, offset, shape, stride)
+    return torch._C._construct_storage_from_data_pointer(address, _device(), nbytes)
 
 
 @functools.lru_cache(maxsize=1)
@@ -112,6 +121,55 @@ def place(tensor: torch.Tensor, storage: torch.UntypedStorage, offset: int, shap
         return meta_redispatch(set_, tensor, storage, offset, tuple(shape), tuple(stride))
     meta_redispatch(set_, tensor, storage, 0, (0,), (1,))
     return meta_redispatch(torch.ops.aten.as_strided_.default, tensor, tuple(shape), tuple(stride), offset)
+
+
+def make_storages_with(new_storage, clone_storage, byteswap_storage) -> None:
+    """Storages of the device made from Python: ``torch.UntypedStorage(n, device="neuron")`` is
+    ``new_storage(n, device)``, ``storage.clone()`` ``clone_storage(storage)``, ``storage.new()``
+    ``new_storage(0)``, ``storage._byteswap(size)`` ``byteswap_storage(storage, size)``.
+
+    torch makes a device's storage with the device's C++ allocator (``c10::GetAllocator``), which a
+    Python backend cannot register: PrivateUse1's is null, and each of these dereferenced it (a
+    segfault), as ``_byteswap`` dereferences the storage's (fake) address. Every Python path that makes
+    a storage for a device goes through them: ``Tensor.__deepcopy__`` and ``copy.copy``/``deepcopy`` of a
+    storage (``clone``), ``storage.to(device=...)``, ``TypedStorage(..., device=...)`` and
+    ``_new_shared`` (the constructor). A sequence (``torch.UntypedStorage([1, 2], device="neuron")``)
+    is checked and converted by torch's CPU constructor, then copied over."""
+    storage_class = torch.UntypedStorage
+    if getattr(storage_class.__new__, "_neuron", False):
+        return
+    construct = torch._C.StorageBase.__new__  # THPStorage_pynew
+    clone, new, byteswap = storage_class.clone, storage_class.new, storage_class._byteswap
+
+    def __new__(cls, *args, device=None, **kwargs):
+        if device is None or torch.device(device).type != NAME:
+            return construct(cls, *args, device=device, **kwargs)
+        if cls is not storage_class or kwargs or len(args) > 1:
+            raise TypeError(f"{cls.__name__}(*args, device={str(device)!r}, **{kwargs}): a neuron storage is "
+                            "made as torch.UntypedStorage(), (size) or (sequence), with device= only")
+        if not args:
+            return new_storage(0, device)
+        try:
+            size = operator.index(args[0])
+        except TypeError:  # not a size: a sequence of bytes
+            host = construct(cls, args[0])
+            return new_storage(host.nbytes(), device).copy_(host)
+        return new_storage(size, device)
+
+    def clone_(self):
+        return clone_storage(self) if self.device.type == NAME else clone(self)
+
+    def new_(self):
+        return new_storage(0) if self.device.type == NAME else new(self)
+
+    def _byteswap(self, element_size):
+        return byteswap_storage(self, element_size) if self.device.type == NAME else byteswap(self, element_size)
+
+    __new__._neuron = True
+    storage_class.__new__ = staticmethod(__new__)
+    for name, fn in (("clone", clone_), ("new", new_), ("_byteswap", _byteswap)):
+        fn.__name__, fn.__doc__ = name, getattr(storage_class, name).__doc__
+        setattr(storage_class, name, fn)
 
 
 def fallback_library(handler) -> torch.library.Library:

@@ -1,11 +1,13 @@
 """The neuron device's own kernels, and the dispatcher fallback that sends every other op to ``ops``.
 
 Kernels of their own: factories (``empty``: no data until written), copies
-across the host boundary, ``_to_copy``, ``item``, view ops (their Meta
-kernels: metadata only, the storage is shared), the in-place view ops
-(``torch.Tag.inplace_view``: ``resize_``, ``set_`` and ``as_strided_``, which
-``t_``, ``transpose_``, ``squeeze_``... call; they change the tensor's size,
-stride and offset on its storage, never traced as a graph), random
+across the host boundary (``copy_``, which also computes the values of torch's
+lazy conjugate and negative views: ``x.conj()``, ``x.conj().imag``),
+``_to_copy``, ``item``, view ops (their Meta kernels: metadata only, the
+storage is shared), the in-place view ops (``torch.Tag.inplace_view``:
+``resize_``, ``set_`` and ``as_strided_``, which ``t_``, ``transpose_``,
+``squeeze_``... call; they change the tensor's size, stride and offset on its
+storage, never traced as a graph), random
 ops (drawn by the device's CPU generator, so ``torch.manual_seed`` gives
 CPU's numbers), and ``native_dropout`` (the noise CPU's dropout draws).
 """
@@ -18,7 +20,7 @@ import torch
 
 from . import _torch_hooks, ops
 from . import storage as _storage
-from .storage import new_tensor
+from .storage import check_device, new_tensor
 
 aten = torch.ops.aten
 
@@ -55,8 +57,12 @@ def register_direct_kernels() -> None:
     # native_layer_norm's and native_group_norm's composites (for backends with no kernel of their own)
     # run them as native_batch_norm in the input's dtype; CPU's kernels (and our table's decompositions)
     # compute in float32 and round once: in bfloat16, half of a layer norm's outputs were an ulp off
+    # copy_'s composite sends a copy for our device to _copy_from, which torch's conjugate and negative
+    # bit fallbacks do not pass through: they resolve the bit with clone, whose copy_ is _copy_from again
+    # (x.conj().cpu() recursed until the stack overflowed); copy_ itself is theirs to pass through
     direct += [aten.convolution_overrideable.default, aten.convolution_backward_overrideable.default,
-               aten._to_copy.default, aten.native_layer_norm.default, aten.native_group_norm.default]
+               aten._to_copy.default, aten.native_layer_norm.default, aten.native_group_norm.default,
+               aten.copy_.default]
     for op in direct:
         _direct.impl(op, functools.partial(handle, op), _torch_hooks.PRIVATE_KEY)
     from runtime.executor import register_device_adapter
@@ -141,13 +147,6 @@ def _dtype(dtype):
     return dtype if dtype is not None else torch.get_default_dtype()
 
 
-def check_device(device) -> None:
-    if device is not None:
-        device = torch.device(device)
-        if device.type == "neuron" and device.index not in (None, 0):
-            raise RuntimeError(f"neuron device {device.index} is out of range: there is 1 neuron device (neuron:0)")
-
-
 @kernel(aten.empty.memory_format)
 def _empty(op, size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     check_device(device)
@@ -167,6 +166,8 @@ def _empty_strided(op, size, stride, dtype=None, layout=None, device=None, pin_m
 
 @kernel(aten.copy_.default)
 def _copy(op, dst, src, non_blocking=False):
+    if dst.is_conj() or dst.is_neg() or src.is_conj() or src.is_neg():
+        return _copy_math_bits(dst, src, non_blocking)
     dst_neuron, src_neuron = dst.device.type == "neuron", src.device.type == "neuron"
     if dst_neuron and src_neuron:
         if dst.numel() == 0:
@@ -182,6 +183,25 @@ def _copy(op, dst, src, non_blocking=False):
         ops.copy_into(dst, src)
         return dst
     dst.copy_(ops.to_host(src))
+    return dst
+
+
+def _copy_math_bits(dst, src, non_blocking=False):
+    """``copy_`` where a side is a view with torch's lazy conjugate or negative bit (``x.conj()``,
+    ``x.conj().imag``): the values are computed on bit-free views, as CPU's copy kernel does. Every op
+    that reads such a view gets it materialized by torch's fallback for the bit, through ``clone``, so
+    through this copy. A write through a bit stores the value seen through the bit (each is its own
+    inverse): an in-place op on ``x.conj()`` reaches ``x`` conjugated, as on CPU."""
+    target = dst
+    if dst.is_conj():
+        target, src = target.conj(), src.conj()  # .conj() and ._neg_view() flip the bit: a view of the same data
+    if dst.is_neg():
+        target, src = target._neg_view(), src._neg_view()
+    if src.is_neg():
+        src = aten.neg.default(src._neg_view())
+    if src.is_conj():
+        src = aten.conj_physical.default(src.conj())
+    _copy(aten.copy_.default, target, src, non_blocking)
     return dst
 
 
@@ -250,9 +270,9 @@ def _as_strided_(op, tensor, size, stride, storage_offset=None):
 @kernel(aten.set_.source_Tensor, aten.set_.source_Storage, aten.set_.source_Storage_storage_offset)
 def _set(op, tensor, source, storage_offset=0, size=None, stride=()):
     storage = source if isinstance(source, torch.UntypedStorage) else source.untyped_storage()
-    data = getattr(storage, "_neuron", None)
-    if data is None:
+    if storage.device.type != "neuron":
         raise RuntimeError(f"{op}: the source is not a neuron storage (move it with .to('neuron') first)")
+    data = _storage.storage_data(storage)  # raises for a storage without data (a slice of a neuron storage)
     if op is aten.set_.source_Tensor:
         storage_offset, size, stride = source.storage_offset(), source.shape, source.stride()
     elif op is aten.set_.source_Storage:
@@ -293,14 +313,6 @@ def _index_put(op, x, indices, values, *args, **kwargs):
     if masks and (len(indices) != 1 or values.dim() > x.dim() - masks[0].dim()):
         return ops.run_on_host(op, (x, indices, values) + args, kwargs)
     return ops.dispatch(op, (x, indices, values) + args, kwargs)
-
-
-@kernel(aten._conj.default, aten._neg_view.default)
-def _lazy_bit_view(op, x):
-    # CPU marks a conj/neg bit on a view; their Meta kernels crash on our tensors: the value instead
-    # (its own storage: a write through it does not reach x)
-    physical = aten.conj_physical.default if op is aten._conj.default else aten.neg.default
-    return ops.dispatch(physical, (x,), {})
 
 
 # --- random ops ------------------------------------------------------------------------------

@@ -11,6 +11,12 @@ reinterpreted first (``ops.retype``: one bitcast on the device; ``retype``
 here, through the host, for a bool view), so a write through either dtype
 reaches the other.
 
+A storage made from Python (``torch.UntypedStorage(n, device="neuron")``,
+``storage.clone()``, which ``copy.deepcopy`` of a tensor calls) is made here
+(``new_storage``, ``clone_storage``): torch would make it with a C++ allocator
+that a Python backend cannot register. A clone shares the buffer, which is
+immutable: a copy that costs nothing.
+
 The buffer is kept in the shape of whatever wrote the whole storage last; a
 tensor whose size, stride and offset are not that shape's is read through a
 view computed inside the op's executable (``ops``).
@@ -125,6 +131,55 @@ def new_tensor(shape, dtype: torch.dtype, buffer=None, stride=None, offset: int 
                                      tensor.untyped_storage(), offset, shape, stride)
     tensor.untyped_storage()._neuron = Data(dtype, numel, buffer)
     return tensor
+
+
+def check_device(device) -> None:
+    if device is not None:
+        device = torch.device(device)
+        if device.type == "neuron" and device.index not in (None, 0):
+            raise RuntimeError(f"neuron device {device.index} is out of range: there is 1 neuron device (neuron:0)")
+
+
+# --- storages made from Python (``_torch_hooks.make_storages_with``) ---------------------------
+
+def new_storage(nbytes: int, device=None) -> torch.UntypedStorage:
+    """``torch.UntypedStorage(nbytes, device="neuron")``: an addressed storage of ``nbytes`` bytes that
+    reads as zeros until written (torch leaves a new storage's bytes undefined)."""
+    check_device(device)
+    if nbytes < 0:
+        raise RuntimeError(f"torch.UntypedStorage(): a storage of {nbytes} bytes (a size must be at least 0)")
+    storage = _torch_hooks.addressed_storage(nbytes)
+    storage._neuron = Data(torch.uint8, nbytes)
+    return storage
+
+
+def clone_storage(storage: torch.UntypedStorage) -> torch.UntypedStorage:
+    """``storage.clone()`` (and so ``copy.deepcopy`` of a tensor): a new addressed storage holding the
+    same buffer. Buffers are immutable (a write gives its storage a new one), so sharing one is a copy;
+    the size is the data's, which an op's result storage does not report (its ``nbytes()`` is 0)."""
+    data = storage_data(storage)
+    copy = _torch_hooks.addressed_storage(max(storage.nbytes(), data.numel * data.dtype.itemsize))
+    copy._neuron = Data(data.dtype, data.numel, data.buffer)
+    return copy
+
+
+def byteswap_storage(storage: torch.UntypedStorage, element_size: int) -> None:
+    """``storage.byteswap(dtype)``: reverse the bytes of each ``element_size``-byte element, on a host copy
+    (torch's C++ kernel would dereference the storage's address, which is not memory)."""
+    data = storage_data(storage)
+    if data.buffer is None or element_size == 1:
+        return
+    host = buffer_to_host(data.buffer, data.dtype).reshape(-1).view(torch.uint8)
+    swapped = host.reshape(-1, element_size).flip(1).reshape(-1)
+    data.set(host_to_buffer(swapped.view(data.dtype).reshape(data.buffer.shape)))
+
+
+def storage_data(storage: torch.UntypedStorage) -> Data:
+    try:
+        return storage._neuron
+    except AttributeError:
+        raise RuntimeError(f"a neuron storage of {storage.nbytes()} bytes has no data: it was not made by "
+                           "neuron_compile's device (a slice of a neuron storage is not supported)") from None
 
 
 # --- host <-> device -------------------------------------------------------------------------
