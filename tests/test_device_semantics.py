@@ -65,3 +65,69 @@ def test_module_to_moves_parameters_in_place_as_for_cuda():
     assert_close(model(N(ids)).cpu(), want)
     model.to("cpu")
     assert all(p is q and p.device.type == "cpu" for p, q in zip(model.parameters(), params))
+
+
+# --- CPU index tensors into neuron tensors: CUDA's rules -----------------------------------------
+
+def _mask_and_index():
+    x = torch.arange(12.0).reshape(3, 4)
+    return x, x > 5, torch.tensor([2, 0])
+
+
+INDEXING = {
+    "get_mask": lambda x, mask, idx, v: x[mask],
+    "set_mask_scalar": lambda x, mask, idx, v: x.__setitem__(mask, 0) or x,
+    "set_mask_values": lambda x, mask, idx, v: x.__setitem__(mask, v.reshape(-1)[:6]) or x,
+    "get_index": lambda x, mask, idx, v: x[idx],
+    "get_index_and_slice": lambda x, mask, idx, v: x[idx, 1:],
+    "get_index_dim1": lambda x, mask, idx, v: x[:, idx],
+    "get_two_indices": lambda x, mask, idx, v: x[idx, idx + 1],
+    "set_index": lambda x, mask, idx, v: x.__setitem__(idx, v) or x,
+    "set_index_scalar": lambda x, mask, idx, v: x.__setitem__(idx, 7.0) or x,
+    "index_put_": lambda x, mask, idx, v: x.index_put_((idx,), v),
+    "index_put_accumulate": lambda x, mask, idx, v: x.index_put_((idx,), v, accumulate=True),
+    "index_put": lambda x, mask, idx, v: x.index_put((idx,), v),
+}
+
+
+@pytest.mark.parametrize("name", INDEXING)
+def test_cpu_masks_and_indices_index_a_neuron_tensor_as_on_cuda(name):
+    """ATen's advanced indexing (``index``, ``index_put_``) moves index tensors to ``self``'s device, so CUDA
+    takes CPU masks and indices there; the values must be on the device (or a 0-d CPU tensor)."""
+    fn = INDEXING[name]
+    x, mask, idx = _mask_and_index()
+    v = torch.arange(8.0).reshape(2, 4) + 100
+    want = fn(x.clone(), mask, idx, v)
+    assert_close(fn(N(x), mask, idx, N(v)).cpu(), want)
+
+
+def test_gradients_flow_through_cpu_indices():
+    x, mask, idx = _mask_and_index()
+    for index in (idx, mask):
+        ref = x.clone().requires_grad_(True)
+        (ref[index] * 3).sum().backward()
+        dev = N(x).requires_grad_(True)
+        (dev[index] * 3).sum().backward()
+        assert_close(dev.grad.cpu(), ref.grad)
+
+
+def test_index_select_masked_fill_and_a_cpu_value_with_cpu_indices_raise_as_on_cuda():
+    """CUDA's ``index_select`` and ``masked_fill`` check that the index is on ``self``'s device; a CPU value
+    tensor (not 0-d) is a second device in ``index_put_``'s iterator."""
+    x, mask, idx = _mask_and_index()
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.index_select(N(x), 0, idx)
+    with pytest.raises(RuntimeError, match="same device"):
+        N(x).masked_fill(mask, 1.0)
+    with pytest.raises(RuntimeError, match="same device"):
+        N(x)[idx] = torch.ones(2, 4)
+
+
+def test_a_boolean_mask_does_not_send_later_integer_indexing_to_the_host():
+    from neuron_compile.device import ops as device_ops
+
+    x, mask, idx = _mask_and_index()
+    assert_close(N(x)[N(mask)].cpu(), x[mask])  # its size depends on the data: the host answers
+    host_ops = device_ops.COUNTS["host_ops"]
+    assert_close(N(x)[N(idx)].cpu(), x[idx])
+    assert device_ops.COUNTS["host_ops"] == host_ops

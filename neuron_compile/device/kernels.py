@@ -4,7 +4,9 @@ Kernels of their own: factories (``empty``: no data until written), copies
 across the host boundary, ``_to_copy``, ``resize_`` and ``set_``, ``item``,
 view ops (their Meta kernels: metadata only, the storage is shared), random
 ops (drawn by the device's CPU generator, so ``torch.manual_seed`` gives
-CPU's numbers), and ``native_dropout`` (the noise CPU's dropout draws).
+CPU's numbers), ``native_dropout`` (the noise CPU's dropout draws), and
+advanced indexing (``index``, ``index_put_``: CPU index tensors are moved to
+the device as ATen moves them; a boolean mask's selection runs on the host).
 """
 
 from __future__ import annotations
@@ -266,14 +268,36 @@ def _convolution_backward(op, grad_output, input, weight, stride, padding, dilat
                          output_padding, groups, output_mask), {})
 
 
+# --- advanced indexing: x[index], x[index] = v ------------------------------------------------
+
+def _masks(indices) -> list:
+    return [i for i in indices if i is not None and i.dtype in (torch.bool, torch.uint8)]
+
+
+def _indices_on_device(indices) -> list:
+    """Index tensors on the host copied to the device, as ATen's advanced indexing does (``make_info`` in
+    ``TensorAdvancedIndexing.cpp`` moves every index to ``self``'s device): ``x[cpu_index]`` works on
+    CUDA, and so here. Only ``index`` and the ``index_put`` family do this: ``index_select``, ``gather``,
+    ``masked_fill``... with a CPU index raise, as on CUDA."""
+    return [ops.from_host(i) if i is not None and i.device.type == "cpu" else i for i in indices]
+
+
+@kernel(aten.index.Tensor)
+def _index(op, x, indices):
+    # x[mask]: how many elements it selects depends on the mask's data, so the host answers
+    if _masks(indices):
+        return ops.run_on_host(op, (x, indices), {})
+    return ops.dispatch(op, (x, _indices_on_device(indices)), {})
+
+
 @kernel(aten._index_put_impl_.default, aten.index_put_.default, aten.index_put.default)
 def _index_put(op, x, indices, values, *args, **kwargs):
     # x[mask] = values with one value per selected element: how many there are depends on the mask's
     # data, so the host writes them; a value broadcast over the mask is a select, compiled as one
-    masks = [i for i in indices if i is not None and i.dtype in (torch.bool, torch.uint8)]
+    masks = _masks(indices)
     if masks and (len(indices) != 1 or values.dim() > x.dim() - masks[0].dim()):
         return ops.run_on_host(op, (x, indices, values) + args, kwargs)
-    return ops.dispatch(op, (x, indices, values) + args, kwargs)
+    return ops.dispatch(op, (x, _indices_on_device(indices), values) + args, kwargs)
 
 
 @kernel(aten._conj.default, aten._neg_view.default)
