@@ -8,6 +8,8 @@ with CPU eager (``assert_close``, and strides where the layout is the point).
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch.testing import assert_close
@@ -131,3 +133,69 @@ def test_a_boolean_mask_does_not_send_later_integer_indexing_to_the_host():
     host_ops = device_ops.COUNTS["host_ops"]
     assert_close(N(x)[N(idx)].cpu(), x[idx])
     assert device_ops.COUNTS["host_ops"] == host_ops
+
+
+# --- memory formats: results laid out as CPU lays them out ---------------------------------------
+
+def _channels_last(*shape):
+    return torch.randn(*shape).to(memory_format=torch.channels_last)
+
+
+LAYOUTS = {
+    "conv2d": lambda x, w: torch.nn.functional.conv2d(x, w, padding=1),
+    "relu": lambda x, w: torch.relu(x),
+    "add_scalar": lambda x, w: x + 1,
+    "add_contiguous": lambda x, w: x + x.contiguous(),
+    "batch_norm_train": lambda x, w: torch.nn.functional.batch_norm(x, None, None, training=True),
+    "clone": lambda x, w: x.clone(),
+    "clone_preserve": lambda x, w: x.clone(memory_format=torch.preserve_format),
+    "clone_contiguous": lambda x, w: x.clone(memory_format=torch.contiguous_format),
+    "zeros_like": lambda x, w: torch.zeros_like(x),
+    "to_channels_last": lambda x, w: x.contiguous().to(memory_format=torch.channels_last),
+    "to_dtype": lambda x, w: x.to(torch.float64),
+    "sum_keepdim": lambda x, w: x.sum(1, keepdim=True),
+    "where": lambda x, w: torch.where(x > 0, x, 0.0),
+}
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_results_keep_the_memory_format_cpu_gives_them(name):
+    fn = LAYOUTS[name]
+    x, w = _channels_last(2, 3, 5, 6), torch.randn(4, 3, 3, 3)
+    want = fn(x, w)
+    got = fn(N(x), N(w))
+    assert got.stride() == want.stride()
+    for fmt in (torch.channels_last, torch.contiguous_format):
+        assert got.is_contiguous(memory_format=fmt) == want.is_contiguous(memory_format=fmt)
+    assert_close(got.cpu(), want)
+    assert_close((got * 2).cpu(), want * 2)  # read back by the next op (a transpose of its buffer)
+
+
+def test_empty_like_keeps_the_layout():
+    x = _channels_last(2, 3, 5, 6)
+    got, want = torch.empty_like(N(x)), torch.empty_like(x)
+    assert got.stride() == want.stride() and got.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_a_channels_last_tensor_moved_back_and_forth_keeps_its_layout_and_values():
+    x = _channels_last(2, 3, 4, 5)
+    for move in (lambda t: N(t), lambda t: N(t).cpu(), lambda t: N(t) + 0):
+        y = move(x)
+        assert y.stride() == x.stride()
+        assert_close(y.cpu(), x)
+
+
+def test_a_channels_last_conv_net_trains_as_on_cpu():
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                              torch.nn.Conv2d(4, 2, 1)).to(memory_format=torch.channels_last)
+    model = copy.deepcopy(ref).to("neuron")
+    x = _channels_last(2, 3, 6, 6)
+    out_ref, out = ref(x), model(N(x))
+    assert out.stride() == out_ref.stride()
+    assert_close(out.cpu(), out_ref, rtol=1e-4, atol=1e-5)
+    out_ref.square().mean().backward()
+    out.square().mean().backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert p.grad.stride() == q.grad.stride()
+        assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-5)
