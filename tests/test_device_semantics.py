@@ -199,3 +199,64 @@ def test_a_channels_last_conv_net_trains_as_on_cpu():
     for p, q in zip(model.parameters(), ref.parameters()):
         assert p.grad.stride() == q.grad.stride()
         assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-5)
+
+
+# --- ops that were missing -----------------------------------------------------------------------
+
+def test_a_lazy_module_moved_to_the_device_initializes_there_as_on_cpu():
+    torch.manual_seed(0)
+    ref = torch.nn.LazyLinear(4)
+    torch.manual_seed(0)
+    model = torch.nn.LazyLinear(4).to("neuron")
+    x = torch.randn(2, 3)
+    torch.manual_seed(1)
+    want = ref(x)
+    torch.manual_seed(1)
+    got = model(N(x))
+    assert model.weight.device.type == "neuron" and type(model.weight) is torch.nn.Parameter
+    assert_close(got.cpu(), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("affine", [False, True])
+def test_batch_norm_in_eval_mode_as_on_cpu(dtype, affine):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4, 5, dtype=dtype)
+    stats = torch.randn(3, dtype=dtype), torch.rand(3, dtype=dtype) + 0.5
+    weights = (torch.randn(3, dtype=dtype), torch.randn(3, dtype=dtype)) if affine else (None, None)
+    want = torch.ops.aten.native_batch_norm(x, *weights, *stats, False, 0.1, 1e-5)
+    got = torch.ops.aten.native_batch_norm(N(x), *[N(w) if w is not None else None for w in weights],
+                                           *map(N, stats), False, 0.1, 1e-5)
+    assert [tuple(t.shape) for t in got] == [tuple(t.shape) for t in want]  # CPU saves no statistics in eval
+    assert_close(got[0].cpu(), want[0])
+
+
+COMPLEX = {
+    "eq": lambda a, b: a == b,
+    "eq_scalar": lambda a, b: a == 1j,
+    "ne": lambda a, b: a != b,
+    "pow_half": lambda a, b: a ** 0.5,
+    "pow_float": lambda a, b: a ** 1.7,
+    "pow_tensor": lambda a, b: a ** b,
+    "isnan": lambda a, b: torch.isnan(a),
+    "isfinite": lambda a, b: torch.isfinite(a / b),
+    "view_as_real_copy": lambda a, b: torch.view_as_real_copy(a),
+}
+
+
+@pytest.mark.parametrize("name", COMPLEX)
+def test_complex_ops_as_on_cpu(name):
+    torch.manual_seed(0)
+    a, b = torch.randn(6, dtype=torch.complex64), torch.randn(6, dtype=torch.complex64)
+    a[1] = b[1]
+    want = COMPLEX[name](a, b)
+    assert_close(COMPLEX[name](N(a), N(b)).cpu(), want)
+
+
+def test_assert_equal_compares_complex_neuron_tensors():
+    from torch.testing._internal.common_utils import TestCase
+
+    a = N(torch.randn(5, dtype=torch.complex64))
+    TestCase().assertEqual(a, a.clone())
+    with pytest.raises(AssertionError):
+        TestCase().assertEqual(a, a + 1)

@@ -595,6 +595,20 @@ def _nonzero_static(x, *, size: int, fill_value: int = -1):
     return torch.where(found, coords, fill_value)
 
 
+@_misc(aten.native_batch_norm)
+def _native_batch_norm_eval(input, weight, bias, running_mean, running_var, training: bool, momentum: float,
+                            eps: float):
+    """Eval mode, as an eager op on the device: torch-mlir's lowering returns the running statistics as
+    ``save_mean``/``save_invstd`` (CUDA's shapes), where CPU's kernel and its Meta kernel return empty
+    tensors, so the graph's types disagreed. The output is ``_native_batch_norm_legit_no_training``'s
+    (what compiled graphs hold); the saved statistics are CPU's empty ones."""
+    if training:
+        return NotImplemented
+    out = aten._native_batch_norm_legit_no_training.default(input, weight, bias, running_mean, running_var,
+                                                              momentum, eps)[0]
+    return out, input.new_zeros((0,)), input.new_zeros((0,))
+
+
 def _torch_decompositions():
     # PyTorch's own decompositions that torch-mlir's list leaves out
     from torch._decomp import decomposition_table

@@ -203,6 +203,11 @@ def _copy_from_and_resize(op, src, dst):
 def _to_copy(op, x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
              memory_format=None):
     check_device(device)
+    if type(x) not in (torch.Tensor, torch.nn.Parameter):
+        # a subclass's Python attributes may not be a tensor's (a lazy module's UninitializedParameter
+        # raises on ``.shape``): copy the plain tensor C++ kernels see (its empty data, for a lazy one)
+        with torch._C.DisableTorchFunctionSubclass():
+            x = torch.Tensor.as_subclass(x, torch.Tensor)
     target = torch.device(device) if device is not None else x.device
     if target.type == "cpu":
         return aten._to_copy.default(ops.to_host(x), dtype=dtype, memory_format=memory_format)
