@@ -4,7 +4,9 @@ Two ranks under torchrun (one launch for the module: starting two processes
 that import torch and jax is most of the time) train the same tiny MLP with
 DDP (eager and ``torch.compile(backend="neuron")``) and FSDP2 on ``neuron``
 tensors and, in the same processes, on CPU tensors over a plain gloo group:
-losses and final parameters must match. The same launch checks the three
+losses and final parameters must match; so does a CPU script that names no
+device (``fully_shard`` with no mesh moves it to the accelerator, ``neuron``,
+as it would to CUDA). The same launch checks the three
 ways to name the backend and that a collective a peer never joins fails
 after the group's timeout, naming the collective and the rank. In-process
 tests (world size 1) cover each collective's staging and the device pieces
@@ -92,6 +94,32 @@ WORKER = textwrap.dedent('''
         return losses, [p.full_tensor().detach().cpu().reshape(-1).tolist() for p in model.parameters()]
 
 
+    def fsdp2_no_device_named():
+        # a CPU script that names no device: fully_shard with no mesh takes the current accelerator
+        # (neuron, as it would take CUDA), moves the parameters there (`param.data = param.to(device)`)
+        # and the inputs too; the reference is the same script over a CPU mesh
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import fully_shard
+        found = {}
+        for name, mesh in (("neuron", None), ("cpu", DeviceMesh.from_group(cpu_group, "cpu"))):
+            torch.manual_seed(0)
+            model = mlp()
+            for layer in (model.fc1, model.fc2, model):
+                fully_shard(layer, mesh=mesh)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            torch.manual_seed(100 + rank)
+            losses = []
+            for _ in range(3):
+                opt.zero_grad()
+                loss = model(torch.randn(4, 8)).square().mean()
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+            found[name] = (losses, [p.full_tensor().detach().cpu().reshape(-1).tolist() for p in model.parameters()])
+            found[name + "_device"] = str(next(model.parameters()).device)
+        return found
+
+
     def groups():
         found = {}
         for backend in ("neuron", "cpu:gloo,neuron:neuron"):
@@ -141,7 +169,7 @@ WORKER = textwrap.dedent('''
     dist.destroy_process_group()
 ''')
 
-SCENARIOS = "ddp,fsdp2,ddp_compiled,groups,timeout"
+SCENARIOS = "ddp,fsdp2,fsdp2_no_device_named,ddp_compiled,groups,timeout"
 
 
 def _free_port() -> int:
@@ -192,6 +220,15 @@ def test_ddp_on_neuron_trains_as_on_cpu(two_ranks):
 @pytest.mark.slow
 def test_fsdp2_on_neuron_trains_as_on_cpu(two_ranks):
     _check_training(two_ranks, "fsdp2")
+
+
+@pytest.mark.slow
+def test_a_cpu_fsdp2_script_naming_no_device_trains_on_the_accelerator_as_on_cuda(two_ranks):
+    """``fully_shard(model)`` with no mesh picks the current accelerator, ``neuron``, as it picks CUDA, and
+    moves the CPU parameters there with ``param.data = param.to(device)``: that used to raise
+    "incompatible tensor type" (installing the package broke CPU FSDP2 scripts)."""
+    _check_training(two_ranks, "fsdp2_no_device_named")
+    assert [r["fsdp2_no_device_named"]["neuron_device"] for r in two_ranks] == ["neuron:0"] * 2
 
 
 @pytest.mark.slow

@@ -48,12 +48,28 @@ def test_reduce_ex_internal_is_ours_and_torch_still_routes_pickling_through_it()
     assert torch.load(buffer, map_location="cpu", weights_only=True).tolist() == [0.0, 1.0, 2.0]
 
 
-def test_module_to_keeps_parameter_objects():
+def test_data_assignment_across_cpu_and_neuron_asks_our_shallow_copy_kernel():
+    """``Variable.set_data`` (``t.data = ...``) and ``Module._apply`` ask the dispatched op
+    ``aten::_has_compatible_shallow_copy_type``; torch's own kernel refuses PrivateUse1, ours admits
+    CPU <-> neuron (the dense rule of ``TensorImpl::has_compatible_shallow_copy_type``)."""
+    cpu, neuron = torch.ones(2), torch.ones(2, device="neuron")
+    assert torch._has_compatible_shallow_copy_type(cpu, neuron)
+    assert torch._has_compatible_shallow_copy_type(neuron, cpu)
+    assert not torch._has_compatible_shallow_copy_type(neuron, torch.ones(2).to_sparse())
+    t = torch.zeros(2)
+    t.data = neuron
+    assert t.device.type == "neuron"
+    t.data = cpu
+    assert t.device.type == "cpu"
+
+
+def test_module_to_keeps_parameter_objects_without_the_swap_path():
     layer = torch.nn.Linear(2, 2)
     weight = layer.weight
     layer.to("neuron")
     assert layer.weight is weight and weight.device.type == "neuron"
     assert not torch.__future__.get_swap_module_params_on_conversion()
+    assert not getattr(torch.nn.Module.to, "_neuron", False)  # torch's own Module.to
 
 
 def test_printing_formats_from_one_cpu_copy_and_compiles_nothing():
@@ -66,21 +82,6 @@ def test_printing_formats_from_one_cpu_copy_and_compiles_nothing():
     assert "device='neuron:0'" in text and "grad_fn=<MulBackward0>" in text
     assert ops.COUNTS["op_compiles"] == compiles
     assert repr(x.detach().cpu()).split("]]")[0] == text.split("]]")[0]
-
-
-def test_module_to_after_a_live_cpu_forward_makes_new_parameters_and_keeps_ties():
-    emb = torch.nn.Embedding(10, 4)
-    head = torch.nn.Linear(4, 10, bias=False)
-    head.weight = emb.weight
-    model = torch.nn.Sequential(emb, torch.nn.Linear(4, 4), head)
-    ids = torch.tensor([1, 2, 3])
-    want = model(ids)  # its graph holds the CPU parameters: torch refuses to swap them
-    import pytest
-
-    with pytest.warns(UserWarning, match="could not be moved in place"):
-        model.to("neuron")
-    assert model[0].weight is model[2].weight and model[1].weight.device.type == "neuron"
-    torch.testing.assert_close(model(ids.to("neuron")).cpu(), want)
 
 
 def test_addressed_storages_tell_tensors_apart_and_views_share_them():

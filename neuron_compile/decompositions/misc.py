@@ -602,6 +602,70 @@ def _view_copy_dtype(x, dtype):
     return aten.view.dtype(x, dtype).clone()
 
 
+def _multilabel_slots(input, target):
+    """(input and target as [N, C], which target slots count (those before a row's first -1), the input at
+    each slot's target, which classes are targets)."""
+    x, t = torch.atleast_2d(input), torch.atleast_2d(target)
+    classes = x.shape[1]
+    idx = torch.arange(classes, device=t.device)
+    valid = idx < torch.amin(torch.where(t == -1, idx, classes), dim=-1, keepdim=True)  # [N, slot]
+    at_target = torch.gather(x, -1, torch.where(valid, t, 0))  # [N, slot]
+    is_target = torch.any(idx == torch.where(valid, t, -1).unsqueeze(-1), dim=1)  # [N, class]
+    return x, t, valid, at_target, is_target
+
+
+def _multilabel_hinge(x, valid, at_target, is_target):
+    """[N, slot, class]: 1 - x[target] + x[class] for counted slots and non-target classes, else 0."""
+    z = 1.0 - at_target.unsqueeze(-1) + x.unsqueeze(1)
+    return torch.where(valid.unsqueeze(-1) & ~is_target.unsqueeze(1), z, 0)
+
+
+@_misc(aten.multilabel_margin_loss_forward)
+def _multilabel_margin_loss_forward(input, target, reduction: int):
+    """CPU's loss: torch's decomposition (2.13) counts the slots after a row's first -1 as targets (the
+    input at class 0), so a row with a -1 got a larger loss."""
+    x, _, valid, at_target, is_target = _multilabel_slots(input, target)
+    per_row = _multilabel_hinge(x, valid, at_target, is_target).clamp_min(0).sum(dim=(1, 2)) / x.shape[1]
+    if reduction == 1:  # mean
+        loss = per_row.mean()
+    elif reduction == 2:  # sum
+        loss = per_row.sum()
+    else:
+        loss = per_row if input.dim() > 1 else per_row.reshape(())
+    return loss, is_target.to(input.dtype).reshape(target.shape)
+
+
+@_misc(aten.multilabel_margin_loss_backward)
+def _multilabel_margin_loss_backward(grad_output, input, target, reduction: int, is_target):
+    """CPU's gradient: each positive hinge (slot k, class j) adds 1/C to class j and takes it from the slot's
+    target class."""
+    x, t, valid, at_target, _ = _multilabel_slots(input, target)
+    targets = is_target.reshape(x.shape) != 0
+    active = (_multilabel_hinge(x, valid, at_target, targets) > 0).to(x.dtype) / x.shape[1]  # [N, slot, class]
+    grad = active.sum(1) - torch.zeros_like(x).scatter_add(1, torch.where(valid, t, 0), active.sum(2))
+    if reduction == 1:
+        grad = grad * (grad_output / x.shape[0])
+    elif reduction == 2 or input.dim() <= 1:
+        grad = grad * grad_output
+    else:
+        grad = grad * grad_output.reshape(-1, 1)
+    return grad.reshape(input.shape)
+
+
+@_misc(aten.native_batch_norm)
+def _native_batch_norm_eval(input, weight, bias, running_mean, running_var, training: bool, momentum: float,
+                            eps: float):
+    """Eval mode, as an eager op on the device: torch-mlir's lowering returns the running statistics as
+    ``save_mean``/``save_invstd`` (CUDA's shapes), where CPU's kernel and its Meta kernel return empty
+    tensors, so the graph's types disagreed. The output is ``_native_batch_norm_legit_no_training``'s
+    (what compiled graphs hold); the saved statistics are CPU's empty ones."""
+    if training:
+        return NotImplemented
+    out = aten._native_batch_norm_legit_no_training.default(input, weight, bias, running_mean, running_var,
+                                                              momentum, eps)[0]
+    return out, input.new_zeros((0,)), input.new_zeros((0,))
+
+
 def _torch_decompositions():
     # PyTorch's own decompositions that torch-mlir's list leaves out
     from torch._decomp import decomposition_table

@@ -4,7 +4,9 @@ torch-mlir's StableHLO lowerings of max/avg pooling (reduce_window) are right
 for floor-mode windows; with ``ceil_mode=True`` max_pool2d/3d return wrong
 values (the extra right window) and avg_pool2d/3d do not lower; avg_pool3d
 ignores ``divisor_override``; max_pool3d_with_indices, adaptive_max_pool3d
-and _adaptive_avg_pool3d have no lowering at all. Those cases, and only those
+and _adaptive_avg_pool3d have no lowering at all, adaptive_max_pool2d's fails,
+and an empty ``stride`` (ATen's default: the kernel size, what eager
+``F.max_pool2d(x, 2)`` passes) is lowered as stride 1. Those cases, and only those
 (the others keep torch-mlir's reduce_window), are computed here by one engine:
 
 * per spatial dim, an integer table ``pos[o, k]`` of the input position the
@@ -19,7 +21,8 @@ and _adaptive_avg_pool3d have no lowering at all. Those cases, and only those
 * avg: the sum of valid elements over ATen's divisor (divisor_override, or the
   window clipped to the padded input when count_include_pad, else to the input).
 
-torch-mlir lowers no average-pooling backward either (but the global average
+Replication padding's backward (no lowering) adds each gradient at the input
+position its output copies. torch-mlir lowers no average-pooling backward either (but the global average
 pool's), nor adaptive max pooling's or max_pool3d's: the average ones are the
 adjoint of the same engine, one [out, size] spread matrix per spatial dim; the
 max ones scatter each gradient to the position its index names.
@@ -127,6 +130,12 @@ def _gather_windows(x, dims):
 
 def _max_windows(x, dims, with_indices):
     v, valid, flat = _gather_windows(x, dims)
+    return _window_max(v, valid, flat, with_indices)
+
+
+def _window_max(v, valid, flat, with_indices):
+    """The max of each window [..., W] (and eager's index of it, from ``flat``), over its valid elements."""
+    x = v
     lowest = float("-inf") if x.dtype.is_floating_point else torch.iinfo(x.dtype).min
     neg = torch.full((), lowest, dtype=x.dtype, device=x.device)
     masked = torch.where(valid, v, neg)
@@ -169,10 +178,12 @@ def _check(x, d, integers=False):
     return x.dtype.is_floating_point or (integers and x.dtype != torch.bool and not x.dtype.is_complex)
 
 
-def _max_pool(d, with_indices, always):
+def _max_pool(d, with_indices, always, op):
     def decomposition(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
         # integers too: torch-mlir's ceil-mode reduce_window is as wrong for them (int64 samples)
         if not (always or ceil_mode) or not _check(x, d, integers=True):
+            if not stride:  # ATen's default stride is the kernel size; torch-mlir's lowering takes 1
+                return op(x, kernel_size, kernel_size, padding, dilation, ceil_mode)
             return NotImplemented
         k = _tuple(kernel_size, d)
         s = _tuple(stride, d) if stride else k
@@ -185,10 +196,11 @@ def _max_pool(d, with_indices, always):
 
 # ceil_mode=True: torch-mlir's reduce_window gives wrong values (max) or does not lower (avg);
 # max_pool3d_with_indices never lowers. Floor-mode 2d pooling keeps torch-mlir's lowering.
-POOL[aten.max_pool2d_with_indices.default] = _max_pool(2, True, False)
-POOL[aten.max_pool3d_with_indices.default] = _max_pool(3, True, True)
-POOL[aten.max_pool2d.default] = _max_pool(2, False, False)
-POOL[aten.max_pool3d.default] = _max_pool(3, False, False)
+for _op, _d, _indices, _always in ((aten.max_pool2d_with_indices.default, 2, True, False),
+                                   (aten.max_pool3d_with_indices.default, 3, True, True),
+                                   (aten.max_pool2d.default, 2, False, False),
+                                   (aten.max_pool3d.default, 3, False, False)):
+    POOL[_op] = _max_pool(_d, _indices, _always, _op)
 
 
 def _avg_dims(x, d, kernel_size, stride, padding, ceil_mode, count_include_pad):
@@ -281,12 +293,89 @@ def _adaptive_avg_pool3d(x, output_size):
     return _avg_windows(x, dims, None)
 
 
-@_pool(aten.adaptive_max_pool3d)
-def _adaptive_max_pool3d(x, output_size):
-    if not _check(x, 3):
-        return NotImplemented
-    dims = [_adaptive_dim(x.shape[-3 + j], output_size[j], x) for j in range(3)]
-    return _max_windows(x, dims, True)
+def _adaptive_max_pool(d):
+    def decomposition(x, output_size):
+        if not _check(x, d):
+            return NotImplemented
+        dims = [_adaptive_dim(x.shape[-d + j], output_size[j], x) for j in range(d)]
+        return _max_windows(x, dims, True)
+    return decomposition
+
+
+POOL[aten.adaptive_max_pool2d.default] = _adaptive_max_pool(2)
+POOL[aten.adaptive_max_pool3d.default] = _adaptive_max_pool(3)
+
+
+# --------------------------------------------------------------------------- fractional max pooling
+
+
+def _fractional_max_pool(d):
+    """ATen's fractional max pooling (no lowering): per (batch, channel) plane and spatial dim, window starts
+    ``int((i + u) * alpha) - int(u * alpha)`` with ``alpha = (in - k) / (out - 1)`` computed in the input's
+    dtype, the last window at ``in - k``; ``u`` is the plane's random sample for the dim (2d: [W, H],
+    3d: [T, H, W]). Max and index as the other max pools."""
+    def decomposition(x, kernel_size, output_size, random_samples):
+        if not _check(x, d):
+            return NotImplemented
+        batched = x.dim() == d + 2
+        xb = x if batched else x.unsqueeze(0)
+        lead, size = list(xb.shape[:2]), list(xb.shape[2:])
+        samples = random_samples.to(x.dtype)
+        sample_of = [1, 0] if d == 2 else [0, 1, 2]
+        flat, plane = None, 1
+        for j in reversed(range(d)):
+            n_in, n_out, k = size[j], output_size[j], kernel_size[j]
+            u = samples[..., sample_of[j]].unsqueeze(-1)  # [N, C, 1]
+            i = _ar(n_out, x).to(x.dtype)
+            if n_out > 1:
+                alpha = torch.full((), n_in - k, dtype=x.dtype, device=x.device) / (n_out - 1)
+                start = ((i + u) * alpha).to(torch.int64) - (u * alpha).to(torch.int64)
+                start = torch.where(_ar(n_out, x) == n_out - 1, n_in - k, start)
+            else:
+                start = torch.full(lead + [1], n_in - k, dtype=torch.int64, device=x.device)
+            pos = start.unsqueeze(-1) + _ar(k, x)  # [N, C, out, k]
+            shape = lead + [1] * (2 * d)
+            shape[2 + j], shape[2 + d + j] = n_out, k
+            term = pos.reshape(shape) * plane
+            flat = term if flat is None else flat + term
+            plane *= n_in
+        outs = list(output_size[:d])
+        flat = flat.expand(lead + outs + list(kernel_size[:d])).reshape(lead + outs + [-1])
+        values = torch.gather(xb.reshape(lead + [-1]), -1, flat.reshape(lead + [-1])).reshape(flat.shape)
+        out, index = _window_max(values, torch.ones_like(flat, dtype=torch.bool), flat, True)
+        return (out, index) if batched else (out.squeeze(0), index.squeeze(0))
+    return decomposition
+
+
+POOL[aten.fractional_max_pool2d.default] = _fractional_max_pool(2)
+POOL[aten.fractional_max_pool3d.default] = _fractional_max_pool(3)
+POOL[aten.fractional_max_pool2d_backward.default] = (
+    lambda grad, x, kernel_size, output_size, indices: _to_indices(grad, x, indices, 2))
+POOL[aten.fractional_max_pool3d_backward.default] = (
+    lambda grad, x, kernel_size, output_size, indices: _to_indices(grad, x, indices, 3))
+
+
+# --------------------------------------------------------------------------- replication padding
+
+
+def _replication_pad_backward(d):
+    """The adjoint of replicate padding over the last d dims: each output position's gradient added at the
+    input position it copies (its index clamped into the input), one dim at a time."""
+    def decomposition(grad, x, padding):
+        for j in range(d):
+            dim = x.dim() - 1 - j
+            size = x.shape[dim]
+            source = torch.clamp(_ar(grad.shape[dim], grad) - padding[2 * j], 0, size - 1)
+            shape = list(grad.shape)
+            shape[dim] = size
+            grad = torch.zeros(shape, dtype=grad.dtype, device=grad.device).index_add(dim, source, grad)
+        return grad
+    return decomposition
+
+
+POOL[aten.replication_pad1d_backward.default] = _replication_pad_backward(1)
+POOL[aten.replication_pad2d_backward.default] = _replication_pad_backward(2)
+POOL[aten.replication_pad3d_backward.default] = _replication_pad_backward(3)
 
 
 # --------------------------------------------------------------------------- zero-size inputs

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 _registered = False
 _library = None
+_data_library = None
 
 
 def register() -> None:
     """Make ``neuron`` a torch device (idempotent)."""
-    global _registered, _library
+    global _registered, _library, _data_library
     if _registered:
         return
     import torch
@@ -41,7 +42,7 @@ def register() -> None:
     _torch_hooks.save_through_cpu()
     _torch_hooks.pin_memory_as_copy()
     _torch_hooks.load_onto_device()
-    _torch_hooks.keep_parameters_on_conversion()
+    _data_library = _torch_hooks.data_moves_across_devices()
     _torch_hooks.print_through_cpu()
     _torch_hooks.make_storages_with(storage.new_storage, storage.clone_storage, storage.byteswap_storage)
     distributed.register()  # init_process_group("neuron"): names the backend, connects nothing

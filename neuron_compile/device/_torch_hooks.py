@@ -20,8 +20,9 @@ it):
 * the dispatcher's keyset and exclude guards, to run autocast kernels;
 * ``Tensor._reduce_ex_internal`` (``torch.save`` through a CPU copy, as for
   XLA), ``torch.serialization.register_package`` (``map_location="neuron"``),
-  ``torch._tensor_str._tensor_str`` (printing from one CPU copy, as for XLA),
-  and ``nn.Module.to`` run with torch's swap path (tied weights stay tied);
+  ``torch._tensor_str._tensor_str`` (printing from one CPU copy, as for XLA);
+* a PrivateUse1 kernel of ``aten::_has_compatible_shallow_copy_type`` (what ``.data =`` and
+  ``Module.to`` ask): CPU and neuron tensors are compatible, as CPU and CUDA ones are;
 * ``torch._TorchCompileInductorWrapper.__call__``: what ``torch.compile(model)``
   with no backend named (Inductor) runs; a graph on neuron tensors goes to our
   backend instead (torch 2.13 has no public hook for a device's default compiler);
@@ -241,62 +242,28 @@ def load_onto_device() -> None:
     serialization.register_package(5, tag, restore)
 
 
-def keep_parameters_on_conversion() -> None:
-    """``module.to("neuron")`` (and back) keeps each Parameter object, as ``.to("cuda")`` does.
-
-    torch moves a parameter in place (``param.data = ...``) only between CPU, CUDA and a few other
-    "dense" backends (``_has_compatible_shallow_copy_type``); for PrivateUse1 it makes a new Parameter
-    per module, which unties tied weights (GPT-2's ``lm_head`` and ``wte``) and strands optimizers
-    built before the move. For conversions that touch the device we turn on torch's swap path
-    (``torch.__future__.set_swap_module_params_on_conversion``) for the duration of the call.
-    """
-    original = torch.nn.Module.to
-    if getattr(original, "_neuron", False):
-        return
-
-    def to(self, *args, **kwargs):
-        device = torch._C._nn._parse_to(*args, **kwargs)[0]
-        involved = device is not None and device.type == NAME
-        if not involved and device is not None:
-            involved = any(p.device.type == NAME for p in self.parameters())
-        if not involved or torch.__future__.get_swap_module_params_on_conversion():
-            return original(self, *args, **kwargs)
-        torch.__future__.set_swap_module_params_on_conversion(True)
-        try:
-            return original(self, *args, **kwargs)
-        except RuntimeError as error:
-            if "Couldn't swap" not in str(error):
-                raise
-        finally:
-            torch.__future__.set_swap_module_params_on_conversion(False)
-        return _to_as_new_parameters(self, original, args, kwargs)
-
-    to._neuron = True
-    to.__doc__ = original.__doc__
-    torch.nn.Module.to = to
+# the backends torch lets ``tensor.data = other`` cross between (``TensorImpl::has_compatible_shallow_copy_type``)
+_DENSE_DEVICES = frozenset({"cpu", "cuda", "mps", "hip", "xpu", "hpu", "mtia", NAME})
 
 
-def _to_as_new_parameters(module, original, args, kwargs):
-    """``module.to`` when a swap is refused: a parameter that an autograd graph still holds (the output
-    of a forward run before the move is alive) cannot be swapped. torch's other path then makes new
-    Parameter objects; those that were one object before (tied weights) are made one again, and the
-    warning says what a swap would have kept (an optimizer built before the move)."""
-    import warnings
+def data_moves_across_devices() -> torch.library.Library:
+    """``tensor.data = other`` between a CPU (or any dense) tensor and a neuron one, as between CPU and CUDA.
 
-    slots = [(owner, name, param) for owner in module.modules() for name, param in owner._parameters.items()
-             if param is not None]
-    original(module, *args, **kwargs)
-    first: dict[int, torch.nn.Parameter] = {}
-    for owner, name, param in slots:
-        new = owner._parameters[name]
-        kept = first.setdefault(id(param), new)
-        if kept is not new:
-            owner._parameters[name] = kept
-    warnings.warn("module.to: an autograd graph still holds some parameters (a forward's output from before "
-                  "the move is alive), so they could not be moved in place: the module has new Parameter "
-                  "objects (tied weights stay tied). An optimizer made before the move holds the old ones: "
-                  "make it after the move, or run the earlier forward under torch.no_grad().", stacklevel=3)
-    return module
+    ``Variable.set_data`` (the ``.data`` setter) and ``nn.Module._apply`` ask the op
+    ``aten::_has_compatible_shallow_copy_type``, whose composite kernel admits only CPU, CUDA and a few
+    other dense backends (a fixed list in ``TensorImpl``) and refuses PrivateUse1: ``p.data =
+    p.to("neuron")`` raised "incompatible tensor type", FSDP2 failed moving parameters to the current
+    accelerator, and ``Module.to("neuron")`` made new Parameter objects. torch's documented way out
+    (``TensorImpl.h``; PyTorch's OpenReg backend does it) is a PrivateUse1 kernel of that op: ours gives
+    the dense rule with ``neuron`` in the list. Then ``Module.to`` moves each parameter in place as for
+    CUDA (``param.data = ...``: same object, tied weights stay tied, ``.grad`` moved too)."""
+    def _has_compatible_shallow_copy_type(self, other) -> bool:
+        return (self.layout == other.layout == torch.strided
+                and self.device.type in _DENSE_DEVICES and other.device.type in _DENSE_DEVICES)
+
+    library = torch.library.Library("aten", "IMPL")
+    library.impl("_has_compatible_shallow_copy_type", _has_compatible_shallow_copy_type, PRIVATE_KEY)
+    return library
 
 
 def print_through_cpu() -> None:

@@ -9,7 +9,9 @@ storage is shared), the in-place view ops (``torch.Tag.inplace_view``:
 ``squeeze_``... call; they change the tensor's size, stride and offset on its
 storage, never traced as a graph), random
 ops (drawn by the device's CPU generator, so ``torch.manual_seed`` gives
-CPU's numbers), and ``native_dropout`` (the noise CPU's dropout draws).
+CPU's numbers), ``native_dropout`` (the noise CPU's dropout draws), and
+advanced indexing (``index``, ``index_put_``: CPU index tensors are moved to
+the device as ATen moves them; a boolean mask's selection runs on the host).
 """
 
 from __future__ import annotations
@@ -224,6 +226,11 @@ def _copy_from_and_resize(op, src, dst):
 def _to_copy(op, x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
              memory_format=None):
     check_device(device)
+    if type(x) not in (torch.Tensor, torch.nn.Parameter):
+        # a subclass's Python attributes may not be a tensor's (a lazy module's UninitializedParameter
+        # raises on ``.shape``): copy the plain tensor C++ kernels see (its empty data, for a lazy one)
+        with torch._C.DisableTorchFunctionSubclass():
+            x = torch.Tensor.as_subclass(x, torch.Tensor)
     target = torch.device(device) if device is not None else x.device
     if target.type == "cpu":
         return aten._to_copy.default(ops.to_host(x), dtype=dtype, memory_format=memory_format)
@@ -305,14 +312,36 @@ def _convolution_backward(op, grad_output, input, weight, stride, padding, dilat
                          output_padding, groups, output_mask), {})
 
 
+# --- advanced indexing: x[index], x[index] = v ------------------------------------------------
+
+def _masks(indices) -> list:
+    return [i for i in indices if i is not None and i.dtype in (torch.bool, torch.uint8)]
+
+
+def _indices_on_device(indices) -> list:
+    """Index tensors on the host copied to the device, as ATen's advanced indexing does (``make_info`` in
+    ``TensorAdvancedIndexing.cpp`` moves every index to ``self``'s device): ``x[cpu_index]`` works on
+    CUDA, and so here. Only ``index`` and the ``index_put`` family do this: ``index_select``, ``gather``,
+    ``masked_fill``... with a CPU index raise, as on CUDA."""
+    return [ops.from_host(i) if i is not None and i.device.type == "cpu" else i for i in indices]
+
+
+@kernel(aten.index.Tensor)
+def _index(op, x, indices):
+    # x[mask]: how many elements it selects depends on the mask's data, so the host answers
+    if _masks(indices):
+        return ops.run_on_host(op, (x, indices), {})
+    return ops.dispatch(op, (x, _indices_on_device(indices)), {})
+
+
 @kernel(aten._index_put_impl_.default, aten.index_put_.default, aten.index_put.default)
 def _index_put(op, x, indices, values, *args, **kwargs):
     # x[mask] = values with one value per selected element: how many there are depends on the mask's
     # data, so the host writes them; a value broadcast over the mask is a select, compiled as one
-    masks = [i for i in indices if i is not None and i.dtype in (torch.bool, torch.uint8)]
+    masks = _masks(indices)
     if masks and (len(indices) != 1 or values.dim() > x.dim() - masks[0].dim()):
         return ops.run_on_host(op, (x, indices, values) + args, kwargs)
-    return ops.dispatch(op, (x, indices, values) + args, kwargs)
+    return ops.dispatch(op, (x, _indices_on_device(indices), values) + args, kwargs)
 
 
 # --- random ops ------------------------------------------------------------------------------

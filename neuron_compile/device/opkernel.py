@@ -139,7 +139,7 @@ class OpKernel:
 
         self.executable = executable
         self.inputs = inputs  # per graph input: ("slot", k) or ("host", k)
-        self.fresh = fresh  # per fresh output: (shape, dtype)
+        self.fresh = fresh  # per fresh output: (shape, dtype, strides or None for contiguous)
         self.written = written  # storage slots the op writes, in output order after the fresh ones
         self.returns = returns  # how to rebuild the op's return value (see rebuild)
         self.name = name
@@ -166,7 +166,7 @@ class OpKernel:
                 results = self._slow(leaves)
         else:
             results = self._slow(leaves)
-        fresh = [new_tensor(shape, dtype, buffer) for (shape, dtype), buffer in zip(self.fresh, results)]
+        fresh = [new_tensor(shape, dtype, buffer, stride) for (shape, dtype, stride), buffer in zip(self.fresh, results)]
         if self.written:
             for slot, buffer in zip(self.written, results[len(self.fresh):]):
                 if buffer is not None:

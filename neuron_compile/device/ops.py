@@ -150,8 +150,13 @@ def _factory_on_host(op, args, kwargs):
 
 
 def from_host(value: torch.Tensor) -> torch.Tensor:
+    """A neuron copy of a CPU tensor, with its strides when it is laid out densely (``channels_last``)."""
     COUNTS["host_copies"] += 1
     value = value.detach()
+    order = _storage.memory_order(value.shape, value.stride())
+    if order is not None:
+        return new_tensor(value.shape, value.dtype, _storage.host_to_buffer(value.permute(order)),
+                          stride=value.stride())
     return new_tensor(value.shape, value.dtype, _storage.host_to_buffer(value) if value.numel() else None)
 
 

@@ -19,7 +19,10 @@ immutable: a copy that costs nothing.
 
 The buffer is kept in the shape of whatever wrote the whole storage last; a
 tensor whose size, stride and offset are not that shape's is read through a
-view computed inside the op's executable (``ops``).
+view computed inside the op's executable (``ops``). A storage made for a
+tensor laid out densely in another order (``channels_last``: the strides CPU
+gives the result) holds its elements in memory order: the buffer is the
+tensor permuted by ``memory_order``.
 
 Data crosses to the host only here, through PJRT's transfer API
 (``batched_device_put``, ``_single_device_array_to_np_array_did_copy``), never
@@ -102,6 +105,33 @@ def contiguous_strides(shape) -> tuple:
         strides.append(step)
         step *= max(size, 1)
     return tuple(reversed(strides))
+
+
+def memory_order(shape, stride) -> tuple | None:
+    """The dims from outermost to innermost in memory when ``stride`` lays a tensor out densely, without
+    overlap, in another order than the contiguous one (``channels_last``...): ``tensor.permute(order)`` is
+    then contiguous, its elements the storage's in order. None for a contiguous layout (size-1 dims'
+    strides do not count, as for ``is_contiguous``), for one with gaps or overlaps, and for no elements."""
+    order = dense_order(shape, stride)
+    if order is None:
+        return None
+    moving = [d for d in order if shape[d] != 1]
+    return None if moving == sorted(moving) else order
+
+
+def dense_order(shape, stride) -> tuple | None:
+    """The dims from outermost to innermost in memory when ``stride`` lays ``shape``'s elements out densely
+    without overlap (the contiguous layout included); None otherwise, and for no elements."""
+    shape, stride = tuple(shape), tuple(stride)
+    if 0 in shape:
+        return None
+    order = tuple(sorted(range(len(shape)), key=lambda d: -stride[d]))  # stable: ties keep their order
+    step = 1
+    for d in reversed(order):
+        if shape[d] != 1 and stride[d] != step:
+            return None
+        step *= shape[d]
+    return order
 
 
 def storage_extent(shape, stride, offset: int = 0) -> int:

@@ -7,7 +7,10 @@ is the whole buffer, else ``as_strided`` of the flattened buffer. The op runs
 under ``torch.func.functionalize`` and ``make_fx`` with the compiled path's
 decomposition table, so an in-place op on a view becomes a scatter into its
 storage, and the graph returns the op's fresh results followed by the new
-contents of every storage the op wrote. The few ops functionalization cannot
+contents of every storage the op wrote. A fresh result gets the strides CPU
+gives it (the op's Meta kernel: ``channels_last`` in, ``channels_last`` out);
+the graph returns it in that memory order, the order its storage holds.
+The few ops functionalization cannot
 take (fused Adam) run as ATen code instead (``optim.REWRITES``).
 """
 
@@ -33,30 +36,82 @@ class OpTraceError(RuntimeError):
 class Traced:
     gm: torch.fx.GraphModule
     inputs: list  # per graph input: ("slot", k), ("host", k) or ("float", k, dtype)
-    fresh: list  # per fresh output: (shape, dtype)
+    fresh: list  # per fresh output: (shape, dtype, strides: CPU's, or None for contiguous)
     written: list  # slots written, in output order after the fresh outputs
     returns: tuple  # how the op's result is rebuilt (opkernel.rebuild)
     resized: dict | None = None  # out= arguments the op resizes: leaf -> shape (then no graph)
     by_value: bool = False  # its float arguments are baked in: one kernel per value
 
 
+def _without_data(op, args, kwargs, leaves, device: str):
+    """The op run on data-free copies of the call's tensors (same sizes, strides and offsets) made on
+    ``device`` ("meta", or "cpu" under a FakeTensorMode): (the copies, the result)."""
+    from .storage import storage_extent
+
+    def copy(i):
+        t = leaves.tensors[i]
+        extent = storage_extent(t.shape, t.stride(), t.storage_offset())
+        return torch.empty(max(extent, 1), dtype=t.dtype, device=device).as_strided(
+            t.shape, t.stride(), t.storage_offset())
+
+    copies = [copy(i) for i in range(len(leaves.tensors))]
+    new_args, new_kwargs = _replace_tensors(args, kwargs, lambda i: copies[i])
+    return copies, op(*new_args, **new_kwargs)
+
+
 def out_resizes(op, args, kwargs, leaves, written_positions: list[int]) -> dict:
     """The written (``out=``) arguments this call resizes, found by running the op's Meta kernel."""
     if not written_positions:
         return {}
-
-    def meta(i):
-        t = leaves.tensors[i]
-        from .storage import storage_extent
-
-        extent = storage_extent(t.shape, t.stride(), t.storage_offset())
-        return torch.empty(max(extent, 1), dtype=t.dtype, device="meta").as_strided(
-            t.shape, t.stride(), t.storage_offset())
-
-    metas = [meta(i) for i in range(len(leaves.tensors))]
-    new_args, new_kwargs = _replace_tensors(args, kwargs, lambda i: metas[i])
-    op(*new_args, **new_kwargs)
+    metas, _ = _without_data(op, args, kwargs, leaves, "meta")
     return {i: tuple(metas[i].shape) for i in written_positions if metas[i].shape != leaves.tensors[i].shape}
+
+
+def fresh_strides(op, args, kwargs, leaves) -> list | None:
+    """The strides CPU gives each fresh result of the op, in ``_describe``'s order (``channels_last`` in,
+    ``channels_last`` out): the op on fake CPU tensors, whose Meta kernels pick a layout by device, as
+    CPU's and CUDA's kernels differ (a convolution). None where it has no Meta kernel."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    try:
+        with plain_dispatch(), FakeTensorMode(allow_fallback_kernels=False):
+            fakes, result = _without_data(op, args, kwargs, leaves, "cpu")
+            fresh: list = []
+            _describe(result, fakes, fresh)
+            return [tuple(t.stride()) for t in fresh]
+    except Exception:  # no Meta kernel (or one that cannot take this call): contiguous results, as before
+        return None
+
+
+def _from_memory_order(part, buffer_shape) -> list | None:
+    """When the tensor ``part`` describes is its whole storage laid out in another order (a ``channels_last``
+    result, whose buffer holds it in memory order): the permutation that turns the buffer into the tensor."""
+    from .storage import memory_order
+
+    _, shape, stride, offset = part[:4]
+    order = memory_order(shape, stride)
+    if offset or order is None or tuple(buffer_shape) != tuple(shape[d] for d in order):
+        return None
+    inverse = [0] * len(order)
+    for position, d in enumerate(order):
+        inverse[d] = position
+    return inverse
+
+
+def _layout(shape, stride) -> tuple:
+    """(the strides a fresh result gets, the permutation its buffer is stored in): CPU's strides when they
+    lay the result out densely, else contiguous ones (None). The buffer holds the elements in memory order
+    (``storage.memory_order``; None: as the result is)."""
+    from .storage import contiguous_strides, dense_order, memory_order
+
+    shape = tuple(shape)
+    if stride is None or stride == contiguous_strides(shape) or len(stride) != len(shape):
+        return None, None
+    if 0 in shape:
+        return stride, None
+    if dense_order(shape, stride) is None:
+        return None, None
+    return stride, memory_order(shape, stride)
 
 
 def runtime_float(value) -> bool:
@@ -168,6 +223,8 @@ def trace_op(op, args, kwargs, leaves, written_positions: list[int], bake_floats
                              aten.as_strided.default(flat, part[1], part[2], part[3]))
             elif len(part) == 3:
                 views.append(base)
+            elif (inverse := _from_memory_order(part, base.shape)) is not None:
+                views.append(base.permute(inverse))  # a transpose, not a gather
             else:
                 flat = base.reshape(-1) if base.dim() != 1 else base
                 views.append(aten.as_strided.default(flat, part[1], part[2], part[3]))
@@ -175,11 +232,19 @@ def trace_op(op, args, kwargs, leaves, written_positions: list[int], bake_floats
         result = REWRITES.get(op, op)(*new_args, **new_kwargs)
         fresh_values = []
         structure["returns"] = _describe(result, views, fresh_values)
-        structure["fresh"] = [(tuple(v.shape), v.dtype) for v in fresh_values]
+        if strides is None or len(strides) != len(fresh_values):
+            layouts = [(None, None)] * len(fresh_values)
+        else:
+            layouts = [_layout(v.shape, stride) for v, stride in zip(fresh_values, strides)]
+        structure["fresh"] = [(tuple(v.shape), v.dtype, stride) for v, (stride, _) in zip(fresh_values, layouts)]
+        # a result CPU lays out in another order (channels_last) comes out of the graph in memory order
+        fresh_values = [v if order is None else v.permute(order).contiguous()
+                        for v, (_, order) in zip(fresh_values, layouts)]
         written = tuple(work[i].view(bases[i].shape) if i in work else bases[i] for i in written_slots)
         return tuple(fresh_values) + written
 
     table = _wide_table() if wide else decomposition_table()
+    strides = fresh_strides(op, args, kwargs, leaves)
 
     def trace(floats):
         structure["floats"] = floats
@@ -197,7 +262,7 @@ def trace_op(op, args, kwargs, leaves, written_positions: list[int], bake_floats
             if "no fake impl or Meta kernel" in str(exc):  # e.g. _cummax_helper: CPU's kernel is all there is
                 raise OpTraceError(str(exc).splitlines()[0]) from exc
             raise
-        for shape, _ in structure["fresh"]:
+        for shape, _, _ in structure["fresh"]:
             if not all(isinstance(d, int) for d in shape):
                 raise OpTraceError(f"its result has the data-dependent shape {shape}")
         _drop_input_copies(gm)

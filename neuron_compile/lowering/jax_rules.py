@@ -159,10 +159,10 @@ def _register_complex_rules():
         return apply
 
     for packet, fn in ((aten.add, operator.add), (aten.sub, operator.sub), (aten.mul, operator.mul),
-                       (aten.div, operator.truediv)):
+                       (aten.div, operator.truediv), (aten.eq, operator.eq), (aten.ne, operator.ne)):
         RULES[packet] = binary(fn)
     for name in ("negative", "abs", "exp", "log", "sqrt", "sin", "cos", "tanh", "reciprocal", "sign", "angle",
-                 "square"):
+                 "square", "isnan", "isinf", "isfinite"):
         RULES[getattr(aten, {"negative": "neg", "sign": "sgn"}.get(name, name))] = unary(name)
 
 
@@ -307,7 +307,19 @@ def _matmul(out, a, b):
 _register_complex_rules()
 
 
-@rule(aten.view_as_real, always=False)
+@rule(aten.pow, always=False)
+def _pow(out, a, b):
+    # CPU's complex pow takes these exponents by their own functions (PowKernel.cpp), not exp(b * log(a))
+    import jax.numpy as jnp
+
+    special = {0.5: jnp.sqrt, 2: lambda x: x * x, 3: lambda x: x * x * x, -0.5: lambda x: 1 / jnp.sqrt(x),
+               -1: lambda x: 1 / x, -2: lambda x: 1 / (x * x)}
+    if isinstance(b, (int, float)) and not isinstance(b, bool) and b in special:
+        return special[b](a)
+    return jnp.power(a, b)
+
+
+@rule(aten.view_as_real, aten.view_as_real_copy, always=False)
 def _view_as_real(out, x):
     import jax.numpy as jnp
 
