@@ -234,13 +234,22 @@ def _set(op, tensor, source, *args, **kwargs):
     source_storage = source if isinstance(source, torch.UntypedStorage) else source.untyped_storage()
     if not hasattr(source_storage, "_neuron"):
         raise RuntimeError("set_ onto a storage that is not a neuron storage")
-    if not source_storage.resizable():  # an addressed storage (``_torch_hooks.addressed_tensor``)
-        if op is aten.set_.source_Tensor:
-            args = (source.storage_offset(), source.shape, source.stride())
-        elif op is aten.set_.source_Storage:
-            args = (0, (source_storage.nbytes() // tensor.dtype.itemsize,), (1,))
-        return _torch_hooks.place(tensor, source_storage, *args, **kwargs)
-    return _torch_hooks.meta_redispatch(op, tensor, source, *args, **kwargs)
+    if source_storage.resizable():
+        return _torch_hooks.meta_redispatch(op, tensor, source, *args, **kwargs)
+    # an addressed storage (``_torch_hooks.addressed_tensor``): ``place`` takes any of them
+    if op is aten.set_.source_Tensor:
+        where = (source.storage_offset(), source.shape, source.stride())
+    elif op is aten.set_.source_Storage:
+        where = (0, (source_storage.nbytes() // tensor.dtype.itemsize,), (1,))
+    else:
+        where = _offset_size_stride(*args, **kwargs)
+    return _torch_hooks.place(tensor, source_storage, *where)
+
+
+def _offset_size_stride(storage_offset, size, stride=()):
+    """``set_.source_Storage_storage_offset``'s arguments; the dispatcher leaves out a stride equal to its
+    default ``[]``, which means contiguous (``torch.load`` rebuilds a 0-d tensor with ``stride=()``)."""
+    return storage_offset, tuple(size), tuple(stride) or _storage.contiguous_strides(size)
 
 
 @kernel(aten.set_.default)

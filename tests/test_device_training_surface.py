@@ -1,0 +1,86 @@
+"""What a training script touches around the model on the ``neuron`` device, against CPU eager.
+
+Checkpoints (``torch.load(..., map_location="neuron")`` of models and optimizer
+states, then resuming), ``torch.accelerator``'s device-generic calls, recurrent
+layers (LSTM, GRU, RNN), the host fallback, and a quiet first op.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def _run(snippet: str, timeout: int = 240, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``snippet`` in a fresh interpreter (what happens at start-up and exit is the point)."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(snippet)], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+# --- checkpoints -----------------------------------------------------------------------------
+
+def _trained(device: str):
+    """A model and its AdamW after one step (the state holds a 0-d ``step`` per parameter)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randn(3, 4).to(device)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+    return model, opt
+
+
+def _saved(device: str) -> bytes:
+    model, opt = _trained(device)
+    buffer = io.BytesIO()
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "iter_num": 1,
+                "best_val_loss": torch.tensor(0.5)}, buffer)
+    return buffer.getvalue()
+
+
+def _resumed_step(checkpoint: dict, device: str):
+    """nanoGPT's ``--init_from=resume``: a fresh model and optimizer take the checkpoint, then one step."""
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).to(device)
+    model.load_state_dict(checkpoint["model"])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt.load_state_dict(checkpoint["optimizer"])
+    model(torch.randn(3, 4).to(device)).square().mean().backward()
+    opt.step()
+    return [p.detach().cpu() for p in model.parameters()], opt.state_dict()["state"]
+
+
+@pytest.mark.parametrize("saved_on", ["cpu", "neuron"])
+@pytest.mark.parametrize("weights_only", [True, False])
+def test_a_model_and_optimizer_checkpoint_loads_onto_neuron_and_resumes(saved_on, weights_only):
+    data = _saved(saved_on)
+    ref = torch.load(io.BytesIO(data), map_location="cpu", weights_only=weights_only)
+    got = torch.load(io.BytesIO(data), map_location="neuron", weights_only=weights_only)
+    step = got["optimizer"]["state"][0]["step"]
+    assert step.dim() == 0 and step.device.type == "neuron"
+    assert got["best_val_loss"].device.type == "neuron" and got["iter_num"] == 1
+    assert_close(torch.utils._pytree.tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, got), ref)
+
+    ref_params, ref_state = _resumed_step(ref, "cpu")
+    params, state = _resumed_step(got, "neuron")
+    assert_close(params, ref_params)
+    assert_close(torch.utils._pytree.tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, state),
+                 ref_state)
+
+
+def test_set_onto_a_storage_with_the_default_stride_is_contiguous():
+    storage = torch.arange(6.0).to("neuron").untyped_storage()
+    for size in [(), (2, 2), (5,)]:
+        t = torch.empty(0, device="neuron").set_(storage, 1, size)  # stride left at its default []
+        ref = torch.empty(0).set_(torch.arange(6.0).untyped_storage(), 1, size)
+        assert t.stride() == ref.stride()
+        assert_close(t.cpu(), ref)
