@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 import torch
 
 from neuron_compile.device import _torch_hooks
@@ -194,3 +195,20 @@ def test_dynamo_disable_and_skip_folders_keep_dynamo_out():
     fn = _torch_hooks.run_eagerly(lambda x: x + 1)
     assert getattr(fn, "_torchdynamo_disable", False)
     assert torch.compile(lambda x: fn(x) * 2, backend="eager")(torch.ones(1)).tolist() == [4.0]
+
+
+def test_torch_accelerator_still_calls_the_bindings_we_route():
+    import inspect
+
+    import torch.accelerator
+    import torch.accelerator.memory
+
+    source = inspect.getsource(torch.accelerator) + inspect.getsource(torch.accelerator.memory)
+    for binding in _torch_hooks.ACCELERATOR_BINDINGS:
+        assert f"torch._C.{binding}(" in source, f"torch.accelerator no longer calls torch._C.{binding}"
+        assert getattr(getattr(torch._C, binding), "_neuron", False), binding
+    # the C++ behind them still refuses a Python backend (if torch learns to ask the device module, the
+    # routing can go)
+    original = getattr(torch._C, "_accelerator_synchronizeDevice").args[0]
+    with pytest.raises(RuntimeError, match="synchroniz"):
+        original(0)

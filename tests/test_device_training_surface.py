@@ -101,3 +101,44 @@ def test_a_storage_freed_after_its_module_is_torn_down_at_exit_says_nothing():
     """)
     assert result.returncode == 0 and "done" in result.stdout, result.stderr
     assert "Exception ignored" not in result.stderr, result.stderr
+
+
+# --- torch.accelerator -----------------------------------------------------------------------
+
+def test_torch_accelerator_synchronize_and_memory_functions_answer_for_neuron():
+    assert torch.accelerator.current_accelerator().type == "neuron"
+    torch.accelerator.synchronize()
+    torch.accelerator.synchronize("neuron:0")
+    x = torch.ones(1024, device="neuron") + 1
+    torch.accelerator.reset_peak_memory_stats()
+    torch.accelerator.reset_accumulated_memory_stats()
+    base = torch.accelerator.memory_allocated()
+    assert base == torch.neuron.memory_allocated() >= x.numel() * 4
+    y = x * 2
+    assert torch.accelerator.memory_allocated() == base + 4096 == torch.accelerator.memory_reserved()
+    del y
+    assert torch.accelerator.memory_allocated() == base
+    assert torch.accelerator.max_memory_allocated() == base + 4096 == torch.neuron.max_memory_allocated()
+    assert torch.accelerator.max_memory_reserved() == base + 4096
+    stats = torch.accelerator.memory_stats()
+    assert stats == torch.neuron.memory_stats()
+    assert stats["allocated_bytes.all.current"] == base and stats["allocated_bytes.all.peak"] == base + 4096
+    assert stats["allocated_bytes.all.allocated"] - stats["allocated_bytes.all.freed"] == 0
+    torch.accelerator.reset_peak_memory_stats()
+    assert torch.accelerator.max_memory_allocated() == base
+    free, total = torch.accelerator.get_memory_info()
+    assert 0 < free <= total == torch.neuron.get_device_properties(0).total_memory
+    torch.accelerator.empty_cache()
+    with pytest.raises(RuntimeError, match="out of range"):
+        torch.accelerator.memory_allocated(1)
+
+
+def test_torch_accelerator_empty_host_cache_does_not_crash():
+    # torch's own binding segfaults for a Python backend (no host allocator): a subprocess
+    result = _run("""
+        import torch
+        torch.ones(2, device="neuron").add_(1)
+        torch.accelerator.empty_host_cache()
+        print("done")
+    """)
+    assert result.returncode == 0 and "done" in result.stdout, result.stderr[-2000:]

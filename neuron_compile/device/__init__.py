@@ -45,6 +45,7 @@ def register() -> None:
     _torch_hooks.print_through_cpu()
     distributed.register()  # init_process_group("neuron"): names the backend, connects nothing
     _torch_hooks.route_default_compiler(_default_compiler)
+    _torch_hooks.route_accelerator_to(module)
     _registered = True
 
 
