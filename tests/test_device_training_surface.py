@@ -142,3 +142,19 @@ def test_torch_accelerator_empty_host_cache_does_not_crash():
         print("done")
     """)
     assert result.returncode == 0 and "done" in result.stdout, result.stderr[-2000:]
+
+
+# --- recurrent layers ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, args", [("transpose_", (0, 1)), ("t_", ()), ("swapdims_", (1, 0)),
+                                        ("as_strided_", ((3, 2), (1, 3))), ("as_strided_", ((2, 2), (1, 1), 1))])
+def test_an_inplace_view_op_changes_metadata_only(name, args):
+    # nn.RNN(batch_first=True) ends with output.transpose_(0, 1): the data was transposed a second time
+    ref = torch.arange(6.0).reshape(2, 3) + 1
+    x = (torch.arange(6.0).reshape(2, 3).to("neuron") + 1)
+    assert getattr(x, name)(*args) is x
+    getattr(ref, name)(*args)
+    assert (x.shape, x.stride(), x.storage_offset()) == (ref.shape, ref.stride(), ref.storage_offset())
+    assert_close(x.cpu(), ref)
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        x.as_strided_((4, 4), (1, 1))

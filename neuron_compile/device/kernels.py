@@ -2,7 +2,8 @@
 
 Kernels of their own: factories (``empty``: no data until written), copies
 across the host boundary, ``_to_copy``, ``resize_`` and ``set_``, ``item``,
-view ops (their Meta kernels: metadata only, the storage is shared), random
+view ops and in-place view ops (their Meta kernels: metadata only, the storage is
+shared), random
 ops (drawn by the device's CPU generator, so ``torch.manual_seed`` gives
 CPU's numbers), and ``native_dropout`` (the noise CPU's dropout draws).
 """
@@ -81,7 +82,8 @@ def handle(op, *args, **kwargs):
         register_direct_kernels()
     fn = KERNELS.get(op)
     if fn is None:
-        fn = KERNELS[op] = _view if _is_view(op) else _random if _is_random(op) else _compiled_for(op)
+        fn = KERNELS[op] = (_view if _is_view(op) else _inplace_view if _is_inplace_view(op) else
+                           _random if _is_random(op) else _compiled_for(op))
     return fn(op, *args, **kwargs)
 
 
@@ -130,6 +132,21 @@ def _is_view(op) -> bool:
 
 def _view(op, *args, **kwargs):
     return _torch_hooks.meta_redispatch(op, *args, **kwargs)
+
+
+def _is_inplace_view(op) -> bool:
+    return torch.Tag.inplace_view in op.tags
+
+
+def _inplace_view(op, tensor, *args, **kwargs):
+    """``as_strided_`` (what ``transpose_``, ``t_``, ``unsqueeze_``... run): the tensor's new size, stride and
+    offset, from the op on a meta tensor over a storage as large as ours (the same bounds checks), set
+    on its storage (``place``: the Meta ``as_strided_`` alone takes only an addressed storage)."""
+    numel = _storage.data_of(tensor).numel
+    meta = torch.empty(numel, dtype=tensor.dtype, device="meta").as_strided(
+        tensor.shape, tensor.stride(), tensor.storage_offset())
+    op(meta, *args, **kwargs)
+    return _torch_hooks.place(tensor, tensor.untyped_storage(), meta.storage_offset(), meta.shape, meta.stride())
 
 
 # --- factories -------------------------------------------------------------------------------
