@@ -158,3 +158,87 @@ def test_an_inplace_view_op_changes_metadata_only(name, args):
     assert_close(x.cpu(), ref)
     with pytest.raises(RuntimeError, match="out of bounds"):
         x.as_strided_((4, 4), (1, 1))
+
+
+def _rnn(kind: str, **kwargs):
+    torch.manual_seed(0)
+    if kind in ("RNN_TANH", "RNN_RELU"):
+        return torch.nn.RNN(4, 5, nonlinearity=kind[4:].lower(), **kwargs)
+    return getattr(torch.nn, kind)(4, 5, **kwargs)
+
+
+def _rnn_loss(module, x):
+    out, hidden = module(x)
+    last = hidden[0] if isinstance(hidden, tuple) else hidden
+    return out.square().sum() + last.sum()
+
+
+def _grads_after(module, x, step):
+    loss = step(module, x)
+    loss.backward()
+    return [loss.detach().cpu()] + [p.grad.cpu() for p in module.parameters()]
+
+
+@pytest.mark.parametrize("kind, shape", [
+    (kind, dict(num_layers=2, batch_first=True, bidirectional=True, dropout=0.0))
+    for kind in ("LSTM", "GRU", "RNN_TANH", "RNN_RELU")] + [("LSTM", dict(bias=False)), ("GRU", dict(bias=False))])
+def test_a_recurrent_layer_trains_on_neuron_as_on_cpu(kind, shape):
+    # LSTM's and GRU's cells are ATen's fused ones off the CPU (_thnn_fused_lstm_cell, _gru_cell: CUDA
+    # kernels only); batch_first outputs end with an in-place transpose_
+    x = torch.randn(2, 3, 4)
+    ref = _grads_after(_rnn(kind, **shape), x, _rnn_loss)
+    got = _grads_after(_rnn(kind, **shape).to("neuron"), x.to("neuron"), _rnn_loss)
+    assert_close(got, ref)
+
+
+@pytest.mark.parametrize("allow_rnn, kind", [(False, "GRU"), (True, "LSTM")])
+def test_a_recurrent_layer_trains_under_torch_compile(allow_rnn, kind):
+    # Dynamo skips nn.LSTM unless allow_rnn: its forward then runs eagerly inside the compiled function,
+    # where C++ calls the device's kernels (Dynamo compiled their frames and failed)
+    import torch._dynamo
+
+    x = torch.randn(2, 3, 4)
+    shape = dict(num_layers=2, batch_first=True, bidirectional=True)
+    ref = _grads_after(_rnn(kind, **shape), x, _rnn_loss)
+    with torch._dynamo.config.patch(allow_rnn=allow_rnn):
+        got = _grads_after(_rnn(kind, **shape).to("neuron"), x.to("neuron"), torch.compile(_rnn_loss, backend="neuron"))
+    assert_close(got, ref)
+
+
+def test_word_language_model_trains_on_neuron_as_on_cpu():
+    """pytorch/examples' word_language_model in small: Embedding -> LSTM -> Linear, SGD steps with
+    clip_grad_norm_, the hidden state carried over (detached) from batch to batch."""
+    kind = "LSTM"
+
+    class RNNModel(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = torch.nn.Embedding(20, 8)
+            self.rnn = getattr(torch.nn, kind)(8, 8, 2, dropout=0.0)
+            self.decoder = torch.nn.Linear(8, 20)
+
+        def forward(self, tokens, hidden):
+            output, hidden = self.rnn(self.encoder(tokens), hidden)
+            return torch.log_softmax(self.decoder(output), dim=-1), hidden
+
+    def train(device):
+        torch.manual_seed(0)
+        model = RNNModel().to(device)
+        zeros = torch.zeros(2, 3, 8, device=device)
+        hidden = (zeros, zeros) if kind == "LSTM" else zeros
+        data = torch.randint(0, 20, (3, 6, 3))
+        losses = []
+        for tokens in data:
+            tokens = tokens.to(device)
+            hidden = tuple(h.detach() for h in hidden) if kind == "LSTM" else hidden.detach()
+            model.zero_grad()
+            output, hidden = model(tokens[:-1], hidden)
+            loss = torch.nn.functional.nll_loss(output.view(-1, 20), tokens[1:].reshape(-1))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+            for p in model.parameters():
+                p.data.add_(p.grad, alpha=-1.0)
+            losses.append(loss.detach().cpu())
+        return losses, [p.detach().cpu() for p in model.parameters()]
+
+    assert_close(train("neuron"), train("cpu"))

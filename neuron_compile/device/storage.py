@@ -60,9 +60,11 @@ class Data:
         self.buffer, self.nbytes = buffer, nbytes
 
     def __del__(self, memory=_memory):
-        # ``memory`` is bound here: at interpreter exit this module's globals may already be None
-        memory.live -= self.nbytes
-        memory.freed += self.nbytes
+        # ``memory`` is bound here: at interpreter exit this module's globals may already be None; a Data
+        # that never finished ``__init__`` (made by a tracer) holds nothing
+        nbytes = getattr(self, "nbytes", 0)
+        memory.live -= nbytes
+        memory.freed += nbytes
 
 
 def memory_stats() -> dict:
