@@ -11,6 +11,7 @@ it):
   ``neuron:0`` with a 0-byte storage, whose Python storage object carries our
   PJRT buffer;
 * ``OpOverload.redispatch`` to the Meta key: view ops change metadata only;
+* ``torch._C._dispatch_has_computed_kernel_for_dispatch_key``: whether an op can run on host copies;
 * ``torch._C._construct_storage_from_data_pointer``: a storage with a unique,
   never dereferenced address, so ``data_ptr()`` tells storages apart;
 * the dispatcher's keyset and exclude guards, to run autocast kernels;
@@ -115,6 +116,12 @@ def place(tensor: torch.Tensor, storage: torch.UntypedStorage, offset: int, shap
         return meta_redispatch(set_, tensor, storage, offset, tuple(shape), tuple(stride))
     meta_redispatch(set_, tensor, storage, 0, (0,), (1,))
     return meta_redispatch(torch.ops.aten.as_strided_.default, tensor, tuple(shape), tuple(stride), offset)
+
+
+def has_cpu_kernel(op) -> bool:
+    """Whether the dispatcher has something to run ``op`` with on CPU tensors (its own CPU kernel, a
+    composite, a fallback): ``_thnn_fused_lstm_cell`` has CUDA's only."""
+    return torch._C._dispatch_has_computed_kernel_for_dispatch_key(op.name(), "CPU")
 
 
 def fallback_library(handler) -> torch.library.Library:
