@@ -20,10 +20,11 @@ from torch.testing import assert_close
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
-def _run(snippet: str, timeout: int = 240, env: dict | None = None) -> subprocess.CompletedProcess:
+def _run(snippet: str, timeout: int = 240, env: dict | None = None, unset=()) -> subprocess.CompletedProcess:
     """``snippet`` in a fresh interpreter (what happens at start-up and exit is the point)."""
+    environ = {name: value for name, value in {**os.environ, **(env or {})}.items() if name not in unset}
     return subprocess.run([sys.executable, "-c", textwrap.dedent(snippet)], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+                          timeout=timeout, env=environ)
 
 
 # --- checkpoints -----------------------------------------------------------------------------
@@ -242,3 +243,59 @@ def test_word_language_model_trains_on_neuron_as_on_cpu():
         return losses, [p.detach().cpu() for p in model.parameters()]
 
     assert_close(train("neuron"), train("cpu"))
+
+
+# --- fallback="eager" for an op the CPU has no kernel for --------------------------------------
+
+_lib = torch.library.Library("neuron_surface_test", "DEF")
+_lib.define("no_lower(Tensor x) -> Tensor")  # a CPU kernel; torch-mlir will never lower it
+_lib.impl("no_lower", lambda x: x.flip(0) * 3, "CompositeExplicitAutograd")
+_lib.impl("no_lower", lambda x: torch.empty_like(x), "Meta")
+for _name in ("cuda_only", "cuda_only_undecomposed"):  # kernels for CUDA only, as _thnn_fused_lstm_cell's
+    _lib.define(f"{_name}(Tensor x) -> Tensor")
+    _lib.impl(_name, lambda x: x, "CUDA")
+    _lib.impl(_name, lambda x: torch.empty_like(x), "Meta")
+
+
+@torch._decomp.register_decomposition(torch.ops.neuron_surface_test.cuda_only.default)
+def _cuda_only(x):
+    return torch.ops.neuron_surface_test.no_lower(x) + 1
+
+
+def test_fallback_eager_runs_an_op_without_a_cpu_kernel_through_its_decomposition(monkeypatch):
+    monkeypatch.setenv("NEURON_COMPILE_FALLBACK", "eager")
+    x = torch.randn(3, 2)
+    with pytest.warns(UserWarning, match="cuda_only"):
+        got = torch.ops.neuron_surface_test.cuda_only(x.to("neuron"))
+    assert got.device.type == "neuron"
+    assert_close(got.cpu(), x.flip(0) * 3 + 1)
+
+
+def test_an_op_that_runs_nowhere_says_so(monkeypatch):
+    monkeypatch.setenv("NEURON_COMPILE_FALLBACK", "eager")
+    with pytest.raises(NotImplementedError, match="nor on the host .*no decomposition"):
+        torch.ops.neuron_surface_test.cuda_only_undecomposed(torch.randn(3, 2).to("neuron"))
+
+
+# --- a quiet start -------------------------------------------------------------------------------
+
+_FIRST_USE = """
+    import torch
+    x = torch.ones(4, device="neuron") + 1
+    import jax.numpy as jnp  # a library that makes a client of its own after ours
+    jnp.zeros(2).block_until_ready()
+    print(x.cpu().tolist())
+"""
+
+
+def test_the_first_op_prints_no_runtime_start_up_lines(tmp_path):
+    result = _run(_FIRST_USE, env={"NEURON_COMPILE_CACHE_DIR": str(tmp_path)},
+                  unset=("TF_CPP_MIN_LOG_LEVEL", "JAX_LOGGING_LEVEL"))
+    assert result.returncode == 0 and "[2.0, 2.0, 2.0, 2.0]" in result.stdout, result.stderr[-3000:]
+    assert "pjrt_client" not in result.stderr and "PjRt" not in result.stderr, result.stderr[-3000:]
+
+
+def test_runtime_lines_show_when_the_user_asks_for_them(tmp_path):
+    result = _run(_FIRST_USE, env={"NEURON_COMPILE_CACHE_DIR": str(tmp_path), "TF_CPP_MIN_LOG_LEVEL": "0"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.count("PjRt-IFRT device count") == 2, result.stderr[-3000:]  # our client's and jax's
