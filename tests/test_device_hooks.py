@@ -212,3 +212,9 @@ def test_torch_accelerator_still_calls_the_bindings_we_route():
     original = getattr(torch._C, "_accelerator_synchronizeDevice").args[0]
     with pytest.raises(RuntimeError, match="synchroniz"):
         original(0)
+
+
+def test_has_cpu_kernel_tells_a_cuda_only_op_from_one_the_cpu_runs():
+    assert _torch_hooks.has_cpu_kernel(torch.ops.aten.add.Tensor)
+    assert _torch_hooks.has_cpu_kernel(torch.ops.aten.lstm.input)  # a composite serves the CPU
+    assert not _torch_hooks.has_cpu_kernel(torch.ops.aten._thnn_fused_lstm_cell.default)
