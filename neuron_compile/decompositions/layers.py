@@ -3,7 +3,8 @@
 convolution_backward (each gradient written as a forward convolution:
 torch-mlir lowers the backward only for plain 2-D convolutions), weight_norm's
 backward, ``nn.TransformerEncoder``'s fused inference fast path written out as
-the layer's algebra, every ``torch._foreach_*`` op (gradient clipping,
+the layer's algebra, the fused LSTM and GRU cells ATen calls off the CPU (and
+their backwards), every ``torch._foreach_*`` op (gradient clipping,
 ``foreach=True`` optimizers) as its per-tensor op, and the custom ops that
 libraries register once loaded (``_library_decompositions``: Inductor's
 ``prims.fma`` from ``addcmul_``/``addcdiv_``, transformers' grouped_mm for MoE

@@ -6,6 +6,8 @@ view ops and in-place view ops (their Meta kernels: metadata only, the storage i
 shared), random
 ops (drawn by the device's CPU generator, so ``torch.manual_seed`` gives
 CPU's numbers), and ``native_dropout`` (the noise CPU's dropout draws).
+From the first op on, Dynamo never traces the eager ops' compile stack
+(``hide_from_dynamo``).
 """
 
 from __future__ import annotations
