@@ -288,14 +288,13 @@ _FIRST_USE = """
 """
 
 
-def test_the_first_op_prints_no_runtime_start_up_lines(tmp_path):
-    result = _run(_FIRST_USE, env={"NEURON_COMPILE_CACHE_DIR": str(tmp_path)},
-                  unset=("TF_CPP_MIN_LOG_LEVEL", "JAX_LOGGING_LEVEL"))
+def test_the_first_op_prints_no_runtime_start_up_lines():
+    result = _run(_FIRST_USE, unset=("TF_CPP_MIN_LOG_LEVEL", "JAX_LOGGING_LEVEL"))
     assert result.returncode == 0 and "[2.0, 2.0, 2.0, 2.0]" in result.stdout, result.stderr[-3000:]
     assert "pjrt_client" not in result.stderr and "PjRt" not in result.stderr, result.stderr[-3000:]
 
 
-def test_runtime_lines_show_when_the_user_asks_for_them(tmp_path):
-    result = _run(_FIRST_USE, env={"NEURON_COMPILE_CACHE_DIR": str(tmp_path), "TF_CPP_MIN_LOG_LEVEL": "0"})
+def test_runtime_lines_show_when_the_user_asks_for_them():
+    result = _run(_FIRST_USE, env={"TF_CPP_MIN_LOG_LEVEL": "0"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stderr.count("PjRt-IFRT device count") == 2, result.stderr[-3000:]  # our client's and jax's
