@@ -98,33 +98,32 @@ class DistributedTarget:
     compile for, load with and run on."""
 
     def __init__(self, rank: int, world: int, timeout_s: float, store):
-        from jaxlib import _jax, utils, xla_client
+        from jaxlib import _jax, xla_client
+
+        from .executor import quiet_runtime_logs
 
         self.rank, self.world, self.timeout_s = rank, world, timeout_s
         self.broken: str | None = None
         host = _store_host(store)
         seconds = max(1, int(timeout_s))
-        utils.absl_set_min_log_level(1)  # the coordinator's INFO lines stay off the user's terminal
-        try:
-            self.service = None
-            if rank == 0:
-                address = f"{host}:{_free_port(host)}"
-                self.service = _jax.get_distributed_runtime_service(
-                    address, world, heartbeat_timeout=seconds, shutdown_timeout=seconds)
-                store.set(_STORE_KEY, address)
-            address = store.get(_STORE_KEY).decode()
-            self.client = _jax.get_distributed_runtime_client(
-                address, rank, init_timeout=seconds, shutdown_timeout=seconds, heartbeat_timeout=seconds,
-                use_compression=True)
-            self.client.connect()
-            # gloo listens where this rank's torch.distributed traffic goes: loopback stays loopback
-            local = ipaddress.ip_address(host).is_loopback
-            collectives = _jax.make_gloo_tcp_collectives(distributed_client=self.client,
-                                                         hostname=host if local else None)
-            self.pjrt = xla_client.make_cpu_client(asynchronous=False, distributed_client=self.client,
-                                                   node_id=rank, num_nodes=world, collectives=collectives)
-        finally:
-            utils.absl_set_min_log_level(0)
+        quiet_runtime_logs()  # the coordinator's INFO lines stay off the user's terminal
+        self.service = None
+        if rank == 0:
+            address = f"{host}:{_free_port(host)}"
+            self.service = _jax.get_distributed_runtime_service(
+                address, world, heartbeat_timeout=seconds, shutdown_timeout=seconds)
+            store.set(_STORE_KEY, address)
+        address = store.get(_STORE_KEY).decode()
+        self.client = _jax.get_distributed_runtime_client(
+            address, rank, init_timeout=seconds, shutdown_timeout=seconds, heartbeat_timeout=seconds,
+            use_compression=True)
+        self.client.connect()
+        # gloo listens where this rank's torch.distributed traffic goes: loopback stays loopback
+        local = ipaddress.ip_address(host).is_loopback
+        collectives = _jax.make_gloo_tcp_collectives(distributed_client=self.client,
+                                                     hostname=host if local else None)
+        self.pjrt = xla_client.make_cpu_client(asynchronous=False, distributed_client=self.client,
+                                               node_id=rank, num_nodes=world, collectives=collectives)
         self.devices = sorted(self.pjrt.devices(), key=lambda d: d.process_index)
         self.device = self.pjrt.local_devices()[0]
         self.device_list = xla_client.DeviceList(tuple(self.devices))
@@ -175,10 +174,9 @@ class DistributedTarget:
         """Leave the distributed runtime (at exit): the client's shutdown is a barrier of every rank."""
         client, service = getattr(self, "client", None), getattr(self, "service", None)
         self.client = self.service = None
-        from jaxlib import utils
+        from .executor import quiet_runtime_logs
 
-        # the coordinator's goodbye lines (INFO) stay off the terminal: the process is ending anyway
-        utils.absl_set_min_log_level(1)
+        quiet_runtime_logs()  # the coordinator's goodbye lines (INFO) stay off the terminal
         if client is not None and not self.broken:
             try:
                 client.shutdown()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 import re
 import sys
 import threading
@@ -56,15 +57,26 @@ def _client():
     if _CLIENT is None:
         with _client_lock:
             if _CLIENT is None:
-                # PJRT logs two INFO lines when a client starts; keep them off the user's terminal
-                utils.absl_set_min_log_level(1)
-                try:
-                    # synchronous: we wait for every result at once anyway, and inline dispatch
-                    # halves the latency of small graphs (12 us against 28 us for a 2-layer MLP)
-                    _CLIENT = xla_client.make_cpu_client(asynchronous=False)
-                finally:
-                    utils.absl_set_min_log_level(0)
+                quiet_runtime_logs()  # PJRT logs two INFO lines when a client starts
+                # synchronous: we wait for every result at once anyway, and inline dispatch
+                # halves the latency of small graphs (12 us against 28 us for a 2-layer MLP)
+                _CLIENT = xla_client.make_cpu_client(asynchronous=False)
     return _CLIENT
+
+
+def quiet_runtime_logs() -> None:
+    """Keep XLA's C++ INFO lines (a client's device count, the distributed coordinator's greetings) off the
+    user's terminal: absl's minimum level becomes WARNING, for the rest of the process (as jax's own
+    start-up leaves it; it was put back to INFO after our client, so the next client jax made printed
+    them). A user who asked for C++ logs, with ``TF_CPP_MIN_LOG_LEVEL`` or jax's logging level
+    (``JAX_LOGGING_LEVEL``, ``jax_logging_level``), keeps the level they chose."""
+    if "TF_CPP_MIN_LOG_LEVEL" in os.environ or os.environ.get("JAX_LOGGING_LEVEL", "NOTSET") != "NOTSET":
+        return
+    jax = sys.modules.get("jax")
+    config = getattr(jax, "config", None)
+    if getattr(config, "jax_logging_level", None) not in (None, "NOTSET"):
+        return
+    utils.absl_set_min_log_level(1)
 
 
 @functools.lru_cache(maxsize=1)

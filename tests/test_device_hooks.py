@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 import torch
 
 from neuron_compile.device import _torch_hooks
@@ -220,3 +221,26 @@ def test_storages_of_the_device_are_made_by_ours_and_cpu_storages_by_torch():
     finally:
         torch.UntypedStorage.clone = clone
     assert len(calls) == 1
+
+
+def test_torch_accelerator_still_calls_the_bindings_we_route():
+    import inspect
+
+    import torch.accelerator
+    import torch.accelerator.memory
+
+    source = inspect.getsource(torch.accelerator) + inspect.getsource(torch.accelerator.memory)
+    for binding in _torch_hooks.ACCELERATOR_BINDINGS:
+        assert f"torch._C.{binding}(" in source, f"torch.accelerator no longer calls torch._C.{binding}"
+        assert getattr(getattr(torch._C, binding), "_neuron", False), binding
+    # the C++ behind them still refuses a Python backend (if torch learns to ask the device module, the
+    # routing can go)
+    original = getattr(torch._C, "_accelerator_synchronizeDevice").args[0]
+    with pytest.raises(RuntimeError, match="synchroniz"):
+        original(0)
+
+
+def test_has_cpu_kernel_tells_a_cuda_only_op_from_one_the_cpu_runs():
+    assert _torch_hooks.has_cpu_kernel(torch.ops.aten.add.Tensor)
+    assert _torch_hooks.has_cpu_kernel(torch.ops.aten.lstm.input)  # a composite serves the CPU
+    assert not _torch_hooks.has_cpu_kernel(torch.ops.aten._thnn_fused_lstm_cell.default)

@@ -3,7 +3,8 @@
 convolution_backward (each gradient written as a forward convolution:
 torch-mlir lowers the backward only for plain 2-D convolutions), weight_norm's
 backward, ``nn.TransformerEncoder``'s fused inference fast path written out as
-the layer's algebra, every ``torch._foreach_*`` op (gradient clipping,
+the layer's algebra, the fused LSTM and GRU cells ATen calls off the CPU (and
+their backwards), every ``torch._foreach_*`` op (gradient clipping,
 ``foreach=True`` optimizers) as its per-tensor op, and the custom ops that
 libraries register once loaded (``_library_decompositions``: Inductor's
 ``prims.fma`` from ``addcmul_``/``addcdiv_``, transformers' grouped_mm for MoE
@@ -136,6 +137,85 @@ def _self_attention(x, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, 
         probs = aten.where.self(aten.isnan.default(probs), aten.zeros_like.default(probs), probs)
     context = aten.permute.default(aten.matmul.default(probs, v), [0, 2, 1, 3])
     return aten.linear.default(aten.reshape.default(context, [batch, length, dim]), proj_weight, proj_bias)
+
+
+# ---- recurrent cells: nn.LSTM / nn.GRU on a device that is not the CPU ------------------------------
+# ATen's LSTM and GRU cells call the fused cell kernels for any input that is not on the CPU (CUDA's,
+# which have no CPU kernel: aten/src/ATen/native/cuda/RNN.cu); autograd's backward for them are the
+# fused backward kernels. Written out here with the CUDA kernels' gate order and workspaces: LSTM gates
+# i, f, g, o and a workspace of the four activated gates; GRU gates r, z, n and a workspace of
+# r, z, n, hx and the hidden n gate with its bias.
+
+def _gates(input_gates, hidden_gates, input_bias, hidden_bias, count):
+    gates = aten.add.Tensor(input_gates, hidden_gates)
+    if input_bias is not None:
+        gates = aten.add.Tensor(gates, aten.add.Tensor(input_bias, hidden_bias))
+    return aten.split.Tensor(gates, gates.shape[1] // count, 1)
+
+
+@_ours(aten._thnn_fused_lstm_cell)
+def _fused_lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
+    i, f, g, o = _gates(input_gates, hidden_gates, input_bias, hidden_bias, 4)
+    i, f, g, o = aten.sigmoid.default(i), aten.sigmoid.default(f), aten.tanh.default(g), aten.sigmoid.default(o)
+    cy = aten.add.Tensor(aten.mul.Tensor(f, cx), aten.mul.Tensor(i, g))
+    hy = aten.mul.Tensor(o, aten.tanh.default(cy))
+    return hy, cy, aten.cat.default([i, f, g, o], 1)
+
+
+@_ours(aten._thnn_fused_lstm_cell_backward_impl)
+def _fused_lstm_cell_backward(grad_hy, grad_cy, cx, cy, workspace, has_bias):
+    if grad_hy is None and grad_cy is None:
+        return None, None, None
+    i, f, g, o = aten.split.Tensor(workspace, workspace.shape[1] // 4, 1)
+    tanh_cy = aten.tanh.default(cy)
+    grad_o = aten.mul.Tensor(grad_hy, tanh_cy) if grad_hy is not None else aten.zeros_like.default(cy)
+    grad_c = (aten.mul.Tensor(aten.mul.Tensor(grad_hy, o), aten.rsub.Scalar(aten.mul.Tensor(tanh_cy, tanh_cy), 1))
+              if grad_hy is not None else aten.zeros_like.default(cy))
+    if grad_cy is not None:
+        grad_c = aten.add.Tensor(grad_c, grad_cy)
+
+    def through_sigmoid(grad, gate):
+        return aten.mul.Tensor(aten.mul.Tensor(grad, aten.rsub.Scalar(gate, 1)), gate)
+
+    grad_gates = aten.cat.default([
+        through_sigmoid(aten.mul.Tensor(grad_c, g), i),
+        through_sigmoid(aten.mul.Tensor(grad_c, cx), f),
+        aten.mul.Tensor(aten.mul.Tensor(grad_c, i), aten.rsub.Scalar(aten.mul.Tensor(g, g), 1)),
+        through_sigmoid(grad_o, o)], 1)
+    grad_bias = aten.sum.dim_IntList(grad_gates, [0]) if has_bias else None
+    return grad_gates, aten.mul.Tensor(grad_c, f), grad_bias
+
+
+@_ours(aten._thnn_fused_gru_cell)
+def _fused_gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
+    if input_bias is not None:
+        input_gates = aten.add.Tensor(input_gates, input_bias)
+        hidden_gates = aten.add.Tensor(hidden_gates, hidden_bias)
+    size = hx.shape[1]
+    in_r, in_z, in_n = aten.split.Tensor(input_gates, size, 1)
+    hid_r, hid_z, hid_n = aten.split.Tensor(hidden_gates, size, 1)
+    r = aten.sigmoid.default(aten.add.Tensor(in_r, hid_r))
+    z = aten.sigmoid.default(aten.add.Tensor(in_z, hid_z))
+    n = aten.tanh.default(aten.add.Tensor(in_n, aten.mul.Tensor(r, hid_n)))
+    hy = aten.add.Tensor(n, aten.mul.Tensor(z, aten.sub.Tensor(hx, n)))
+    return hy, aten.cat.default([r, z, n, hx, hid_n], 1)
+
+
+@_ours(aten._thnn_fused_gru_cell_backward)
+def _fused_gru_cell_backward(grad_hy, workspace, has_bias):
+    r, z, n, hx, hid_n = aten.split.Tensor(workspace, workspace.shape[1] // 5, 1)
+    grad_z = aten.mul.Tensor(aten.mul.Tensor(aten.mul.Tensor(grad_hy, aten.sub.Tensor(hx, n)),
+                                             aten.rsub.Scalar(z, 1)), z)
+    grad_in_n = aten.mul.Tensor(aten.mul.Tensor(grad_hy, aten.rsub.Scalar(z, 1)),
+                                aten.rsub.Scalar(aten.mul.Tensor(n, n), 1))
+    grad_r = aten.mul.Tensor(aten.mul.Tensor(aten.mul.Tensor(grad_in_n, hid_n), aten.rsub.Scalar(r, 1)), r)
+    grad_input_gates = aten.cat.default([grad_r, grad_z, grad_in_n], 1)
+    grad_hidden_gates = aten.cat.default([grad_r, grad_z, aten.mul.Tensor(grad_in_n, r)], 1)
+    grad_hx = aten.mul.Tensor(grad_hy, z)
+    if not has_bias:
+        return grad_input_gates, grad_hidden_gates, grad_hx, None, None
+    return (grad_input_gates, grad_hidden_gates, grad_hx, aten.sum.dim_IntList(grad_input_gates, [0]),
+            aten.sum.dim_IntList(grad_hidden_gates, [0]))
 
 
 # ---- torch._foreach_*: one op over a list of tensors ----------------------------------------------

@@ -47,6 +47,7 @@ def register() -> None:
     _torch_hooks.make_storages_with(storage.new_storage, storage.clone_storage, storage.byteswap_storage)
     distributed.register()  # init_process_group("neuron"): names the backend, connects nothing
     _torch_hooks.route_default_compiler(_default_compiler)
+    _torch_hooks.route_accelerator_to(module)
     _registered = True
 
 

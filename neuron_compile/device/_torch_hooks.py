@@ -15,6 +15,7 @@ it):
   ``clone``, ``new`` and ``_byteswap``: storages of the device made from
   Python (``copy.deepcopy`` of a tensor clones its storage), which torch
   would make with a C++ allocator a Python backend cannot register;
+* ``torch._C._dispatch_has_computed_kernel_for_dispatch_key``: whether an op can run on host copies;
 * ``torch._C._construct_storage_from_data_pointer``: a storage with a unique,
   never dereferenced address, so ``data_ptr()`` tells storages apart;
 * the dispatcher's keyset and exclude guards, to run autocast kernels;
@@ -23,6 +24,9 @@ it):
   ``torch._tensor_str._tensor_str`` (printing from one CPU copy, as for XLA);
 * a PrivateUse1 kernel of ``aten::_has_compatible_shallow_copy_type`` (what ``.data =`` and
   ``Module.to`` ask): CPU and neuron tensors are compatible, as CPU and CUDA ones are;
+* the ``torch._C._accelerator_*`` bindings behind ``torch.accelerator.synchronize`` and its memory
+  functions (a Python backend can register neither the device guard's synchronize nor a C++
+  ``DeviceAllocator`` they need);
 * ``torch._TorchCompileInductorWrapper.__call__``: what ``torch.compile(model)``
   with no backend named (Inductor) runs; a graph on neuron tensors goes to our
   backend instead (torch 2.13 has no public hook for a device's default compiler);
@@ -173,6 +177,12 @@ def make_storages_with(new_storage, clone_storage, byteswap_storage) -> None:
         setattr(storage_class, name, fn)
 
 
+def has_cpu_kernel(op) -> bool:
+    """Whether the dispatcher has something to run ``op`` with on CPU tensors (its own CPU kernel, a
+    composite, a fallback): ``_thnn_fused_lstm_cell`` has CUDA's only."""
+    return torch._C._dispatch_has_computed_kernel_for_dispatch_key(op.name(), "CPU")
+
+
 def fallback_library(handler) -> torch.library.Library:
     """Send every ATen op that has no neuron kernel of its own to ``handler(op, *args, **kwargs)``."""
     lib = torch.library.Library("_", "IMPL")
@@ -310,6 +320,54 @@ def route_default_compiler(compiler) -> None:
     __call__._neuron = True
     __call__.__doc__ = original.__doc__
     wrapper.__call__ = __call__
+
+
+# the bindings torch.accelerator's functions call (torch/accelerator/__init__.py and memory.py), and the
+# device module function that answers each for neuron
+ACCELERATOR_BINDINGS = {
+    "_accelerator_synchronizeDevice": "synchronize",
+    "_accelerator_isAllocatorInitialized": None,
+    "_accelerator_getDeviceStats": "memory_stats_as_nested_dict",
+    "_accelerator_emptyCache": "empty_cache",
+    "_accelerator_emptyHostCache": None,
+    "_accelerator_resetPeakStats": "reset_peak_memory_stats",
+    "_accelerator_resetAccumulatedStats": "reset_accumulated_memory_stats",
+    "_accelerator_getMemoryInfo": "mem_get_info",
+}
+
+
+def route_accelerator_to(backend_module) -> None:
+    """``torch.accelerator.synchronize()`` and its memory functions (``memory_allocated``, ``memory_stats``,
+    ``empty_cache``, ``get_memory_info``...) answer from the device module when the accelerator is neuron.
+
+    torch 2.13's C++ behind them (``torch/csrc/DeviceAccelerator.cpp``) asks the device guard to
+    synchronize (the Python ``DeviceGuard`` of ``torch._C._acc`` does not implement it: "Backend doesn't
+    support synchronizing all streams on device") and ``c10::GetAllocator`` for a ``DeviceAllocator``
+    (none a Python backend can register: an internal assert; ``emptyHostCache`` segfaults). torch's
+    Python functions call these bindings through ``torch._C`` on every call, so they are what is
+    replaced: device-index parsing and ``memory_stats``' flattening stay torch's own. Any other
+    accelerator still reaches the original binding."""
+    for binding, function in ACCELERATOR_BINDINGS.items():
+        original = getattr(torch._C, binding)
+        if getattr(original, "_neuron", False):
+            continue
+        answer = getattr(backend_module, function) if function else _accelerator_default(binding)
+        routed = functools.partial(_route_accelerator, original, answer)
+        routed._neuron = True
+        setattr(torch._C, binding, routed)
+
+
+def _accelerator_default(binding):
+    if binding == "_accelerator_isAllocatorInitialized":
+        return lambda: True  # our memory counters are there from the start
+    return lambda: None  # emptyHostCache: no pinned-memory cache (``pin_memory_as_copy``)
+
+
+def _route_accelerator(original, answer, *args):
+    accelerator = torch._C._accelerator_getAccelerator()
+    if accelerator is not None and accelerator.type == NAME:
+        return answer(*args)
+    return original(*args)
 
 
 # --- torch.distributed (``distributed.py``) ----------------------------------------------------

@@ -53,7 +53,7 @@ class _DeviceProperties(NamedTuple):
 def get_device_properties(device=None) -> _DeviceProperties:
     """``torch.neuron.get_device_properties(0).name`` (TRL's trainers read it), as ``torch.cuda``'s."""
     set_device(device if device is not None else 0)
-    return _DeviceProperties(get_device_name(), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    return _DeviceProperties(get_device_name(), mem_get_info()[1])
 
 
 def synchronize(device=None) -> None:
@@ -103,15 +103,61 @@ set_rng_state_all = lambda states: set_rng_state(states[0])  # noqa: E731
 
 def memory_allocated(device=None) -> int:
     """Bytes of live PJRT buffers held by neuron tensors."""
+    set_device(device if device is not None else 0)
     return _storage.memory_allocated()
 
 
 def max_memory_allocated(device=None) -> int:
+    set_device(device if device is not None else 0)
     return _storage.max_memory_allocated()
 
 
+def memory_reserved(device=None) -> int:
+    """The allocated bytes: nothing is cached (a buffer is freed when its last tensor dies)."""
+    return memory_allocated(device)
+
+
+def max_memory_reserved(device=None) -> int:
+    return max_memory_allocated(device)
+
+
+def memory_stats_as_nested_dict(device=None) -> dict:
+    """``allocated_bytes`` and ``reserved_bytes``, each ``{"all": {current, peak, allocated, freed}}``."""
+    set_device(device if device is not None else 0)
+    return _storage.memory_stats()
+
+
+def memory_stats(device=None) -> dict:
+    """``memory_stats_as_nested_dict`` flattened as ``torch.cuda.memory_stats`` does
+    (``"allocated_bytes.all.current"``...)."""
+    flat = {}
+
+    def flatten(prefix, value):
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                flatten(f"{prefix}.{key}" if prefix else key, inner)
+        else:
+            flat[prefix] = value
+
+    flatten("", memory_stats_as_nested_dict(device))
+    return dict(sorted(flat.items()))
+
+
 def reset_peak_memory_stats(device=None) -> None:
+    set_device(device if device is not None else 0)
     _storage.reset_peak_memory_stats()
+
+
+def reset_accumulated_memory_stats(device=None) -> None:
+    set_device(device if device is not None else 0)
+    _storage.reset_accumulated_memory_stats()
+
+
+def mem_get_info(device=None) -> tuple[int, int]:
+    """(free, total) bytes: our buffers live in the host's memory (PJRT's CPU client)."""
+    set_device(device if device is not None else 0)
+    page = os.sysconf("SC_PAGE_SIZE")
+    return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
 
 
 def empty_cache() -> None:

@@ -22,11 +22,13 @@ Ops with data-dependent output shapes or non-tensor results (``nonzero``,
 ``unique``, ``equal``...) run on host copies (the answer needs the data on the
 host anyway). An op that does not lower raises ``LoweringError`` naming the op
 and the user's line; with ``fallback="eager"`` (``NEURON_COMPILE_FALLBACK``) it
-runs on host copies with one warning per op.
+runs on host copies with one warning per op (through its decomposition where the CPU has no kernel
+for it).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -116,9 +118,10 @@ def to_host(value):
 def run_on_host(op, args, kwargs):
     """Run ``op`` on host copies; write back what it wrote, return its results on the device."""
     COUNTS["host_ops"] += 1
+    host_op = _on_host(op)
     host_args, host_kwargs = tree_map(to_host, (args, kwargs))
     with torch.no_grad():
-        result = op(*host_args, **host_kwargs)
+        result = host_op(*host_args, **host_kwargs)
     # arguments the schema says are written go back to their neuron tensors
     flat_dev = _flat_tensors(args, kwargs)
     flat_host = _flat_tensors(host_args, host_kwargs)
@@ -139,6 +142,23 @@ def run_on_host(op, args, kwargs):
         return value
 
     return tree_map(back, result)
+
+
+@functools.lru_cache(maxsize=None)
+def _on_host(op):
+    """What runs ``op`` on CPU tensors: the op, or where the CPU has no kernel for it (an op of CUDA's
+    only) its decomposition, which runs op by op on the CPU."""
+    if _torch_hooks.has_cpu_kernel(op):
+        return op
+    from .trace import _wide_table
+
+    decomposition = _wide_table().get(op)
+    if decomposition is None:
+        raise NotImplementedError(
+            f"neuron: {op} cannot run on the device (it does not lower) nor on the host (the CPU has no kernel "
+            f"for it and no decomposition is known). Called at {user_line()}. Register a decomposition for it "
+            "(torch._decomp.register_decomposition) or avoid the op.")
+    return decomposition
 
 
 def _factory_on_host(op, args, kwargs):

@@ -38,8 +38,16 @@ import torch
 
 from . import _torch_hooks
 
-_live_bytes = 0
-_peak_bytes = 0
+class _Counters:
+    """Bytes of the live buffers and their peak; bytes allocated and freed since the last reset."""
+
+    __slots__ = ("live", "peak", "allocated", "freed")
+
+    def __init__(self):
+        self.live = self.peak = self.allocated = self.freed = 0
+
+
+_memory = _Counters()
 
 
 class Data:
@@ -48,36 +56,54 @@ class Data:
     __slots__ = ("buffer", "dtype", "numel", "nbytes", "__weakref__")
 
     def __init__(self, dtype: torch.dtype, numel: int, buffer=None):
-        self.dtype, self.numel, self.buffer = dtype, numel, None
         self.nbytes = 0
+        self.dtype, self.numel, self.buffer = dtype, numel, None
         if buffer is not None:
             self.set(buffer)
 
     def set(self, buffer) -> None:
         # the counters are updated under the GIL, without a lock: this runs once per op result
-        global _live_bytes, _peak_bytes
         nbytes = self.numel * self.dtype.itemsize if buffer is not None else 0
-        _live_bytes += nbytes - self.nbytes
-        if _live_bytes > _peak_bytes:
-            _peak_bytes = _live_bytes
+        memory = _memory
+        memory.live += nbytes - self.nbytes
+        memory.allocated += nbytes
+        memory.freed += self.nbytes
+        if memory.live > memory.peak:
+            memory.peak = memory.live
         self.buffer, self.nbytes = buffer, nbytes
 
-    def __del__(self):
-        global _live_bytes
-        _live_bytes -= self.nbytes
+    def __del__(self, memory=_memory):
+        # ``memory`` is bound here: at interpreter exit this module's globals may already be None; a Data
+        # that never finished ``__init__`` (made by a tracer) holds nothing
+        nbytes = getattr(self, "nbytes", 0)
+        memory.live -= nbytes
+        memory.freed += nbytes
+
+
+def memory_stats() -> dict:
+    """What the device knows of its memory, in ``torch.cuda.memory_stats``'s nested form: the bytes its
+    buffers hold (current, peak, allocated and freed since the last reset). Nothing is cached: a buffer
+    is freed when its last tensor dies, so the reserved bytes are the allocated ones."""
+    memory = _memory
+    held = {"all": {"current": memory.live, "peak": memory.peak, "allocated": memory.allocated,
+                    "freed": memory.freed}}
+    return {"allocated_bytes": held, "reserved_bytes": held}
 
 
 def memory_allocated() -> int:
-    return _live_bytes
+    return _memory.live
 
 
 def max_memory_allocated() -> int:
-    return _peak_bytes
+    return _memory.peak
 
 
 def reset_peak_memory_stats() -> None:
-    global _peak_bytes
-    _peak_bytes = _live_bytes
+    _memory.peak = _memory.live
+
+
+def reset_accumulated_memory_stats() -> None:
+    _memory.allocated = _memory.freed = 0
 
 
 def data_of(tensor: torch.Tensor) -> Data:
