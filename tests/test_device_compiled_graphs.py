@@ -116,6 +116,20 @@ def test_moves_between_devices_inside_a_graph_lower_and_land_where_eager_puts_th
         assert_close(g.cpu(), w)
 
 
+def test_dynamo_compiles_only_the_users_frames_around_a_graph_break():
+    from torch._dynamo.utils import counters
+
+    def fn(x):
+        y = x * 2
+        torch._dynamo.graph_break()  # the eager part between the graphs calls the device's kernels
+        return torch.cos(y) + 1
+
+    x = torch.randn(3)
+    frames = counters["frames"]["total"]
+    assert_close(torch.compile(fn, backend="neuron")(x.to("neuron")).cpu(), fn(x))
+    assert counters["frames"]["total"] - frames == 2  # fn and its resumption, never a frame of our kernels
+
+
 # --- Hugging Face models that put such tensors in their graphs -----------------------------------
 
 _BENCH = Path(__file__).resolve().parent.parent / "benchmarks"

@@ -335,22 +335,24 @@ def run_eagerly(fn):
     return torch._dynamo.disable(fn)
 
 
-def skip_in_dynamo(package: str) -> None:
-    """Dynamo never compiles a frame of ``package`` (``torch._dynamo.trace_rules.add``, as for a library
-    Dynamo should not trace): C++ that runs inside a compiled region (DDP's reducer) calls the device's
-    Python kernels, whose frames Dynamo would otherwise compile, each a few times, to no graph."""
+def skip_in_dynamo(*packages: str) -> None:
+    """Dynamo never compiles a frame of these packages or modules (``torch._dynamo.trace_rules``' skip folders,
+    as ``trace_rules.add`` makes for a library Dynamo should not trace): C++ that runs inside a compiled region
+    (DDP's reducer, the eager part after a graph break) calls the device's Python kernels, whose frames Dynamo
+    would otherwise compile, each a few times, to no graph. Added together: the skip pattern is compiled once
+    (``add`` compiles it per name, about 10 ms each)."""
     from importlib.util import find_spec
 
     import torch._dynamo.trace_rules as rules
 
-    spec = find_spec(package)
-    if spec is None:
-        return
-    if spec.origin is not None:
-        rules.add(package)
-        return
-    # a namespace package (torch_mlir), which ``add`` ignores: its folders
-    rules.SKIP_DIRS.extend(location.rstrip("/") + "/" for location in spec.submodule_search_locations or ())
+    for package in packages:
+        spec = find_spec(package)
+        if spec is None:
+            continue
+        if spec.origin is not None:  # a module or a regular package: its file or folder
+            rules.SKIP_DIRS.append(rules._strip_init_py(spec.origin))
+        else:  # a namespace package (torch_mlir), which ``add`` ignores: its folders
+            rules.SKIP_DIRS.extend(location.rstrip("/") + "/" for location in spec.submodule_search_locations or ())
     rules._recompile_re()
 
 

@@ -51,7 +51,7 @@ import datetime
 
 import torch
 
-from . import _torch_hooks
+from . import _torch_hooks, hide_compile_stack_from_dynamo
 
 NAME = _torch_hooks.NAME
 
@@ -199,10 +199,6 @@ class NeuronWork(_torch_hooks.PythonWork):
 
 
 _hidden = False
-# an eager op's way down to XLA (not neuron_compile.cli, whose built-in models are for compiling)
-_COMPILE_STACK = ("neuron_compile.device", "neuron_compile.capture", "neuron_compile.lowering",
-                  "neuron_compile.decompositions", "neuron_compile.cache_key", "neuron_compile.compiler",
-                  "neuron_compile.output_views", "runtime", "passes", "torch_mlir", "jax", "jaxlib")
 
 
 def _hide_from_dynamo() -> None:
@@ -212,8 +208,7 @@ def _hide_from_dynamo() -> None:
     global _hidden
     if _hidden:
         return
-    for package in _COMPILE_STACK:
-        _torch_hooks.skip_in_dynamo(package)
+    hide_compile_stack_from_dynamo()
     for cls in (NeuronProcessGroup, NeuronWork):
         for name, value in list(vars(cls).items()):
             if callable(value) and not name.startswith("__") and not isinstance(value, type):
