@@ -38,9 +38,10 @@ PJRT buffer, ``resize_storage``), streams and events (``module``: torch.cpu's
 no-ops, the device runs in order), tracing an op called from inside DTensor's
 ``__torch_dispatch__`` (``trace``: ``_torch_hooks.plain_dispatch``). The first
 group makes its methods, and every frame of the eager ops' compile stack
-(``neuron_compile``'s but the CLI's, ``runtime``, ``passes``, ``torch_mlir``,
-jax), run without Dynamo: DDP's reducer calls them from C++ inside a
-compiled forward, and Dynamo would compile each frame (a 3x slower step).
+(``device.COMPILE_STACK``: ``neuron_compile``'s but the CLI's, ``runtime``,
+``passes``, ``torch_mlir``, jax; the backend hides that too), run without
+Dynamo: DDP's reducer calls them from C++ inside a compiled forward, and
+Dynamo would compile each frame (a 3x slower step).
 
 A torch.distributed or Dynamo private API used here goes through ``_torch_hooks``.
 """
