@@ -31,13 +31,13 @@ import torch.fx
 from runtime.artifact import Artifact, portable_stablehlo
 from runtime.cache import ArtifactCache, CacheResult, CompileCache, MemoryCache
 from runtime.cache_key import CacheKey
-from runtime.executor import (DEVICE_ADAPTERS, PersistentBuffers, XlaExecutable, platform_description, replicas_of,
-                              to_tensor)
+from runtime.executor import (PersistentBuffers, XlaExecutable, input_converter, platform_description, replicas_of,
+                              result_converter)
 
 from .cache_key import fx_cache_key, input_signature, output_signature, stablehlo_cache_key
 from .dump import GraphDump, pass_file_name
 from .capture.associative_scan import expand_associative_scans
-from .capture.graph_rewrites import device_arguments_to_cpu, fold_one_hot_sums, zero_size_values_to_constants
+from .capture.graph_rewrites import fold_one_hot_sums, one_device, zero_size_values_to_constants
 from .output_views import find_output_views, make_view
 from .lowering import drop_error_checks, lower_to_stablehlo
 from .lowering.collectives import collective_names, key_parts
@@ -60,18 +60,26 @@ class GraphPlan:
       input returned as is: AOTAutograd saves inputs for backward that way,
       and handing back the very tensor costs no copy), ``(CONSTANT, v)``
       (None gradients, sizes baked by specialization), or ``(EMPTY, (shape,
-      dtype))``: a zero-size tensor holds nothing to compute, and is made
+      dtype, device))``: a zero-size tensor holds nothing to compute, and is made
       fresh per call (batch norm's ``reserve``, an empty uint8 literal that
       Torch-MLIR does not lower), or ``(VIEW, OutputView)``: a view of an
       input or of another output, made from that base per call
       (``output_views``: AOTAutograd regenerates aliased outputs from the
       metadata of the tensor we return).
+    * ``device``: where the executable runs: the device (a registered one,
+      ``runtime.executor.DEVICE_ADAPTERS``) any value of the graph lives on,
+      else ``"cpu"``; ``xla_devices``: the device type of each XLA result (a
+      graph over neuron tensors may build a tensor on the host, or return one
+      there with ``.cpu()``; a graph with no input at all may build its
+      tensors on the device).
     """
 
     tensor_args: tuple[int, ...]
     outputs: tuple[tuple[int, object], ...]
     num_xla_outputs: int
     has_views: bool = False  # any (VIEW, ...) output: decided once, read per call
+    device: str = "cpu"
+    xla_devices: tuple[str, ...] = ()
 
 
 def plan_graph(gm: torch.fx.GraphModule) -> GraphPlan:
@@ -101,7 +109,7 @@ def plan_graph(gm: torch.fx.GraphModule) -> GraphPlan:
                 continue
             numel = val.numel()
             if isinstance(numel, int) and numel == 0:  # never guard on a data-dependent size
-                outputs.append((EMPTY, (tuple(val.shape), val.dtype)))
+                outputs.append((EMPTY, (tuple(val.shape), val.dtype, val.device.type)))
                 continue
             if value not in index_of:
                 index_of[value] = len(xla_nodes)
@@ -124,7 +132,18 @@ def plan_graph(gm: torch.fx.GraphModule) -> GraphPlan:
             )
     graph.eliminate_dead_code()
     gm.recompile()
-    return GraphPlan(tuple(tensor_args), tuple(outputs), len(xla_nodes), any(k == VIEW for k, _ in outputs))
+    return GraphPlan(tuple(tensor_args), tuple(outputs), len(xla_nodes), any(k == VIEW for k, _ in outputs),
+                     device=_graph_device(graph), xla_devices=tuple(n.meta["val"].device.type for n in xla_nodes))
+
+
+def _graph_device(graph: torch.fx.Graph) -> str:
+    """The device (not the host) any tensor value of the graph lives on, else ``"cpu"``."""
+    for node in graph.nodes:
+        val = node.meta.get("val")
+        for value in val if isinstance(val, (tuple, list)) else (val,):
+            if isinstance(value, torch.Tensor) and value.device.type not in ("cpu", "meta"):
+                return value.device.type
+    return "cpu"
 
 
 @dataclass
@@ -139,14 +158,16 @@ class Executable:
     # enough to find it again with no FX graph at hand (``cached_executable``)
     front: CacheKey | None = field(repr=False, default=None)
     signature: list | None = field(repr=False, default=None)
-    # how XLA results become tensors: CPU tensors sharing the buffer, or a device's tensors
-    to_tensor: object = field(repr=False, default=to_tensor)
-    device: str = "cpu"  # where its inputs and outputs live
 
     def __post_init__(self):
         if self.xla is not None and self.xla.target is not None:
             # an executable with collectives: its buffers live on the distributed client
             self.buffers = PersistentBuffers(self.xla.to_buffer)
+        elif self.plan.device != "cpu":
+            # on a device: a CPU input crosses by a transfer, kept while it is provably the same
+            self.buffers = PersistentBuffers(input_converter(self.plan.device), keep_host_inputs=True)
+        # how each XLA result becomes a tensor on the device the graph gives it
+        self._results = tuple(result_converter(self.plan.device, where) for where in self.plan.xla_devices)
 
     def __call__(self, args: list) -> list:
         plan = self.plan
@@ -160,14 +181,13 @@ class Executable:
             # AOTAutograd's boxed convention lets a compiled graph steal its argument list:
             # dropping it lets saved activations die as soon as XLA is done with them
             args.clear()
-            convert = self.to_tensor
-            results = [convert(a) for a in self.xla.run_buffers(buffers)]
+            results = [convert(a) for convert, a in zip(self._results, self.xla.run_buffers(buffers))]
             del buffers
         else:
             results = []
         passed.reverse()
         outs = [results[value] if kind == FROM_XLA else passed.pop() if kind == FROM_ARG
-                else torch.empty(value[0], dtype=value[1], device=self.device) if kind == EMPTY else value
+                else torch.empty(value[0], dtype=value[1], device=value[2]) if kind == EMPTY else value
                 for kind, value in plan.outputs]
         if plan.has_views:
             for index, (kind, value) in enumerate(plan.outputs):
@@ -179,10 +199,10 @@ class Executable:
 def prepare_graph(gm: torch.fx.GraphModule) -> GraphPlan:
     """Rewrite AOTAutograd's graph in place for XLA and plan it: expand ``associative_scan`` ops at
     the graph's sizes, drop what XLA never sees (linalg error checks, scalars, unused inputs,
-    passthrough outputs, device arguments), fold one-hot sums and make zero-size values constants."""
+    passthrough outputs, devices: ``one_device``), fold one-hot sums and make zero-size values constants."""
     expand_associative_scans(gm)
     drop_error_checks(gm)
-    device_arguments_to_cpu(gm)
+    one_device(gm)
     fold_one_hot_sums(gm)
     zero_size_values_to_constants(gm)
     return plan_graph(gm)
@@ -197,26 +217,16 @@ def op_counts(gm: torch.fx.GraphModule) -> dict[str, int]:
     return counts
 
 
-def _result_converter(gm: torch.fx.GraphModule) -> dict:
-    """Results come back on the device the graph's inputs are on (a registered device, or the CPU)."""
-    for node in gm.graph.nodes:
-        val = node.meta.get("val") if node.op == "placeholder" else None
-        if isinstance(val, torch.Tensor) and val.device.type in DEVICE_ADAPTERS:
-            return {"to_tensor": DEVICE_ADAPTERS[val.device.type].to_tensor, "device": val.device.type}
-    return {}
-
-
 def compile_graph(gm: torch.fx.GraphModule, *, report: CompileReport, options) -> Executable:
     """Compile one static, decomposed FX graph into an ``Executable``."""
     dump = GraphDump(options.dump_dir, report.graph) if options.dump_dir else None
-    convert = _result_converter(gm)
     plan = prepare_graph(gm)
     report.nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
     report.ops = op_counts(gm)
     if dump:
         dump.write("00-fx-graph.py", gm.print_readable(print_output=False, include_stride=True))
     if plan.num_xla_outputs == 0:
-        return Executable(plan, None, report, **convert)
+        return Executable(plan, None, report)
     collectives = collective_names(gm)  # lowering fuses the graph's nodes in place: read them first
     cache = compile_cache(options)
     if cache is None:
@@ -237,7 +247,7 @@ def compile_graph(gm: torch.fx.GraphModule, *, report: CompileReport, options) -
         dump.write_json("report.json", report.as_dict())
     if xla.target is not None:
         xla.what = f"graph {report.graph} ({', '.join(collectives)})"
-    return Executable(plan, xla, report, front=front, signature=signature, **convert)
+    return Executable(plan, xla, report, front=front, signature=signature)
 
 
 def cached_executable(front: CacheKey, plan: GraphPlan, signature: list, rebuild, *, report: CompileReport,

@@ -158,9 +158,11 @@ def platform_description() -> dict:
 _to_dlpack = torch._C._to_dlpack
 
 # Devices whose tensors already live in this client's buffers (the ``neuron`` device registers itself):
-# device type -> an adapter with ``to_buffer(tensor)`` (the tensor's own PJRT buffer, no copy) and
-# ``to_tensor(array)`` (a device tensor holding an XLA result). Graphs whose inputs are on such a
-# device take their buffers as they are and return device tensors.
+# device type -> an adapter with ``to_buffer(tensor)`` (the tensor's own PJRT buffer, no copy),
+# ``to_tensor(array)`` (a device tensor holding an XLA result), ``host_to_buffer(tensor)`` and
+# ``to_host(array)`` (copies through PJRT's transfer API). An executable that runs on such a device
+# takes its tensors' buffers as they are and returns device tensors; a CPU tensor crosses in or out
+# by a transfer, as it would to memory that is not the host's.
 DEVICE_ADAPTERS: dict = {}
 
 
@@ -168,14 +170,41 @@ def register_device_adapter(device_type: str, adapter) -> None:
     DEVICE_ADAPTERS[device_type] = adapter
 
 
+def _adapter(device_type: str):
+    adapter = DEVICE_ADAPTERS.get(device_type)
+    if adapter is None:
+        raise RuntimeError(f"a {device_type} tensor reached the XLA executor: only CPU tensors and "
+                           f"tensors of {sorted(DEVICE_ADAPTERS) or 'no device'} can be its inputs")
+    return adapter
+
+
 def _to_buffer(tensor: torch.Tensor):
     if tensor.device.type != "cpu":
-        adapter = DEVICE_ADAPTERS.get(tensor.device.type)
-        if adapter is None:
-            raise RuntimeError(f"a {tensor.device} tensor reached the XLA executor: only CPU tensors and "
-                               f"tensors of {sorted(DEVICE_ADAPTERS) or 'no device'} can be its inputs")
-        return adapter.to_buffer(tensor)
+        return _adapter(tensor.device.type).to_buffer(tensor)
     return dlpack_buffer(tensor, _device())
+
+
+def input_converter(device: str):
+    """How an executable that runs on ``device`` takes a tensor: as its buffer (a CPU tensor's memory on
+    the host, a device tensor's own buffer); on a device, a CPU tensor (a 0-d scalar, a tensor the graph
+    moves onto the device) crosses through the device's transfer API."""
+    if device == "cpu":
+        return _to_buffer
+    host_to_buffer = _adapter(device).host_to_buffer
+
+    def convert(tensor: torch.Tensor):
+        return host_to_buffer(tensor) if tensor.device.type == "cpu" else _to_buffer(tensor)
+
+    return convert
+
+
+def result_converter(device: str, where: str):
+    """How an XLA result of an executable that runs on ``device`` becomes a tensor on ``where`` (its
+    device, or the host through the device's transfer API)."""
+    if device == "cpu":
+        return _to_tensor
+    adapter = _adapter(device)
+    return adapter.to_host if where == "cpu" else adapter.to_tensor
 
 
 def dlpack_buffer(tensor: torch.Tensor, device):
@@ -302,14 +331,18 @@ class PersistentBuffers:
     version counter, which every in-place update (an optimizer step, ``p.data``
     surgery, ``copy_``) bumps. Anything else is converted afresh. Only
     parameters and other leaves that require grad are kept: activations change
-    every call and holding on to them would only keep memory alive.
+    every call and holding on to them would only keep memory alive. An
+    executable on a device also keeps every CPU input (``keep_host_inputs``):
+    each is a transfer to the device, and what a model on a device hands its
+    graph from the host is a constant (a 0-d scalar, a bias built on the host).
     """
 
-    __slots__ = ("_entries", "_convert")
+    __slots__ = ("_entries", "_convert", "_keep_host")
 
-    def __init__(self, convert=None):
+    def __init__(self, convert=None, keep_host_inputs: bool = False):
         self._entries: dict[int, tuple] = {}
         self._convert = convert or _to_buffer  # a distributed executable's buffers live on its own client
+        self._keep_host = keep_host_inputs
 
     def get(self, position: int, tensor: torch.Tensor):
         entry = self._entries.get(position)
@@ -320,7 +353,7 @@ class PersistentBuffers:
         buffer = self._convert(tensor)
         # a device tensor is its buffer already, and its data_ptr() tells nothing: never kept (so the
         # device check stays off the path of a kept parameter, taken every call)
-        if tensor.device.type == "cpu" and (isinstance(tensor, torch.nn.Parameter)
+        if tensor.device.type == "cpu" and (self._keep_host or isinstance(tensor, torch.nn.Parameter)
                                             or (tensor.requires_grad and tensor.is_leaf)):
             self._entries[position] = (weakref.ref(tensor), tensor._version, tensor.data_ptr(), buffer)
         return buffer

@@ -113,6 +113,24 @@ def test_torch_compile_with_no_backend_named_routes_neuron_graphs_to_ours(monkey
     assert len(seen) == 1
 
 
+def test_dynamo_records_example_values_so_a_graph_building_on_neuron_from_no_input_routes_to_ours(monkeypatch):
+    import torch._inductor.compile_fx as compile_fx
+
+    def build():
+        return torch.arange(4.0, device="neuron") * 2
+
+    graphs = []
+    torch.compile(build, backend=lambda gm, inputs: graphs.append(gm) or gm.forward)()
+    (gm,) = graphs  # what the routing reads: Dynamo's fake value of each node, on its device
+    assert {n.meta["example_value"].device.type for n in gm.graph.nodes if n.op == "call_function"} == {"neuron"}
+    seen = []
+    monkeypatch.setattr(compile_fx, "compile_fx", lambda gm, inputs, **kw: seen.append(gm) or gm.forward)
+    torch._dynamo.reset()
+    out = torch.compile(build)()
+    assert not seen and out.device.type == "neuron"
+    torch.testing.assert_close(out.cpu(), torch.arange(4.0) * 2)
+
+
 def test_pin_memory_for_the_device_is_a_host_copy():
     """``DataLoader(pin_memory=True)`` pins for the current accelerator, ``neuron``: a plain host copy
     (pinning needs a C++ allocator; PJRT transfers from any host memory)."""
@@ -189,8 +207,8 @@ def test_dynamo_disable_and_skip_folders_keep_dynamo_out():
 
     import neuron_compile.cache_key as cache_key
 
-    _torch_hooks.skip_in_dynamo("torch_mlir")  # a namespace package: its folder
-    _torch_hooks.skip_in_dynamo("neuron_compile.cache_key")  # a module: its file
+    # a namespace package (its folder) and a module (its file), in one call
+    _torch_hooks.skip_in_dynamo("torch_mlir", "neuron_compile.cache_key")
     assert rules.check_file(fx_importer.__file__).skipped
     assert rules.check_file(cache_key.__file__).skipped
     fn = _torch_hooks.run_eagerly(lambda x: x + 1)

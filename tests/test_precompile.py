@@ -93,7 +93,15 @@ SCRIPT = textwrap.dedent('''
         def step(x):
             return decorated(x)
     compiled = torch.compile(step, backend="neuron")
-    if sys.argv[1] == "optimizer":
+    if sys.argv[1] == "device":  # on neuron tensors: the loaded executable gives neuron tensors too
+        cpu_model = copy.deepcopy(model)
+        model.to("neuron")
+        with torch.no_grad():
+            for inp in (x, torch.randn(8, 16)):
+                got = compiled(inp.to("neuron"))
+                assert got.device.type == "neuron", got.device
+                torch.testing.assert_close(got.cpu(), cpu_model(inp), rtol=1e-5, atol=1e-6)
+    elif sys.argv[1] == "optimizer":
         twin = copy.deepcopy(model)
         compiled_losses = [compiled(x) for _ in range(3)]
         model.load_state_dict(twin.state_dict())
@@ -149,7 +157,7 @@ def _run(tmp_path: Path, mode: str, **env) -> dict:
     return dict(json.loads(line[len("RESULT "):]), stderr=done.stderr)
 
 
-@pytest.mark.parametrize("mode", ["infer", "train"])
+@pytest.mark.parametrize("mode", ["infer", "train", "device"])
 def test_second_process_does_not_trace_lower_or_compile(tmp_path, mode):
     first = _run(tmp_path, mode)
     assert first["graphs"] >= 1 and first["xla_compiles"] >= 1 and first["precompile_saves"] >= 1

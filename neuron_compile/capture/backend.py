@@ -50,6 +50,7 @@ from torch._inductor.output_code import OutputCode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..compiler import Executable, cached_executable
+from ..device import hide_compile_stack_from_dynamo as _hide_compile_stack_from_dynamo
 from ..output_views import _storage, find_output_views, make_view
 from ..report import COUNTERS, CompileReport, record
 from .associative_scan import install as _install_associative_scan, mark_backend
@@ -587,3 +588,4 @@ if os.environ.get("NEURON_COMPILE_PRECOMPILE", "").strip().lower() in ("1", "tru
 
 
 _install_associative_scan()  # before Dynamo traces a frame for this backend
+_hide_compile_stack_from_dynamo()  # before Dynamo runs a compiled function, whose eager parts reach our kernels

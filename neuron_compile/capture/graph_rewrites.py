@@ -265,10 +265,22 @@ def zero_size_values_to_constants(gm: torch.fx.GraphModule) -> int:
     return replaced
 
 
-def device_arguments_to_cpu(gm: torch.fx.GraphModule) -> int:
-    """``device=neuron:0`` arguments (factories in a graph over neuron tensors: ReLU's backward makes a
-    ``scalar_tensor`` on the inputs' device) become ``cpu``: XLA has one device, and Torch-MLIR does not
-    legalize a non-CPU device. Returns how many arguments changed."""
+def one_device(gm: torch.fx.GraphModule) -> int:
+    """Say what a graph over device tensors says about devices for XLA's one device, in place (the
+    executable runs where its buffers are; ``GraphPlan`` keeps where each result goes). Returns how
+    many places changed.
+
+    * ``device=neuron:0`` arguments become ``cpu``: Torch-MLIR legalizes no other device (factories
+      in a graph over neuron tensors: ReLU's backward makes a ``scalar_tensor`` on the inputs' device);
+    * ``prims.device_put`` (``.to(device)`` decomposed: a rope's CPU-built frequencies moved to the
+      model's device, a ``.cpu()`` inside the graph) becomes a copy of its input, which Torch-MLIR lowers;
+    * a tensor constant on a device (AOTAutograd lifts ``torch.tensor([-1], device=x.device)`` into
+      the graph as an attribute holding a real device tensor) becomes its host copy, read once here
+      through the device's own copy to the host (its transfer API): the importer reads constants on
+      the host, and a device tensor has no host memory.
+    """
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
     changed = 0
 
     def to_cpu(value):
@@ -282,6 +294,17 @@ def device_arguments_to_cpu(gm: torch.fx.GraphModule) -> int:
         if node.op == "call_function":
             node.args = torch.fx.node.map_aggregate(node.args, to_cpu)
             node.kwargs = torch.fx.node.map_aggregate(node.kwargs, to_cpu)
+            if node.target is torch.ops.prims.device_put.default:
+                node.target, node.args, node.kwargs = aten.clone.default, node.args[:1], {}
+                changed += 1
+        elif node.op == "get_attr":
+            owner, _, name = str(node.target).rpartition(".")
+            module = gm.get_submodule(owner) if owner else gm
+            value = getattr(module, name)
+            if isinstance(value, torch.Tensor) and value.device.type not in ("cpu", "meta"):
+                with unset_fake_temporarily():  # AOTAutograd compiles under its FakeTensorMode
+                    setattr(module, name, value.detach().cpu())
+                changed += 1
     if changed:
         gm.recompile()
     return changed

@@ -296,7 +296,7 @@ def print_through_cpu() -> None:
 
 
 def route_default_compiler(compiler) -> None:
-    """``torch.compile(model)`` (backend "inductor", the default) compiles a graph whose inputs are on
+    """``torch.compile(model)`` (backend "inductor", the default) compiles a graph that holds a tensor on
     ``neuron`` with ``compiler(gm, example_inputs, inductor_config=...)``; every other graph still goes to Inductor.
 
     torch 2.13 offers a device no public way to choose its default compiler: Inductor's
@@ -306,14 +306,23 @@ def route_default_compiler(compiler) -> None:
     call is where the graph's device is known. Inductor cannot compile a neuron graph at all (it
     fails with ``KeyError: 'neuron'``), so nothing that worked is taken away. Inductor's options and
     mode do not apply to our compiler: they are passed on so that it can say it ignores them.
+
+    A graph is on ``neuron`` when an input is, or when it makes a neuron tensor from no neuron input
+    (MPT's alibi bias: factories with ``device=neuron``): Dynamo records each node's fake value under
+    ``node.meta["example_value"]``.
     """
     wrapper = torch._TorchCompileInductorWrapper
     original = wrapper.__call__
     if getattr(original, "_neuron", False):
         return
 
+    def on_device(value) -> bool:
+        if isinstance(value, (tuple, list)):
+            return any(map(on_device, value))
+        return isinstance(value, torch.Tensor) and value.device.type == NAME
+
     def __call__(self, model_, inputs_, *args, **kwargs):
-        if any(isinstance(x, torch.Tensor) and x.device.type == NAME for x in inputs_):
+        if on_device(list(inputs_)) or any(on_device(n.meta.get("example_value")) for n in model_.graph.nodes):
             return compiler(model_, inputs_, inductor_config=self.config)
         return original(self, model_, inputs_, *args, **kwargs)
 
@@ -409,22 +418,24 @@ def run_eagerly(fn):
     return torch._dynamo.disable(fn)
 
 
-def skip_in_dynamo(package: str) -> None:
-    """Dynamo never compiles a frame of ``package`` (``torch._dynamo.trace_rules.add``, as for a library
-    Dynamo should not trace): C++ that runs inside a compiled region (DDP's reducer) calls the device's
-    Python kernels, whose frames Dynamo would otherwise compile, each a few times, to no graph."""
+def skip_in_dynamo(*packages: str) -> None:
+    """Dynamo never compiles a frame of these packages or modules (``torch._dynamo.trace_rules``' skip folders,
+    as ``trace_rules.add`` makes for a library Dynamo should not trace): C++ that runs inside a compiled region
+    (DDP's reducer, the eager part after a graph break) calls the device's Python kernels, whose frames Dynamo
+    would otherwise compile, each a few times, to no graph. Added together: the skip pattern is compiled once
+    (``add`` compiles it per name, about 10 ms each)."""
     from importlib.util import find_spec
 
     import torch._dynamo.trace_rules as rules
 
-    spec = find_spec(package)
-    if spec is None:
-        return
-    if spec.origin is not None:
-        rules.add(package)
-        return
-    # a namespace package (torch_mlir), which ``add`` ignores: its folders
-    rules.SKIP_DIRS.extend(location.rstrip("/") + "/" for location in spec.submodule_search_locations or ())
+    for package in packages:
+        spec = find_spec(package)
+        if spec is None:
+            continue
+        if spec.origin is not None:  # a module or a regular package: its file or folder
+            rules.SKIP_DIRS.append(rules._strip_init_py(spec.origin))
+        else:  # a namespace package (torch_mlir), which ``add`` ignores: its folders
+            rules.SKIP_DIRS.extend(location.rstrip("/") + "/" for location in spec.submodule_search_locations or ())
     rules._recompile_re()
 
 

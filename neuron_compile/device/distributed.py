@@ -38,9 +38,10 @@ PJRT buffer, ``resize_storage``), streams and events (``module``: torch.cpu's
 no-ops, the device runs in order), tracing an op called from inside DTensor's
 ``__torch_dispatch__`` (``trace``: ``_torch_hooks.plain_dispatch``). The first
 group makes its methods, and every frame of the eager ops' compile stack
-(``neuron_compile``'s but the CLI's, ``runtime``, ``passes``, ``torch_mlir``,
-jax), run without Dynamo: DDP's reducer calls them from C++ inside a
-compiled forward, and Dynamo would compile each frame (a 3x slower step).
+(``device.COMPILE_STACK``: ``neuron_compile``'s but the CLI's, ``runtime``,
+``passes``, ``torch_mlir``, jax; the backend hides that too), run without
+Dynamo: DDP's reducer calls them from C++ inside a compiled forward, and
+Dynamo would compile each frame (a 3x slower step).
 
 A torch.distributed or Dynamo private API used here goes through ``_torch_hooks``.
 """
@@ -51,7 +52,7 @@ import datetime
 
 import torch
 
-from . import _torch_hooks
+from . import _torch_hooks, hide_compile_stack_from_dynamo
 
 NAME = _torch_hooks.NAME
 
@@ -208,9 +209,7 @@ def _hide_from_dynamo() -> None:
     global _hidden
     if _hidden:
         return
-    from .kernels import hide_from_dynamo
-
-    hide_from_dynamo()
+    hide_compile_stack_from_dynamo()
     for cls in (NeuronProcessGroup, NeuronWork):
         for name, value in list(vars(cls).items()):
             if callable(value) and not name.startswith("__") and not isinstance(value, type):

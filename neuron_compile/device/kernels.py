@@ -13,7 +13,7 @@ CPU's numbers), ``native_dropout`` (the noise CPU's dropout draws), and
 advanced indexing (``index``, ``index_put_``: CPU index tensors are moved to
 the device as ATen moves them; a boolean mask's selection runs on the host).
 From the first op on, Dynamo never traces the eager ops' compile stack
-(``hide_from_dynamo``).
+(``device.hide_compile_stack_from_dynamo``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import functools
 
 import torch
 
-from . import _torch_hooks, ops
+from . import _torch_hooks, hide_compile_stack_from_dynamo, ops
 from . import storage as _storage
 from .storage import check_device, new_tensor
 
@@ -75,27 +75,8 @@ def register_direct_kernels() -> None:
 
     autocast.register()  # only neuron tensors reach autocast kernels: none exists before this first op
     register_device_adapter(_torch_hooks.NAME, ops.ExecutorAdapter)
-    hide_from_dynamo()
-
-
-# an eager op's way down to XLA (not neuron_compile.cli, whose built-in models are for compiling)
-COMPILE_STACK = ("neuron_compile.device", "neuron_compile.capture", "neuron_compile.lowering",
-                 "neuron_compile.decompositions", "neuron_compile.cache_key", "neuron_compile.compiler",
-                 "neuron_compile.output_views", "runtime", "passes", "torch_mlir", "jax", "jaxlib")
-_hidden = False
-
-
-def hide_from_dynamo() -> None:
-    """Dynamo never compiles a frame of the eager ops' compile stack. Inside a compiled function, C++ calls
-    our kernels from stretches that run eagerly (a module Dynamo skips, as it does ``nn.LSTM``, or falls
-    back from; DDP's reducer): Dynamo would compile each of their frames, to no graph, up to its
-    recompile limit, and failed doing so. Dynamo is loaded by then (tracing an op imports it)."""
-    global _hidden
-    if _hidden:
-        return
-    for package in COMPILE_STACK:
-        _torch_hooks.skip_in_dynamo(package)
-    _hidden = True
+    # inside a compiled function, a module Dynamo skips (nn.LSTM) runs its ops through our kernels
+    hide_compile_stack_from_dynamo()
 
 
 def _registered_for(key: str) -> list:

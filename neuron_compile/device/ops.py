@@ -258,7 +258,18 @@ def resize_(tensor: torch.Tensor, size, memory_format=None) -> torch.Tensor:
 
 class ExecutorAdapter:
     """How compiled graphs (``torch.compile(..., backend="neuron")``) take and give neuron tensors: a
-    tensor's own storage buffer is the executable's input (no copy), a result is a neuron tensor."""
+    tensor's own storage buffer is the executable's input (no copy), a result is a neuron tensor; a CPU
+    tensor the graph takes or gives crosses through the transfer API (a host copy, counted)."""
+
+    @staticmethod
+    def host_to_buffer(tensor: torch.Tensor):
+        COUNTS["host_copies"] += 1
+        return _storage.host_to_buffer(tensor)
+
+    @staticmethod
+    def to_host(array) -> torch.Tensor:
+        COUNTS["host_copies"] += 1
+        return _storage.buffer_to_host(array, _storage.torch_dtype(array.dtype))
 
     @staticmethod
     def to_buffer(tensor: torch.Tensor):

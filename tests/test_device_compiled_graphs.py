@@ -1,0 +1,167 @@
+"""Compiled graphs over ``neuron`` tensors take whatever the model puts in them.
+
+A model on the device hands its compiled graphs more than device inputs:
+constants AOTAutograd lifts out of the code (``torch.tensor([-1],
+device=x.device)``: a real device tensor, which has no host memory for the
+importer to read), CPU tensors (a 0-d scalar, as eager CUDA allows; a rope's
+frequencies built on the host and moved), tensors built on the device from no
+device input at all (MPT's alibi bias), and moves between devices inside the
+graph (``.to(device)``, ``.cpu()``: ``prims.device_put`` after decomposition).
+Each case is compared with CPU eager; what crosses to or from the host is
+counted (a CPU constant is transferred once, not per call); the Hugging Face
+models that failed that way generate CPU's tokens with a static cache.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from neuron_compile import report
+from neuron_compile.device.opkernel import COUNTS
+
+
+def _compiles() -> tuple[int, int]:
+    return report.COUNTERS["lowerings"], report.COUNTERS["xla_compiles"]
+
+
+class _Literals(torch.nn.Module):
+    """A device tensor attribute that is no parameter or buffer, and literals made on the inputs' device."""
+
+    def __init__(self, device):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.table = torch.arange(8.0, device=device).view(2, 4)
+
+    def forward(self, x):
+        rows = torch.tensor([2, 0], device=x.device)  # AOTAutograd lifts it: a constant on the device
+        offsets = torch.tensor([[0.5, -1.0, 2.0, 0.25]], device=x.device)
+        return self.linear(x).index_select(0, rows) + offsets + self.table
+
+
+def test_device_constants_in_a_compiled_graph_are_read_through_the_transfer_api():
+    torch.manual_seed(0)
+    cpu = _Literals("cpu")
+    model = _Literals("neuron")
+    model.linear.load_state_dict(cpu.linear.state_dict())
+    model.linear.to("neuron")
+    x = torch.randn(3, 4)
+    compiled = torch.compile(model, backend="neuron")
+    with torch.no_grad():
+        got = compiled(x.to("neuron"))
+        assert got.device.type == "neuron"
+        assert_close(got.cpu(), cpu(x))
+        compiles, copies = _compiles(), COUNTS["host_copies"]
+        assert_close(compiled(x.to("neuron")).cpu(), cpu(x))
+    assert _compiles() == compiles
+    assert COUNTS["host_copies"] == copies + 2  # the input over, the result back: the constants stay put
+
+
+def test_cpu_tensors_mixed_into_a_device_graph_cross_once():
+    def fn(x, scale):
+        # a 0-d CPU tensor argument, a 0-d CPU literal, and a bias built on the host and moved
+        bias = (torch.arange(4, dtype=torch.float32) / 4).to(x.device)
+        return x * scale + torch.tensor(2.0) + bias
+
+    x, scale = torch.randn(3, 4), torch.tensor(3.0)
+    compiled = torch.compile(fn, backend="neuron")
+    dx = x.to("neuron")
+    got = compiled(dx, scale)
+    assert got.device.type == "neuron"
+    assert_close(got.cpu(), fn(x, scale))
+    compiles, copies = _compiles(), COUNTS["host_copies"]
+    assert_close(compiled(dx, scale).cpu(), fn(x, scale))
+    assert COUNTS["host_copies"] == copies + 1  # the result's .cpu(): the CPU scalar is not moved again
+    scale.fill_(-2.0)  # the same tensor, changed in place: moved again
+    assert_close(compiled(dx, scale).cpu(), fn(x, scale))
+    assert_close(compiled(dx, torch.tensor(0.5)).cpu(), fn(x, torch.tensor(0.5)))
+    assert _compiles() == compiles
+
+
+def _alibi(heads: int, length: int, device):
+    """MPT's alibi bias: made from factories alone, on the device it is asked for."""
+    alibi = torch.arange(1 - length, 1, dtype=torch.int32, device=device).view(1, 1, 1, length)
+    base = torch.arange(1, heads + 1, dtype=torch.int64, device=device).float() * (8 / heads)
+    slopes = (1.0 / torch.pow(2, base)).view(1, heads, 1, 1)
+    return (alibi * slopes).squeeze(0)
+
+
+@pytest.mark.parametrize("backend", ["neuron", None])
+def test_a_graph_with_no_device_input_builds_its_tensors_on_the_device(backend):
+    compiled = torch.compile(_alibi, backend=backend) if backend else torch.compile(_alibi)
+    got = compiled(4, 8, torch.device("neuron"))
+    assert got.device.type == "neuron"  # not a CPU tensor of XLA's results, and not Inductor's failure
+    assert_close(got.cpu(), _alibi(4, 8, "cpu"))
+    scores = torch.randn(1, 4, 3, 8)
+    assert_close((scores.to("neuron") + got).cpu(), scores + _alibi(4, 8, "cpu"))
+
+
+def test_moves_between_devices_inside_a_graph_lower_and_land_where_eager_puts_them():
+    def fn(x, y):
+        moved = y.to(x.device)                      # prims.device_put onto the device
+        on_host = (x + moved).cpu()                 # and off it
+        wide = x.to("cpu", torch.float64)           # _to_copy with a device and a dtype
+        relu = torch.where(x > 0, x, torch.scalar_tensor(0.0, device=x.device))
+        return on_host * 2, wide, relu, torch.zeros(0, 4, device=x.device), torch.zeros(0, 2)
+
+    x, y = torch.randn(2, 4), torch.randn(2, 4)
+    want = fn(x, y)
+    got = torch.compile(fn, backend="neuron")(x.to("neuron"), y)
+    assert [t.device.type for t in got] == ["cpu", "cpu", "neuron", "neuron", "cpu"]
+    for g, w in zip(got, want):
+        assert_close(g.cpu(), w)
+
+
+def test_dynamo_compiles_only_the_users_frames_around_a_graph_break():
+    from torch._dynamo.utils import counters
+
+    def fn(x):
+        y = x * 2
+        torch._dynamo.graph_break()  # the eager part between the graphs calls the device's kernels
+        return torch.cos(y) + 1
+
+    x = torch.randn(3)
+    frames = counters["frames"]["total"]
+    assert_close(torch.compile(fn, backend="neuron")(x.to("neuron")).cpu(), fn(x))
+    assert counters["frames"]["total"] - frames == 2  # fn and its resumption, never a frame of our kernels
+
+
+# --- Hugging Face models that put such tensors in their graphs -----------------------------------
+
+_BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", [
+    "mistral",  # sliding window: the static cache's roll indexes with torch.tensor([-1], device=...)
+    "gemma2",   # sliding and full layers
+    "mpt",      # alibi bias built from factories in a graph of its own (no device input)
+    "phimoe",   # rope frequencies built on the host, then .to(device): prims.device_put
+])
+def test_generate_with_a_static_cache_gives_cpu_tokens(arch, tmp_path):
+    transformers = pytest.importorskip("transformers", reason="transformers is a test extra")
+    sys.path.insert(0, str(_BENCH))
+    try:
+        import zoo_configs
+    finally:
+        sys.path.remove(str(_BENCH))
+    torch.manual_seed(0)
+    cfg = zoo_configs.tiny_config(arch)
+    cfg.use_cache = True
+    cpu = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
+    cpu.save_pretrained(tmp_path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, device_map="neuron")
+    assert model.device.type == "neuron"
+    ids = torch.randint(3, 128, (1, 10))  # longer than the sliding window (8)
+    kwargs = dict(max_new_tokens=4, cache_implementation="static", do_sample=False)
+    want = cpu.generate(ids, **kwargs)
+    got = model.generate(ids.to("neuron"), **kwargs)
+    assert "inference" in {r.kind for r in report.compile_reports()}  # generate compiled the forward
+    assert got.device.type == "neuron" and got.cpu().tolist() == want.tolist()
+    compiles = _compiles()
+    assert model.generate(ids.to("neuron"), **kwargs).cpu().tolist() == want.tolist()
+    assert _compiles() == compiles
