@@ -281,6 +281,7 @@ def test_an_op_that_runs_nowhere_says_so(monkeypatch):
 
 _FIRST_USE = """
     import torch
+    m = torch.nn.Linear(2, 2).to("neuron")  # a copy to the device first: it imports jax before our client
     x = torch.ones(4, device="neuron") + 1
     import jax.numpy as jnp  # a library that makes a client of its own after ours
     jnp.zeros(2).block_until_ready()
