@@ -82,8 +82,12 @@ def run_suite(tests_dir: Path, file: str, device: str, raw: Path, keyword: str |
         if left is not None and left <= 0:
             print(f"  {file} [{device}]: time budget spent; --resume goes on", flush=True)
             break
-        proc = subprocess.run(command, cwd=tests_dir, env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, timeout=left)
+        try:
+            proc = subprocess.run(command, cwd=tests_dir, env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, timeout=left)
+        except subprocess.TimeoutExpired:  # the budget ran out mid-run: the test that was running goes on later
+            print(f"  {file} [{device}]: time budget spent; --resume goes on", flush=True)
+            break
         dead = _mark_crash(records, proc.returncode)
         after = _record_count(records)
         print(f"  {file} [{device}]: pytest exited {proc.returncode}, {after} tests recorded"

@@ -177,6 +177,13 @@ def register_device_adapter(device_type: str, adapter) -> None:
 def _adapter(device_type: str):
     adapter = DEVICE_ADAPTERS.get(device_type)
     if adapter is None:
+        # a device made in Python registers its adapter at its first op; a compiled graph that makes the
+        # device's tensors from none (factories alone) can come first: torch's device module readies it
+        init = getattr(getattr(torch, device_type, None), "_lazy_init", None)
+        if init is not None:
+            init()
+            adapter = DEVICE_ADAPTERS.get(device_type)
+    if adapter is None:
         raise RuntimeError(f"a {device_type} tensor reached the XLA executor: only CPU tensors and "
                            f"tensors of {sorted(DEVICE_ADAPTERS) or 'no device'} can be its inputs")
     return adapter
@@ -336,9 +343,10 @@ class PersistentBuffers:
     surgery, ``copy_``) bumps. Anything else is converted afresh. Only
     parameters and other leaves that require grad are kept: activations change
     every call and holding on to them would only keep memory alive. An
-    executable on a device also keeps every CPU input (``keep_host_inputs``):
-    each is a transfer to the device, and what a model on a device hands its
-    graph from the host is a constant (a 0-d scalar, a bias built on the host).
+    executable on a device also keeps its 0-d CPU inputs (``keep_host_inputs``):
+    each is a transfer to the device, and a scalar a model on a device hands its
+    graph from the host is a constant; a larger CPU tensor crosses every call (a
+    write through ``.data`` or a numpy array behind it does not bump its version).
     """
 
     __slots__ = ("_entries", "_convert", "_keep_host")
@@ -357,7 +365,8 @@ class PersistentBuffers:
         buffer = self._convert(tensor)
         # a device tensor is its buffer already, and its data_ptr() tells nothing: never kept (so the
         # device check stays off the path of a kept parameter, taken every call)
-        if tensor.device.type == "cpu" and (self._keep_host or isinstance(tensor, torch.nn.Parameter)
+        if tensor.device.type == "cpu" and ((self._keep_host and tensor.dim() == 0)
+                                            or isinstance(tensor, torch.nn.Parameter)
                                             or (tensor.requires_grad and tensor.is_leaf)):
             self._entries[position] = (weakref.ref(tensor), tensor._version, tensor.data_ptr(), buffer)
         return buffer

@@ -14,6 +14,7 @@ models that failed that way generate CPU's tokens with a static cache.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -165,3 +166,32 @@ def test_generate_with_a_static_cache_gives_cpu_tokens(arch, tmp_path):
     compiles = _compiles()
     assert model.generate(ids.to("neuron"), **kwargs).cpu().tolist() == want.tolist()
     assert _compiles() == compiles
+
+
+def test_a_cpu_tensor_refilled_behind_its_version_is_read_again():
+    # a CPU tensor larger than a scalar crosses every call: a write through .data (or a numpy array behind
+    # it) does not bump its version, so a kept transfer would be stale
+    def fn(x, b):
+        return x + b.to(x.device)
+
+    x, b = torch.randn(3, 4), torch.ones(4)
+    compiled = torch.compile(fn, backend="neuron")
+    dx = x.to("neuron")
+    assert_close(compiled(dx, b).cpu(), x + b)
+    b.data.fill_(5.0)
+    assert_close(compiled(dx, b).cpu(), x + 5.0)
+
+
+def test_a_graph_of_factories_alone_runs_first_in_a_fresh_process(tmp_path):
+    # no eager op has run, so nothing has readied the device for the executor: the executable asks
+    # torch.neuron._lazy_init for it
+    import subprocess
+
+    code = ("import torch\n"
+            "f = torch.compile(lambda n: torch.arange(n, device='neuron') * 2, backend='neuron')\n"
+            "out = f(4)\n"
+            "print(out.device, out.cpu().tolist())\n")
+    env = dict(os.environ, NEURON_COMPILE_CACHE_DIR=str(tmp_path / "cache"))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "neuron:0 [0, 2, 4, 6]" in result.stdout

@@ -130,7 +130,7 @@ def test_as_strided_inplace_past_the_storage_raises_like_cpu(made_by):
     for device in ("cpu", "neuron"):
         base = torch.zeros(2, 3).to(device)
         base = base if made_by == "copy" else base * 1
-        with pytest.raises(RuntimeError, match="out of bounds|need a storage of 28 bytes"):
+        with pytest.raises(RuntimeError, match="out of bounds"):
             base.as_strided_((2, 3), (3, 1), 1)
 
 

@@ -19,6 +19,7 @@ From the first op on, Dynamo never traces the eager ops' compile stack
 from __future__ import annotations
 
 import functools
+import sys
 
 import torch
 
@@ -75,8 +76,10 @@ def register_direct_kernels() -> None:
 
     autocast.register()  # only neuron tensors reach autocast kernels: none exists before this first op
     register_device_adapter(_torch_hooks.NAME, ops.ExecutorAdapter)
-    # inside a compiled function, a module Dynamo skips (nn.LSTM) runs its ops through our kernels
-    hide_compile_stack_from_dynamo()
+    if "torch._dynamo" in sys.modules:  # not imported for an eager-only process (about a second)
+        # inside a compiled function, a module Dynamo skips (nn.LSTM) runs its ops through our kernels;
+        # a torch.compile that comes later hides them when it looks our backend up
+        hide_compile_stack_from_dynamo()
 
 
 def _registered_for(key: str) -> list:
@@ -266,16 +269,14 @@ def _resize(op, tensor, size, memory_format=None):
 @kernel(aten.as_strided_.default)
 def _as_strided_(op, tensor, size, stride, storage_offset=None):
     # what t_, transpose_, squeeze_... come to. The Meta as_strided_ checks the bounds against the
-    # storage's byte size, which only an addressed storage has (an op result's is 0 bytes): checked
-    # here against the data's, then ``place`` sets the metadata
-    offset = tensor.storage_offset() if storage_offset is None else storage_offset
+    # storage's byte size, which only an addressed storage has (an op result's is 0 bytes): it runs on a
+    # meta tensor over a storage as large as the data (CPU's checks and messages), then ``place`` sets
+    # the metadata on ours
     data = _storage.data_of(tensor)
-    needed = _storage.storage_extent(size, stride, offset) * tensor.dtype.itemsize
-    if needed > data.numel * data.dtype.itemsize:
-        raise RuntimeError(f"as_strided_: sizes {list(size)}, strides {list(stride)}, storage offset {offset} "
-                           f"and itemsize {tensor.dtype.itemsize} need a storage of {needed} bytes; the "
-                           f"tensor's holds {data.numel * data.dtype.itemsize}")
-    return _torch_hooks.place(tensor, tensor.untyped_storage(), offset, size, stride)
+    meta = torch.empty(data.numel * data.dtype.itemsize // tensor.dtype.itemsize, dtype=tensor.dtype,
+                       device="meta").as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())
+    op(meta, size, stride, storage_offset)
+    return _torch_hooks.place(tensor, tensor.untyped_storage(), meta.storage_offset(), meta.shape, meta.stride())
 
 
 @kernel(aten.set_.source_Tensor, aten.set_.source_Storage, aten.set_.source_Storage_storage_offset)

@@ -21,6 +21,15 @@ def is_initialized() -> bool:
     return True
 
 
+def _lazy_init() -> None:
+    """Make the device ready for its first op (``torch.cuda._lazy_init``'s name): its direct kernels, and
+    the executor's adapter for its buffers. The first eager op does it; a compiled graph that makes
+    neuron tensors from no neuron input runs before any (the executor asks for it by this name)."""
+    from .kernels import register_direct_kernels
+
+    register_direct_kernels()
+
+
 def _is_in_bad_fork() -> bool:
     return False
 

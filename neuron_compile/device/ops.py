@@ -122,6 +122,9 @@ def run_on_host(op, args, kwargs):
     host_args, host_kwargs = tree_map(to_host, (args, kwargs))
     with torch.no_grad():
         result = host_op(*host_args, **host_kwargs)
+    if result is NotImplemented:  # a decomposition that declines these arguments (_on_host's CPU stand-in)
+        raise NotImplementedError(f"neuron: {op} does not lower, and its decomposition, run on the host in its "
+                                  f"place, declines these arguments. Called at {user_line()}.")
     # arguments the schema says are written go back to their neuron tensors
     flat_dev = _flat_tensors(args, kwargs)
     flat_host = _flat_tensors(host_args, host_kwargs)
