@@ -1,5 +1,5 @@
 """Python that Dynamo traces in place of PyTorch's: it sits outside the packages the device hides from
-Dynamo (``device.COMPILE_STACK``: a frame of those is never traced, and a
+Dynamo (``dynamo_skips.COMPILE_STACK``: a frame of those is never traced, and a
 substitution there would be a skipped function, a Dynamo error).
 
 * ``associative_scan``: the frontend's substitution (``capture/associative_scan.py`` installs it):

@@ -100,7 +100,7 @@ class DistributedTarget:
     def __init__(self, rank: int, world: int, timeout_s: float, store):
         from jaxlib import _jax, xla_client
 
-        from .executor import quiet_runtime_logs
+        from .xla_logs import quiet_runtime_logs
 
         self.rank, self.world, self.timeout_s = rank, world, timeout_s
         self.broken: str | None = None
@@ -174,7 +174,7 @@ class DistributedTarget:
         """Leave the distributed runtime (at exit): the client's shutdown is a barrier of every rank."""
         client, service = getattr(self, "client", None), getattr(self, "service", None)
         self.client = self.service = None
-        from .executor import quiet_runtime_logs
+        from .xla_logs import quiet_runtime_logs
 
         quiet_runtime_logs()  # the coordinator's goodbye lines (INFO) stay off the terminal
         if client is not None and not self.broken:

@@ -82,10 +82,10 @@ def test_a_generic_scan_is_one_op_for_our_backend_and_the_recursion_for_others()
 
 @pytest.mark.parametrize("hidden", [False, True], ids=["plain", "capture-hidden-from-dynamo"])
 def test_a_linear_recurrence_over_padded_tokens_is_one_executable_per_bucket(hidden):
-    if hidden:  # as after the first neuron op (device.hide_compile_stack_from_dynamo hides the compile stack)
-        from neuron_compile.device import _torch_hooks
+    if hidden:  # as after the first neuron op (neuron_compile.dynamo_skips hides the compile stack)
+        from neuron_compile import dynamo_skips
 
-        _torch_hooks.skip_in_dynamo("neuron_compile.capture")
+        dynamo_skips.skip_in_dynamo("neuron_compile.capture")
     compiled = torch.compile(linear_recurrence, backend="neuron", dynamic=True)
     for t in LENGTHS:
         a, b = pairs(t)

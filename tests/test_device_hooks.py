@@ -11,6 +11,7 @@ import io
 import pytest
 import torch
 
+from neuron_compile import dynamo_skips
 from neuron_compile.device import _torch_hooks
 
 
@@ -208,7 +209,7 @@ def test_dynamo_disable_and_skip_folders_keep_dynamo_out():
     import neuron_compile.cache_key as cache_key
 
     # a namespace package (its folder) and a module (its file), in one call
-    _torch_hooks.skip_in_dynamo("torch_mlir", "neuron_compile.cache_key")
+    dynamo_skips.skip_in_dynamo("torch_mlir", "neuron_compile.cache_key")
     assert rules.check_file(fx_importer.__file__).skipped
     assert rules.check_file(cache_key.__file__).skipped
     fn = _torch_hooks.run_eagerly(lambda x: x + 1)

@@ -50,7 +50,7 @@ from torch._inductor.output_code import OutputCode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..compiler import Executable, cached_executable
-from ..device import hide_compile_stack_from_dynamo as _hide_compile_stack_from_dynamo
+from ..dynamo_skips import hide_compile_stack_from_dynamo as _hide_compile_stack_from_dynamo
 from ..output_views import _storage, find_output_views, make_view
 from ..report import COUNTERS, CompileReport, record
 from .associative_scan import install as _install_associative_scan, mark_backend

@@ -16,8 +16,9 @@ torch-mlir and the compiler load on the first op.
   skips tracing);
 * ``autocast``: ``torch.autocast("neuron")`` kernels.
 
-``hide_compile_stack_from_dynamo`` keeps Dynamo out of the kernels and the
-compile path under them; the backend calls it when Dynamo first looks it up.
+``neuron_compile.dynamo_skips`` keeps Dynamo out of the kernels
+and the compile path under them; the backend calls it when Dynamo first looks
+it up.
 """
 
 from __future__ import annotations
@@ -25,32 +26,6 @@ from __future__ import annotations
 _registered = False
 _library = None
 _data_library = None
-
-# an eager op's way down to XLA (not neuron_compile.cli, whose built-in models are for compiling)
-COMPILE_STACK = ("neuron_compile.device", "neuron_compile.capture", "neuron_compile.lowering",
-                 "neuron_compile.decompositions", "neuron_compile.cache_key", "neuron_compile.compiler",
-                 "neuron_compile.output_views", "runtime", "passes", "torch_mlir", "jax", "jaxlib")
-_stack_hidden = False
-
-
-def hide_compile_stack_from_dynamo() -> None:
-    """Dynamo never compiles a frame of the eager ops' compile stack (idempotent).
-
-    C++ calls the device's Python kernels from inside a compiled function: in the
-    eager part after a graph break (MPT's ``.item()`` in its attention), in DDP's
-    reducer. Dynamo's frame callback is on there, so it would compile each kernel
-    frame it meets (``ops.dispatch`` and what it calls), to no graph but at a
-    cost: MPT's static-cache ``generate`` took 58 s with the kernels traced and
-    21 s without, on a warm cache.
-    """
-    global _stack_hidden
-    if _stack_hidden:
-        return
-    from . import _torch_hooks
-
-    _torch_hooks.skip_in_dynamo(*COMPILE_STACK)
-    _stack_hidden = True
-
 
 def register() -> None:
     """Make ``neuron`` a torch device (idempotent)."""

@@ -38,8 +38,9 @@ it):
   of ``torch._C._distributed_c10d``; ``UntypedStorage.resize_`` (FSDP2 frees
   storages; torch sends PrivateUse1's to a C++ hook Python cannot implement);
   ``torch._C._ForceDispatchKeyGuard`` (an op traced from inside DTensor's
-  dispatch); ``torch._dynamo.disable`` and ``torch._dynamo.trace_rules``'
-  skip folders (C++ calls our Python inside a compiled region).
+  dispatch); ``torch._dynamo.disable`` (C++ calls our Python inside a
+  compiled region; Dynamo's skip folders for the whole compile stack are
+  ``neuron_compile/dynamo_skips.py``'s).
 """
 
 from __future__ import annotations
@@ -416,27 +417,6 @@ def run_eagerly(fn):
     import torch._dynamo
 
     return torch._dynamo.disable(fn)
-
-
-def skip_in_dynamo(*packages: str) -> None:
-    """Dynamo never compiles a frame of these packages or modules (``torch._dynamo.trace_rules``' skip folders,
-    as ``trace_rules.add`` makes for a library Dynamo should not trace): C++ that runs inside a compiled region
-    (DDP's reducer, the eager part after a graph break) calls the device's Python kernels, whose frames Dynamo
-    would otherwise compile, each a few times, to no graph. Added together: the skip pattern is compiled once
-    (``add`` compiles it per name, about 10 ms each)."""
-    from importlib.util import find_spec
-
-    import torch._dynamo.trace_rules as rules
-
-    for package in packages:
-        spec = find_spec(package)
-        if spec is None:
-            continue
-        if spec.origin is not None:  # a module or a regular package: its file or folder
-            rules.SKIP_DIRS.append(rules._strip_init_py(spec.origin))
-        else:  # a namespace package (torch_mlir), which ``add`` ignores: its folders
-            rules.SKIP_DIRS.extend(location.rstrip("/") + "/" for location in spec.submodule_search_locations or ())
-    rules._recompile_re()
 
 
 def collective_options(kind: str):

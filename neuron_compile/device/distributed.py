@@ -38,7 +38,7 @@ PJRT buffer, ``resize_storage``), streams and events (``module``: torch.cpu's
 no-ops, the device runs in order), tracing an op called from inside DTensor's
 ``__torch_dispatch__`` (``trace``: ``_torch_hooks.plain_dispatch``). The first
 group makes its methods, and every frame of the eager ops' compile stack
-(``device.COMPILE_STACK``: ``neuron_compile``'s but the CLI's, ``runtime``,
+(``neuron_compile.dynamo_skips.COMPILE_STACK``: ``neuron_compile``'s but the CLI's, ``runtime``,
 ``passes``, ``torch_mlir``, jax; the backend hides that too), run without
 Dynamo: DDP's reducer calls them from C++ inside a compiled forward, and
 Dynamo would compile each frame (a 3x slower step).
@@ -52,7 +52,7 @@ import datetime
 
 import torch
 
-from . import _torch_hooks, hide_compile_stack_from_dynamo
+from . import _torch_hooks
 
 NAME = _torch_hooks.NAME
 
@@ -209,6 +209,8 @@ def _hide_from_dynamo() -> None:
     global _hidden
     if _hidden:
         return
+    from ..dynamo_skips import hide_compile_stack_from_dynamo
+
     hide_compile_stack_from_dynamo()
     for cls in (NeuronProcessGroup, NeuronWork):
         for name, value in list(vars(cls).items()):

@@ -13,7 +13,7 @@ CPU's numbers), ``native_dropout`` (the noise CPU's dropout draws), and
 advanced indexing (``index``, ``index_put_``: CPU index tensors are moved to
 the device as ATen moves them; a boolean mask's selection runs on the host).
 From the first op on, Dynamo never traces the eager ops' compile stack
-(``device.hide_compile_stack_from_dynamo``).
+(``neuron_compile.dynamo_skips``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import sys
 
 import torch
 
-from . import _torch_hooks, hide_compile_stack_from_dynamo, ops
+from . import _torch_hooks, ops
 from . import storage as _storage
 from .storage import check_device, new_tensor
 
@@ -79,6 +79,8 @@ def register_direct_kernels() -> None:
     if "torch._dynamo" in sys.modules:  # not imported for an eager-only process (about a second)
         # inside a compiled function, a module Dynamo skips (nn.LSTM) runs its ops through our kernels;
         # a torch.compile that comes later hides them when it looks our backend up
+        from ..dynamo_skips import hide_compile_stack_from_dynamo
+
         hide_compile_stack_from_dynamo()
 
 

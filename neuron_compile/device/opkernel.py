@@ -42,7 +42,8 @@ def _scalar_part(value):
 class Leaves:
     """The tensors of one call, in argument order, and the storages they read."""
 
-    __slots__ = ("tensors", "datas", "slots", "host", "parts", "device_seen", "mixed", "floats", "two_dtypes")
+    __slots__ = ("tensors", "datas", "slots", "host", "parts", "device_seen", "mixed", "floats", "two_dtypes",
+                 "retypes")
 
     def __init__(self):
         self.tensors: list[torch.Tensor] = []
@@ -54,6 +55,7 @@ class Leaves:
         self.mixed = None  # a CPU tensor that is not a 0-d scalar
         self.floats: list[float] = []  # runtime float arguments (trace.runtime_float), in order
         self.two_dtypes = False  # a storage read as two dtypes (one slot has one dtype): run on the host
+        self.retypes: list = []  # (Data, dtype): storages to reinterpret before the op (then walk again)
 
     def visit(self, value):
         if isinstance(value, torch.Tensor):
@@ -70,11 +72,15 @@ class Leaves:
                     except AttributeError:
                         raise RuntimeError("a neuron tensor without data reached an op") from None
                 data = self.datas[slot]
-                if data.dtype is not value.dtype:
-                    from .ops import retype
-
-                    self.two_dtypes = self.two_dtypes or seen
-                    retype(data, value.dtype)
+                if data.dtype is not value.dtype or self.retypes:
+                    # the dtype the slot's first reader wants (``ops.dispatch`` reinterprets the storage
+                    # before the op); a second reader in another dtype sends the op to the host
+                    first = next((dtype for d, dtype in self.retypes if d is data), data.dtype)
+                    if first is not value.dtype:
+                        if seen:
+                            self.two_dtypes = True
+                        else:
+                            self.retypes.append((data, value.dtype))
                 if own_buffer(value, data) is not None:
                     self.parts.append((value.dtype, value.shape, slot))
                 else:

@@ -56,6 +56,10 @@ _HOST_OPS: set = set()
 
 def dispatch(op, args, kwargs):
     leaves = leaves_of(args, kwargs)
+    if leaves.retypes and not leaves.two_dtypes:  # a view(dtype) of a storage last written in another dtype
+        for data, dtype in leaves.retypes:
+            retype(data, dtype)
+        leaves = leaves_of(args, kwargs)
     if leaves.mixed is not None or not leaves.device_seen:
         if not leaves.device_seen:  # a factory (triu_indices...): made on the host, then moved
             return _factory_on_host(op, args, kwargs)
