@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from pathlib import Path
 
 import torch
@@ -87,36 +88,80 @@ def _register_stablehlo_passes():
         _PASSES_REGISTERED = True
 
 
-def run_pipeline(module, pipeline: str) -> list[str]:
-    """Run an MLIR pass pipeline in place; returns the diagnostics, raises on failure."""
+PIPELINE_TIMEOUT_S = 300.0
+# the pipelines given up on: their threads still run (MLIR cannot stop a pass), so their context,
+# module and pass manager must outlive them
+_ABANDONED: list = []
+_MAX_DIAGNOSTICS = 200
+_NEVER = threading.Event()
+
+
+def pipeline_timeout() -> float:
+    """Seconds a pass pipeline may run (``NEURON_COMPILE_PIPELINE_TIMEOUT``; 0: no bound)."""
+    text = os.environ.get("NEURON_COMPILE_PIPELINE_TIMEOUT", "").strip()
+    if not text:
+        return PIPELINE_TIMEOUT_S
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        raise ValueError(f"NEURON_COMPILE_PIPELINE_TIMEOUT={text!r}: give seconds (0: no bound)") from None
+
+
+def run_pipeline(module, pipeline: str, *, timeout: float | None = None) -> list[str]:
+    """Run an MLIR pass pipeline in place; returns the diagnostics, raises ``_PipelineFailed`` on
+    failure, and when it has not finished after ``timeout`` seconds (default ``pipeline_timeout()``).
+
+    The pipeline runs on a thread through the C API (``_mlir_capi``), the GIL released, so the
+    caller can stop waiting. A pass that never finishes cannot be stopped: its thread stays until
+    the process exits (parked at its next diagnostic, or busy on one core if it reports none), and
+    the module is never touched again.
+    """
     from torch_mlir.passmanager import PassManager
 
+    from ._mlir_capi import run_pass_manager
+
+    timeout = pipeline_timeout() if timeout is None else timeout
     diagnostics: list[str] = []
+    abandoned = threading.Event()
 
-    def handler(diag):
-        diagnostics.append(f"{diag.location}: {diag.message}")
-        for note in diag.notes:
-            diagnostics.append(f"  note: {note.location}: {note.message}")
-        return True
+    def collect(lines):
+        if abandoned.is_set():
+            # a looping pass that reports as it loops parks here for good, the GIL released: it
+            # burns no core and takes no GIL from the process
+            _NEVER.wait()
+        if len(diagnostics) < _MAX_DIAGNOSTICS:
+            diagnostics.extend(lines)
 
-    ctx = module.context
-    handle = ctx.attach_diagnostic_handler(handler)
-    try:
-        with ctx:
-            pm = PassManager.parse(pipeline)
-            try:
-                pm.run(module.operation)
-            except Exception as exc:
-                raise _PipelineFailed(str(exc), diagnostics) from None
-    finally:
-        handle.detach()
+    with module.context:
+        pm = PassManager.parse(pipeline)
+    if not timeout:
+        ok = run_pass_manager(pm, module.operation, collect)
+    else:
+        result = {}
+
+        def work():
+            result["ok"] = run_pass_manager(pm, module.operation, collect)
+
+        thread = threading.Thread(target=work, name="neuron_compile-pass-pipeline", daemon=True)
+        thread.start()
+        thread.join(timeout)
+        if thread.is_alive():
+            abandoned.set()
+            _ABANDONED.append((module, pm, thread))
+            raise _PipelineFailed(
+                f"the pass pipeline did not finish in {timeout:g} s (NEURON_COMPILE_PIPELINE_TIMEOUT): a pass "
+                "loops", list(diagnostics), timed_out=True)
+        ok = result.get("ok", False)
+    if not ok:
+        raise _PipelineFailed("Failure while executing pass pipeline", diagnostics)
     return diagnostics
 
 
 class _PipelineFailed(Exception):
-    def __init__(self, message, diagnostics):
+    def __init__(self, message, diagnostics, *, timed_out=False):
         super().__init__(message)
         self.diagnostics = diagnostics
+        self.timed_out = timed_out
 
 
 def _matches(node: torch.fx.Node, op: str) -> bool:

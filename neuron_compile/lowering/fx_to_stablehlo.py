@@ -127,7 +127,8 @@ def _lower_torch_mlir(gm, report, graph_name, *, keep_torch_ir) -> Lowered:
                 run_pipeline(module, STAGE_PIPELINES[name])
             except _PipelineFailed as failed:
                 before = _replay(gm, _STAGES[:index])
-                raise _error(gm, before, name, str(failed), failed.diagnostics, graph_name) from None
+                raise _error(gm, before, name, str(failed), failed.diagnostics, graph_name,
+                             timed_out=failed.timed_out) from None
     with stage("stablehlo"):
         fix_unsigned_compares(module)
     return Lowered(module, torch_ir)
@@ -315,8 +316,14 @@ def save_repro(prefix: str, files: dict[str, str]) -> Path | None:
         return None
 
 
-def _error(gm, ir_text, stage, message, diagnostics, graph_name, *, op=None, who="Torch-MLIR") -> LoweringError:
+_CURRENT_OP = re.compile(r'see current operation: [^"]*"torch\.((?:aten|prims)\.[A-Za-z0-9_.]+)"')
+
+
+def _error(gm, ir_text, stage, message, diagnostics, graph_name, *, op=None, who="Torch-MLIR",
+           timed_out=False) -> LoweringError:
     op = op or _failing_op(diagnostics, message)
+    if op is None and timed_out:  # the op a looping pass kept failing on
+        op = next((m.group(1) for d in diagnostics for m in [_CURRENT_OP.search(d)] if m), None)
     nodes = [n for n in gm.graph.nodes if n.op == "call_function" and op and _matches(n, op)]
     if not nodes:
         nodes = [n for n in _nodes_at(gm, diagnostics + [message]) if isinstance(n.target, torch._ops.OpOverload)]
@@ -338,7 +345,11 @@ def _error(gm, ir_text, stage, message, diagnostics, graph_name, *, op=None, who
         lines.append(f"It comes from your code at {source}")
     first_diag = next((d for d in diagnostics + message.splitlines() if "error" in d.lower() or "failed to" in d.lower()),
                       None) or next((line for line in message.splitlines() if line.strip()), None)
-    if first_diag:
+    if timed_out:
+        lines.append(f"{who}: {message}.")
+        if first_diag and first_diag.strip() != message.strip():
+            lines.append(f"Meanwhile it said: {first_diag.strip()[:500]}")
+    elif first_diag:
         lines.append(f"{who} said: {first_diag.strip()[:500]}")
     if repro:
         lines.append(f"The FX graph and the failing IR are saved in {repro}; reproduce with: neuron-compile repro {repro}")
@@ -346,6 +357,8 @@ def _error(gm, ir_text, stage, message, diagnostics, graph_name, *, op=None, who
         "What to do: rewrite that line with ops that lower, or run it eagerly with "
         "options={'fallback': 'eager'} / NEURON_COMPILE_FALLBACK=eager, "
         "or wrap it in torch.compiler.disable."
+        + (" If the graph is only very large, give the pipeline more time: NEURON_COMPILE_PIPELINE_TIMEOUT "
+           "(seconds; 0: no bound)." if timed_out else "")
     )
     return LoweringError("\n".join(lines), op=op, source=source, repro_dir=str(repro) if repro else None, stage=stage)
 
