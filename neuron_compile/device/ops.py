@@ -66,6 +66,8 @@ def dispatch(op, args, kwargs):
         check_same_device(op, leaves)
     if leaves.two_dtypes:  # one storage read as two dtypes (a view(dtype) beside its base): host copies
         return run_on_host(op, args, kwargs)
+    if leaves.offsets and _writes(op):
+        leaves.pin_written(op, _written_positions(op, args, kwargs))
     key = (op, tuple(leaves.parts))
     kernel = _KERNELS.get(key)
     if kernel is not None:
@@ -190,6 +192,12 @@ def from_host(value: torch.Tensor) -> torch.Tensor:
 def _flat_tensors(args, kwargs) -> list:
     """The call's tensors in the order ``opkernel.Leaves`` visits them (positional, then kwargs)."""
     return [v for v in tree_leaves((list(args), list(kwargs.values()))) if isinstance(v, torch.Tensor)]
+
+
+@functools.lru_cache(maxsize=None)
+def _writes(op) -> bool:
+    """The op's schema marks an argument written (an in-place or ``out=`` op)."""
+    return any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
 
 
 def _written_positions(op, args, kwargs) -> list[int]:
