@@ -2,9 +2,11 @@
 
 ``Leaves`` walks a call's arguments once: the tensors, the storages they read
 (one slot each), 0-d CPU tensors taken as scalars, runtime floats, and the
-parts of the signature (``parts``) that select a kernel. ``OpKernel`` runs one
-executable on the slots' PJRT buffers and turns its results into neuron
-tensors and new storage contents.
+parts of the signature (``parts``) that select a kernel, and the offsets of
+views read at run time (``offsets``: a view's storage offset is an input of
+the executable, not part of the signature, unless the op writes through it).
+``OpKernel`` runs one executable on the slots' PJRT buffers and turns its
+results into neuron tensors and new storage contents.
 """
 
 from __future__ import annotations

@@ -3,9 +3,13 @@
 Every op that reaches the ``neuron`` dispatch key and has no kernel of its own
 in ``kernels`` lands in ``dispatch``:
 
-    signature  op overload + per tensor (dtype, size, stride, offset, which
-               storage, the storage buffer's shape) + every other argument's
-               type and value: everything the executable bakes in
+    signature  op overload + per tensor (dtype, size, stride, which storage,
+               the storage buffer's shape; the offset only where the op
+               writes through the view) + every other argument's type and
+               value: everything the executable bakes in. A view that does not
+               span its storage is read at a run-time offset (a 0-d input of
+               the executable, ``lowering.runtime_offsets``), so a batch sliced
+               at a new offset compiles nothing
     memory     a dict from signature to ``OpKernel``: the hot path
     trace      a miss traces the op with ``make_fx`` on fake tensors, under
                functionalization and our decomposition table: each input is
