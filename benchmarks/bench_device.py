@@ -991,7 +991,7 @@ def main(argv=None) -> int:
     parser.add_argument("--cold-steps", type=int, help="training steps per cold-start process (default 3; quick 2)")
     parser.add_argument("--pairs", type=int, help="cold/warm process pairs (default 3; quick 1)")
     parser.add_argument("--offset-batches", type=int, help="word_language_model batches (default 8; quick 4)")
-    parser.add_argument("--sample-tokens", type=int, help="tokens sampled one at a time (default 8; quick 3)")
+    parser.add_argument("--sample-tokens", type=int, help="tokens sampled one at a time (default 4; quick 2)")
     parser.add_argument("--skip", default="",
                         help="comma-separated sections to skip: per_op,matmul,train,cold,offsets,sampling")
     parser.add_argument("--out", default=str(HERE / "results" / "device"))
@@ -999,7 +999,7 @@ def main(argv=None) -> int:
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     defaults = dict(iters=(300, 5000), mm_iters=(30, 300), repeats=(3, 9), warmup=(2, 3), steps=(3, 10),
-                    cold_steps=(2, 3), pairs=(1, 3), offset_batches=(4, 8), sample_tokens=(3, 8))
+                    cold_steps=(2, 3), pairs=(1, 3), offset_batches=(4, 8), sample_tokens=(2, 4))
     for name, (quick, full) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else full)

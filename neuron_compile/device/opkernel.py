@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from . import storage as _storage
-from .storage import Data, new_tensor, own_buffer, storage_extent
+from .storage import Data, new_tensor, own_buffer
 from .trace import RUNTIME, runtime_float
 
 # op_compiles: kernels built by tracing (their executables may still come from the artifact cache);
@@ -91,9 +91,10 @@ class Leaves:
                     buffer = data.buffer
                     offset = value.storage_offset()
                     stride = value.stride()
-                    # a view that does not span its storage may sit anywhere in it: its offset is an input
-                    # of the executable, not part of the signature (pin_written: unless the op writes it)
-                    if offset or storage_extent(value.shape, stride) < data.numel:
+                    # a view of fewer elements than its storage may sit anywhere in it: its offset is an
+                    # input of the executable, not part of the signature (pin_written: unless the op writes
+                    # through it). Offset 0 too, so that a loop's first slice shares the kernel of the rest
+                    if offset or value.numel() < data.numel:
                         self.offsets.append([len(self.parts), value, offset])
                         offset = RUNTIME
                     self.parts.append((value.dtype, value.shape, stride, offset, slot,
