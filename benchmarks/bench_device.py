@@ -702,13 +702,17 @@ def report(res: dict, args) -> str:
     from tabulate import tabulate
 
     header, _ = _machine()
-    quick = (" --quick" if args.quick else "") + (f" --skip {args.skip}" if args.skip else "")
+    quick = (" --quick" if args.quick else "") + (f" --skip {args.skip}" if args.skip else "") + "".join(
+        f" --{name.replace('_', '-')} {getattr(args, name)}" for name, full in (("offset_batches", 8), ("sample_tokens", 4))
+        if not args.quick and getattr(args, name) != full) + (
+        f" --out {os.path.relpath(args.out, ROOT)}" if Path(args.out).resolve() != HERE / "results" / "device" else "")
     lines = ["# The eager neuron device against CPU eager and the raw PJRT floor", "",
              f"Machine: {header}.", "",
              f"Rerun: `python benchmarks/bench_device.py{quick}` (iterations {args.iters} x {args.repeats} rounds per "
              f"op path, {args.mm_iters} x {args.repeats} per matmul path; training: {args.warmup} warm-up + "
              f"{args.steps} steady steps; cold start: {args.cold_steps} steps per process, {args.pairs} "
-             f"cold/warm pair(s)). Times are the median round (steps: the median step); ratios divide medians.", ""]
+             f"cold/warm pair(s); moving offsets: {args.offset_batches} batches; sampling: {args.sample_tokens} "
+             "tokens). Times are the median round (steps: the median step); ratios divide medians.", ""]
     summary = []
 
     # 1. per op
