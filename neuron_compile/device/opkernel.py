@@ -122,15 +122,14 @@ class Leaves:
             return
         self.parts.append(_scalar_part(value))
 
-
-    def pin_written(self, op, positions) -> None:
+    def pin_written(self, positions) -> None:
         """An op that writes storages: views of those read at their offsets as constants of the executable
         (its graph writes through them; only reads take a run-time offset)."""
         written = {self.slots.get(self.tensors[p].untyped_storage()._cdata) for p in positions
                    if self.tensors[p].device.type == "neuron"}
         kept = []
         for entry in self.offsets:
-            index, tensor, offset = entry
+            index, _, offset = entry
             part = self.parts[index]
             if part[4] in written:
                 self.parts[index] = part[:3] + (offset,) + part[4:]

@@ -6,8 +6,8 @@ in ``kernels`` lands in ``dispatch``:
     signature  op overload + per tensor (dtype, size, stride, which storage,
                the storage buffer's shape; the offset only where the op
                writes through the view) + every other argument's type and
-               value: everything the executable bakes in. A view that does not
-               span its storage is read at a run-time offset (a 0-d input of
+               value: everything the executable bakes in. A view of fewer
+               elements than its storage is read at a run-time offset (a 0-d input of
                the executable, ``lowering.runtime_offsets``), so a batch sliced
                at a new offset compiles nothing
     memory     a dict from signature to ``OpKernel``: the hot path
@@ -71,7 +71,7 @@ def dispatch(op, args, kwargs):
     if leaves.two_dtypes:  # one storage read as two dtypes (a view(dtype) beside its base): host copies
         return run_on_host(op, args, kwargs)
     if leaves.offsets and _writes(op):
-        leaves.pin_written(op, _written_positions(op, args, kwargs))
+        leaves.pin_written(_written_positions(op, args, kwargs))
     key = (op, tuple(leaves.parts))
     kernel = _KERNELS.get(key)
     if kernel is not None:

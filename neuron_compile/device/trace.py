@@ -29,7 +29,7 @@ from .storage import storage_extent
 aten = torch.ops.aten
 
 # a view's storage offset in its signature part (``opkernel.Leaves``): an input of the executable, read at
-# run time (any nonzero offset of a storage the op does not write)
+# run time (a view of fewer elements than its storage, which the op does not write)
 RUNTIME = "offset"
 
 
