@@ -1,6 +1,6 @@
 """The eager ``neuron`` device against CPU eager and the raw PJRT floor, side by side in one run.
 
-Four measurements, each a ratio against its peer:
+Six measurements, each against its peer:
 
 1. Per-op dispatch of a small cached op: ``a + b`` on 16-float neuron tensors,
    already compiled (warm), against CPU eager ``a + b`` on the same sizes and
@@ -39,6 +39,15 @@ Four measurements, each a ratio against its peer:
    compile_graph stages, the rest). The processes import a snapshot of the
    sources the cache key fingerprints, so edits made while the benchmark runs
    cannot turn the warm run into misses.
+5. Batches sliced at moving offsets: pytorch/examples word_language_model's
+   training loop (Embedding, one LSTM layer, Linear; the corpus resident on
+   the device, ``data[i:i + bptt]`` each batch) for ``--offset-batches``
+   batches on neuron and on CPU eager: ops compiled per batch (target: 0 after
+   the first), batch times, losses against CPU's.
+6. A sampling loop over growing lengths: nanoGPT sample.py's loop (the
+   model on the whole sequence, last logits, softmax, multinomial, cat) on
+   section 3's GPT-2 for ``--sample-tokens`` tokens, on neuron and CPU eager:
+   ops compiled per token, time, and whether the tokens are CPU's.
 
 The benchmark makes its own cache folders (a fresh one for this process, one
 per cold/warm pair) and removes them. A measurement that fails records the
@@ -539,6 +548,99 @@ def cold_start(steps: int, pairs: int) -> dict:
     return runs
 
 
+# ---- 5. batches sliced at moving offsets -------------------------------------------------------
+
+class _WordModel:
+    """pytorch/examples word_language_model's LSTM model, small: embed, one LSTM layer, decode."""
+
+    @staticmethod
+    def build(vocab: int, width: int):
+        import torch
+
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.encoder = torch.nn.Embedding(vocab, width)
+                self.rnn = torch.nn.LSTM(width, width, 1)
+                self.decoder = torch.nn.Linear(width, vocab)
+
+            def forward(self, x, hidden):
+                out, hidden = self.rnn(self.encoder(x), hidden)
+                return self.decoder(out), hidden
+
+        return Model()
+
+
+def word_model(device: str, batches: int) -> dict:
+    """word_language_model's training loop on ``device``: the corpus resident there, batch ``i`` sliced
+    as ``data[i:i + bptt]`` (each at a new storage offset), hidden state detached, cross-entropy,
+    ``clip_grad_norm_``, the manual SGD update ``p.data.add_(p.grad, alpha=-lr)``. Per batch: seconds
+    and ops compiled."""
+    import torch
+    import torch.nn.functional as F
+
+    vocab, width, bptt, batch = OFFSETS_MODEL
+    torch.manual_seed(0)
+    corpus = torch.randint(0, vocab, (batches * bptt + 1, batch))
+    model = _WordModel.build(vocab, width)
+    data, _ = corpus.to(device), model.to(device)
+    hidden = (torch.zeros(1, batch, width, device=device),) * 2
+    seconds, compiles, losses = [], [], []
+    for i in range(0, batches * bptt, bptt):
+        before, t0 = _op_compiles(), time.perf_counter()
+        x, y = data[i:i + bptt], data[i + 1:i + 1 + bptt].reshape(-1)
+        hidden = tuple(h.detach() for h in hidden)
+        model.zero_grad()
+        out, hidden = model(x, hidden)
+        loss = F.cross_entropy(out.view(-1, vocab), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+        for p in model.parameters():
+            p.data.add_(p.grad, alpha=-20)
+        losses.append(loss.item())
+        seconds.append(time.perf_counter() - t0)
+        compiles.append(_op_compiles() - before)
+    return {"batch_s": seconds, "op_compiles": compiles, "losses": losses}
+
+
+OFFSETS_MODEL = (100, 32, 10, 4)  # vocabulary, width, bptt, batch
+
+
+def offsets(batches: int) -> dict:
+    with _threads(1):  # one thread each side: torch's default loses most of its time on shared cores
+        return {"CPU eager": word_model("cpu", batches), "neuron": word_model("neuron", batches)}
+
+
+# ---- 6. a sampling loop over growing lengths ---------------------------------------------------
+
+def sample(device: str, tokens: int) -> dict:
+    """nanoGPT sample.py's loop on the section-3 GPT-2 (eval, no cache): the model on ``idx`` of growing
+    length, the last position's logits over a temperature, softmax, ``multinomial`` (CPU's generator:
+    the same draws on both devices), ``cat``. Per token: seconds and ops compiled."""
+    import torch
+
+    model, _ = build_gpt2()
+    model.to(device).eval()
+    torch.manual_seed(1)
+    idx = torch.randint(0, GPT2["vocab_size"], (1, 4)).to(device)
+    seconds, compiles = [], []
+    with torch.no_grad():
+        for _ in range(tokens):
+            before, t0 = _op_compiles(), time.perf_counter()
+            logits = model(input_ids=idx).logits[:, -1, :] / 0.8
+            probs = torch.softmax(logits, dim=-1)
+            idx = torch.cat((idx, torch.multinomial(probs, num_samples=1)), dim=1)
+            idx.cpu()  # the token reaches the host, as sample.py's decode does at the end
+            seconds.append(time.perf_counter() - t0)
+            compiles.append(_op_compiles() - before)
+    return {"token_s": seconds, "op_compiles": compiles, "tokens": idx.cpu().tolist()[0]}
+
+
+def sampling(tokens: int) -> dict:
+    with _threads(1):
+        return {"CPU eager": sample("cpu", tokens), "neuron": sample("neuron", tokens)}
+
+
 # ---- the report --------------------------------------------------------------------------------
 
 def _machine() -> tuple[str, dict]:
@@ -600,13 +702,17 @@ def report(res: dict, args) -> str:
     from tabulate import tabulate
 
     header, _ = _machine()
-    quick = " --quick" if args.quick else ""
+    quick = (" --quick" if args.quick else "") + (f" --skip {args.skip}" if args.skip else "") + "".join(
+        f" --{name.replace('_', '-')} {getattr(args, name)}" for name, full in (("offset_batches", 8), ("sample_tokens", 4))
+        if not args.quick and getattr(args, name) != full) + (
+        f" --out {os.path.relpath(args.out, ROOT)}" if Path(args.out).resolve() != HERE / "results" / "device" else "")
     lines = ["# The eager neuron device against CPU eager and the raw PJRT floor", "",
              f"Machine: {header}.", "",
              f"Rerun: `python benchmarks/bench_device.py{quick}` (iterations {args.iters} x {args.repeats} rounds per "
              f"op path, {args.mm_iters} x {args.repeats} per matmul path; training: {args.warmup} warm-up + "
              f"{args.steps} steady steps; cold start: {args.cold_steps} steps per process, {args.pairs} "
-             f"cold/warm pair(s)). Times are the median round (steps: the median step); ratios divide medians.", ""]
+             f"cold/warm pair(s); moving offsets: {args.offset_batches} batches; sampling: {args.sample_tokens} "
+             "tokens). Times are the median round (steps: the median step); ratios divide medians.", ""]
     summary = []
 
     # 1. per op
@@ -783,11 +889,87 @@ def report(res: dict, args) -> str:
     summary.append(["cold start, new process (s)", _fmt(warm_wall), "empty cache", _fmt(cold_wall), r,
                     "warm compiles 0", _warm_verdict(warm)])
 
+    # 5. moving offsets
+    o = res.get("offsets", {})
+    vocab, width, bptt, batch = OFFSETS_MODEL
+    lines += ["", "## 5. Batches sliced at moving offsets: word_language_model's loop", "",
+              f"pytorch/examples word_language_model's training loop, small: Embedding({vocab}, {width}), one LSTM "
+              f"layer, Linear, batch {batch} x bptt {bptt}; the corpus resident on the device, batch `i` sliced as "
+              "`data[i:i + bptt]` (a new storage offset each batch), `clip_grad_norm_`, the manual SGD update "
+              "`p.data.add_(p.grad, alpha=-lr)`. A view's storage offset is an input of its op's executable, not "
+              "part of the signature. Target: 0 ops compiled after the first batch. Batch times: first batch, "
+              "then the median of the rest.", ""]
+    rows = []
+    cpu = o.get("CPU eager") if isinstance(o, dict) else None
+    for name, cell in (o.items() if isinstance(o, dict) else []):
+        if not isinstance(cell, dict) or "error" in cell:
+            rows.append([name, (cell or {}).get("error", "-")] + ["-"] * 5)
+            continue
+        rest = statistics.median(cell["batch_s"][1:]) if len(cell["batch_s"]) > 1 else None
+        cpu_rest = statistics.median(cpu["batch_s"][1:]) if isinstance(cpu, dict) and "batch_s" in cpu else None
+        diff = (max(abs(a - b) for a, b in zip(cell["losses"], cpu["losses"]))
+                if isinstance(cpu, dict) and "losses" in cpu else None)
+        rows.append([name, f"{cell['batch_s'][0]:.2f}", f"{rest * 1e3:.1f}" if rest else "-",
+                     f"{rest / cpu_rest:.2f}" if rest and cpu_rest else "-",
+                     " / ".join(map(str, cell["op_compiles"])) if name != "CPU eager" else "-",
+                     f"{diff:.1e}" if diff is not None else "-"])
+    lines.append(tabulate(rows, headers=["run", "first batch s", "later batches ms (median)", "/ CPU eager",
+                                         "ops compiled per batch", "max loss - CPU's"], tablefmt="github"))
+    neuron = o.get("neuron") if isinstance(o, dict) else None
+    later = sum(neuron["op_compiles"][1:]) if isinstance(neuron, dict) and "op_compiles" in neuron else None
+    summary.append(["moving-offset batches: ops compiled after the first", "-" if later is None else str(later),
+                    "-", "-", "-", "0", "-" if later is None else ("met" if later == 0 else "missed")])
+
+    # sections skipped (--skip) leave no table and no summary row
+    skipped = set(filter(None, args.skip.split(",")))
+    for name in skipped & set(_SECTIONS):
+        heading, row = _SECTIONS[name]
+        start = next((i for i, line in enumerate(lines) if line.startswith(heading)), None)
+        if start is not None:
+            end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+            del lines[start:end]
+        summary = [r for r in summary if not r[0].startswith(row)]
+    # 6. sampling
+    g = res.get("sampling", {})
+    lines += ["", "## 6. A sampling loop over growing lengths: nanoGPT sample.py's loop", "",
+              f"The section-3 GPT-2 in eval mode, no KV cache, batch 1, a 4-token prompt, {args.sample_tokens} "
+              "tokens one at a time: the model on the whole sequence, the last position's logits / 0.8, softmax, "
+              "`multinomial` (CPU's generator on both devices: the same draws), `cat`; one thread each side. "
+              "Each new length is a new signature for most ops of the forward (issue 38's target, at most one "
+              "executable per op per 128-bucket, is not met yet).", ""]
+    rows = []
+    cpu = g.get("CPU eager") if isinstance(g, dict) else None
+    for name, cell in (g.items() if isinstance(g, dict) else []):
+        if not isinstance(cell, dict) or "error" in cell:
+            rows.append([name, (cell or {}).get("error", "-")] + ["-"] * 5)
+            continue
+        total = sum(cell["token_s"])
+        cpu_total = sum(cpu["token_s"]) if isinstance(cpu, dict) and "token_s" in cpu else None
+        same = (cell["tokens"] == cpu["tokens"]) if isinstance(cpu, dict) and "tokens" in cpu else None
+        rows.append([name, f"{total:.2f}", f"{total / cpu_total:.1f}" if cpu_total else "-",
+                     f"{statistics.median(cell['token_s']) * 1e3:.1f}",
+                     " / ".join(map(str, cell["op_compiles"])) if name != "CPU eager" else "-",
+                     "-" if same is None else ("yes" if same else "no")])
+    lines.append(tabulate(rows, headers=["run", "all tokens s", "/ CPU eager", "token ms (median)",
+                                         "ops compiled per token", "CPU's tokens"], tablefmt="github"))
+    neuron = g.get("neuron") if isinstance(g, dict) else None
+    if isinstance(neuron, dict) and "token_s" in neuron and isinstance(cpu, dict) and "token_s" in cpu:
+        total, cpu_total = sum(neuron["token_s"]), sum(cpu["token_s"])
+        summary.append([f"sampling {args.sample_tokens} tokens, cold (s)", f"{total:.1f}", "CPU eager",
+                        f"{cpu_total:.2f}", f"{total / cpu_total:.1f}", "1 executable/op/bucket",
+                        "missed" if sum(neuron["op_compiles"][1:]) else "met"])
+
     head = ["## Summary", "", tabulate(summary, headers=["measurement", "neuron", "peer", "peer's", "ratio",
                                                           "target", "verdict"], tablefmt="github"), ""]
-    at = lines.index("## 1. Per-op dispatch: `a + b` on 16 floats, warm")
+    at = next(i for i, line in enumerate(lines) if line.startswith("## "))
     lines[at:at] = head
     return "\n".join(lines) + "\n"
+
+
+# section -> (its heading's start, its summary rows' start)
+_SECTIONS = {"per_op": ("## 1.", "per-op"), "matmul": ("## 2.", "matmul"), "train": ("## 3.", "GPT-2"),
+             "cold": ("## 4.", "cold start"), "offsets": ("## 5.", "moving-offset"),
+             "sampling": ("## 6.", "sampling")}
 
 
 def _fmt(value, digits: int = 2) -> str:
@@ -812,13 +994,16 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, help="steady training steps timed (default 10; quick 3)")
     parser.add_argument("--cold-steps", type=int, help="training steps per cold-start process (default 3; quick 2)")
     parser.add_argument("--pairs", type=int, help="cold/warm process pairs (default 3; quick 1)")
-    parser.add_argument("--skip", default="", help="comma-separated sections to skip: per_op,matmul,train,cold")
+    parser.add_argument("--offset-batches", type=int, help="word_language_model batches (default 8; quick 4)")
+    parser.add_argument("--sample-tokens", type=int, help="tokens sampled one at a time (default 4; quick 2)")
+    parser.add_argument("--skip", default="",
+                        help="comma-separated sections to skip: per_op,matmul,train,cold,offsets,sampling")
     parser.add_argument("--out", default=str(HERE / "results" / "device"))
     parser.add_argument("--worker", choices=["neuron", "cpu"], help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     defaults = dict(iters=(300, 5000), mm_iters=(30, 300), repeats=(3, 9), warmup=(2, 3), steps=(3, 10),
-                    cold_steps=(2, 3), pairs=(1, 3))
+                    cold_steps=(2, 3), pairs=(1, 3), offset_batches=(4, 8), sample_tokens=(2, 4))
     for name, (quick, full) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else full)
@@ -838,7 +1023,9 @@ def main(argv=None) -> int:
         sections = [("per_op", lambda: per_op(args.iters, args.repeats)),
                     ("matmul", lambda: matmul(args.n, args.mm_iters, args.repeats)),
                     ("train", lambda: train_all(args.warmup, args.steps)),
-                    ("cold", lambda: cold_start(args.cold_steps, args.pairs))]
+                    ("cold", lambda: cold_start(args.cold_steps, args.pairs)),
+                    ("offsets", lambda: offsets(args.offset_batches)),
+                    ("sampling", lambda: sampling(args.sample_tokens))]
         for name, run in sections:
             if name in skip:
                 continue

@@ -2,9 +2,11 @@
 
 ``Leaves`` walks a call's arguments once: the tensors, the storages they read
 (one slot each), 0-d CPU tensors taken as scalars, runtime floats, and the
-parts of the signature (``parts``) that select a kernel. ``OpKernel`` runs one
-executable on the slots' PJRT buffers and turns its results into neuron
-tensors and new storage contents.
+parts of the signature (``parts``) that select a kernel, and the offsets of
+views read at run time (``offsets``: a view's storage offset is an input of
+the executable, not part of the signature, unless the op writes through it).
+``OpKernel`` runs one executable on the slots' PJRT buffers and turns its
+results into neuron tensors and new storage contents.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import torch
 
 from . import storage as _storage
 from .storage import Data, new_tensor, own_buffer
-from .trace import runtime_float
+from .trace import RUNTIME, runtime_float
 
 # op_compiles: kernels built by tracing (their executables may still come from the artifact cache);
 # index_hits: kernels found in the persistent op index (no tracing); op_cache_hits: calls served from memory
@@ -43,7 +45,7 @@ class Leaves:
     """The tensors of one call, in argument order, and the storages they read."""
 
     __slots__ = ("tensors", "datas", "slots", "host", "parts", "device_seen", "mixed", "floats", "two_dtypes",
-                 "retypes")
+                 "retypes", "offsets")
 
     def __init__(self):
         self.tensors: list[torch.Tensor] = []
@@ -56,6 +58,8 @@ class Leaves:
         self.floats: list[float] = []  # runtime float arguments (trace.runtime_float), in order
         self.two_dtypes = False  # a storage read as two dtypes (one slot has one dtype): run on the host
         self.retypes: list = []  # (Data, dtype): storages to reinterpret before the op (then walk again)
+        # views read at a run-time offset (the executable's ("offset", k) inputs): [part index, tensor, offset]
+        self.offsets: list = []
 
     def visit(self, value):
         if isinstance(value, torch.Tensor):
@@ -85,7 +89,15 @@ class Leaves:
                     self.parts.append((value.dtype, value.shape, slot))
                 else:
                     buffer = data.buffer
-                    self.parts.append((value.dtype, value.shape, value.stride(), value.storage_offset(), slot,
+                    offset = value.storage_offset()
+                    stride = value.stride()
+                    # a view of fewer elements than its storage may sit anywhere in it: its offset is an
+                    # input of the executable, not part of the signature (pin_written: unless the op writes
+                    # through it). Offset 0 too, so that a loop's first slice shares the kernel of the rest
+                    if offset or value.numel() < data.numel:
+                        self.offsets.append([len(self.parts), value, offset])
+                        offset = RUNTIME
+                    self.parts.append((value.dtype, value.shape, stride, offset, slot,
                                        data.numel if buffer is None else buffer.shape))
                 self.tensors.append(value)
                 return
@@ -109,6 +121,21 @@ class Leaves:
             self.floats.append(value)
             return
         self.parts.append(_scalar_part(value))
+
+    def pin_written(self, positions) -> None:
+        """An op that writes storages: views of those read at their offsets as constants of the executable
+        (its graph writes through them; only reads take a run-time offset)."""
+        written = {self.slots.get(self.tensors[p].untyped_storage()._cdata) for p in positions
+                   if self.tensors[p].device.type == "neuron"}
+        kept = []
+        for entry in self.offsets:
+            index, _, offset = entry
+            part = self.parts[index]
+            if part[4] in written:
+                self.parts[index] = part[:3] + (offset,) + part[4:]
+            else:
+                kept.append(entry)
+        self.offsets = kept
 
 
 _FLOAT = ("f",)
@@ -138,23 +165,27 @@ def check_same_device(op, leaves: Leaves) -> None:
 class OpKernel:
     """One op at one signature: which buffers feed the executable and what its results become."""
 
-    __slots__ = ("executable", "inputs", "fresh", "written", "returns", "name", "_run", "_direct", "_count")
+    __slots__ = ("executable", "inputs", "fresh", "written", "returns", "name", "_run", "_direct", "_count",
+                 "_offsets")
 
     def __init__(self, executable, inputs, fresh, written, returns, name):
         from ..compiler import FROM_XLA
 
         self.executable = executable
-        self.inputs = inputs  # per graph input: ("slot", k) or ("host", k)
+        self.inputs = inputs  # per graph input: ("slot", k), ("host", k), ("offset", k) or ("float", k, dtype)
         self.fresh = fresh  # per fresh output: (shape, dtype, strides or None for contiguous)
         self.written = written  # storage slots the op writes, in output order after the fresh ones
         self.returns = returns  # how to rebuild the op's return value (see rebuild)
         self.name = name
         plan = executable.plan
         self._run = executable.xla.loaded.execute_sharded if executable.xla is not None else None
-        # the common case: every parameter a storage slot, every result straight from XLA, in order
-        direct = (self._run is not None and all(entry[0] == "slot" for entry in inputs)
+        # the common case: every parameter a storage slot (or a view's run-time offset, written ~k), every
+        # result straight from XLA, in order
+        direct = (self._run is not None and all(entry[0] in ("slot", "offset") for entry in inputs)
                   and all(kind == FROM_XLA and value == i for i, (kind, value) in enumerate(plan.outputs)))
-        self._direct = tuple(inputs[i][1] for i in plan.tensor_args) if direct else None
+        self._direct = (tuple(inputs[i][1] if inputs[i][0] == "slot" else ~inputs[i][1] for i in plan.tensor_args)
+                        if direct else None)
+        self._offsets = direct and any(entry[0] == "offset" for entry in inputs)
         self._count = plan.num_xla_outputs
 
     def __call__(self, leaves: Leaves):
@@ -162,7 +193,12 @@ class OpKernel:
         slots = self._direct
         if slots is not None:
             try:
-                params = [datas[i].buffer for i in slots]
+                if self._offsets:
+                    offsets = leaves.offsets
+                    params = [datas[i].buffer if i >= 0 else _scalar_buffer(offsets[~i][2], torch.int64)
+                              for i in slots]
+                else:
+                    params = [datas[i].buffer for i in slots]
                 results = self._run(params).disassemble_prefix_into_single_device_arrays(self._count)
             except (AttributeError, TypeError, ValueError):  # a storage never written (buffer None)
                 results = None
@@ -196,6 +232,8 @@ class OpKernel:
                 params.append(buffer)
             elif kind == "host":
                 params.append(_storage.host_to_buffer(leaves.host[index]))
+            elif kind == "offset":
+                params.append(_scalar_buffer(leaves.offsets[index][2], torch.int64))
             else:
                 params.append(_scalar_buffer(leaves.floats[index], entry[2]))
         return run_executable(self.executable, params)

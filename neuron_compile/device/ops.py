@@ -3,9 +3,13 @@
 Every op that reaches the ``neuron`` dispatch key and has no kernel of its own
 in ``kernels`` lands in ``dispatch``:
 
-    signature  op overload + per tensor (dtype, size, stride, offset, which
-               storage, the storage buffer's shape) + every other argument's
-               type and value: everything the executable bakes in
+    signature  op overload + per tensor (dtype, size, stride, which storage,
+               the storage buffer's shape; the offset only where the op
+               writes through the view) + every other argument's type and
+               value: everything the executable bakes in. A view of fewer
+               elements than its storage is read at a run-time offset (a 0-d input of
+               the executable, ``lowering.runtime_offsets``), so a batch sliced
+               at a new offset compiles nothing
     memory     a dict from signature to ``OpKernel``: the hot path
     trace      a miss traces the op with ``make_fx`` on fake tensors, under
                functionalization and our decomposition table: each input is
@@ -66,6 +70,8 @@ def dispatch(op, args, kwargs):
         check_same_device(op, leaves)
     if leaves.two_dtypes:  # one storage read as two dtypes (a view(dtype) beside its base): host copies
         return run_on_host(op, args, kwargs)
+    if leaves.offsets and _writes(op):
+        leaves.pin_written(_written_positions(op, args, kwargs))
     key = (op, tuple(leaves.parts))
     kernel = _KERNELS.get(key)
     if kernel is not None:
@@ -190,6 +196,12 @@ def from_host(value: torch.Tensor) -> torch.Tensor:
 def _flat_tensors(args, kwargs) -> list:
     """The call's tensors in the order ``opkernel.Leaves`` visits them (positional, then kwargs)."""
     return [v for v in tree_leaves((list(args), list(kwargs.values()))) if isinstance(v, torch.Tensor)]
+
+
+@functools.lru_cache(maxsize=None)
+def _writes(op) -> bool:
+    """The op's schema marks an argument written (an in-place or ``out=`` op)."""
+    return any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
 
 
 def _written_positions(op, args, kwargs) -> list[int]:

@@ -24,8 +24,13 @@ import torch.fx
 
 from ._torch_hooks import plain_dispatch
 from .optim import REWRITES
+from .storage import storage_extent
 
 aten = torch.ops.aten
+
+# a view's storage offset in its signature part (``opkernel.Leaves``): an input of the executable, read at
+# run time (a view of fewer elements than its storage, which the op does not write)
+RUNTIME = "offset"
 
 
 class OpTraceError(RuntimeError):
@@ -158,6 +163,7 @@ def trace_op(op, args, kwargs, leaves, written_positions: list[int], bake_floats
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from ..decompositions import decomposition_table
+    from ..lowering.runtime_offsets import offset_slice
 
     parts = [p for p in leaves.parts if isinstance(p, tuple) and p and (p[0] == "host" or isinstance(p[0], torch.dtype))]
     # leaf i -> its part (the tensors' parts, in order)
@@ -171,7 +177,7 @@ def trace_op(op, args, kwargs, leaves, written_positions: list[int], bake_floats
     inputs = []
     slot_input: dict[int, int] = {}
     host_input: dict[int, int] = {}
-    host_index = 0
+    host_index = offset_index = 0
     leaf_source = []
     for position, part in enumerate(tensor_parts):
         if part[0] == "host":
@@ -188,6 +194,12 @@ def trace_op(op, args, kwargs, leaves, written_positions: list[int], bake_floats
             slot_input[slot] = len(example)
             inputs.append(("slot", slot))
             example.append(torch.empty(shape, dtype=data.dtype))
+        if len(part) != 3 and part[3] == RUNTIME:  # its offset is the next ("offset", k) input
+            leaf_source.append(("slot", slot_input[slot], part, len(example)))
+            inputs.append(("offset", offset_index))
+            example.append(torch.empty((), dtype=torch.int64))
+            offset_index += 1
+            continue
         leaf_source.append(("slot", slot_input[slot], part))
 
     written_slots = []
@@ -215,7 +227,7 @@ def trace_op(op, args, kwargs, leaves, written_positions: list[int], bake_floats
             if source[0] == "host":
                 views.append(bases[source[1]])
                 continue
-            _, index, part = source
+            index, part = source[1], source[2]
             base = bases[index]
             if index in work:
                 flat = work[index]
@@ -223,6 +235,9 @@ def trace_op(op, args, kwargs, leaves, written_positions: list[int], bake_floats
                              aten.as_strided.default(flat, part[1], part[2], part[3]))
             elif len(part) == 3:
                 views.append(base)
+            elif part[3] == RUNTIME:  # the view's elements from its run-time offset, then its sizes and strides
+                piece = offset_slice(base, bases[source[3]], storage_extent(part[1], part[2]))
+                views.append(aten.as_strided.default(piece, part[1], part[2], 0))
             elif (inverse := _from_memory_order(part, base.shape)) is not None:
                 views.append(base.permute(inverse))  # a transpose, not a gather
             else:
