@@ -19,9 +19,16 @@ it. A model that fails eagerly is ``does-not-build``, with the reason, and is
 not compiled.
 Results: ``benchmarks/results/hf_zoo.{md,json}``.
 
+``--device neuron``: the same architectures on the ``neuron`` device instead (``device_worker``):
+saved with ``save_pretrained``, loaded on CPU and with ``from_pretrained(path, device_map="neuron")``,
+then logits, greedy ``generate`` with a static cache (compiled by transformers itself) and one eager
+training step, each against the CPU copy. Same workers, crash/timeout handling and ``--resume``;
+no fallback-on rerun. Results: ``benchmarks/results/hf_zoo_device.{md,json}``.
+
     nice -n 10 python benchmarks/hf_zoo.py                 # every architecture
     python benchmarks/hf_zoo.py --quick                    # the 44 most used
     python benchmarks/hf_zoo.py --arch llama,gpt2 --out /tmp/zoo
+    nice -n 5 python benchmarks/hf_zoo.py --device neuron --quick --jobs 1 --timeout 600
 """
 
 from __future__ import annotations
