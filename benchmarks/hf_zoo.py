@@ -19,9 +19,16 @@ it. A model that fails eagerly is ``does-not-build``, with the reason, and is
 not compiled.
 Results: ``benchmarks/results/hf_zoo.{md,json}``.
 
+``--device neuron``: the same architectures on the ``neuron`` device instead (``device_worker``):
+saved with ``save_pretrained``, loaded on CPU and with ``from_pretrained(path, device_map="neuron")``,
+then logits, greedy ``generate`` with a static cache (compiled by transformers itself) and one eager
+training step, each against the CPU copy. Same workers, crash/timeout handling and ``--resume``;
+no fallback-on rerun. Results: ``benchmarks/results/hf_zoo_device.{md,json}``.
+
     nice -n 10 python benchmarks/hf_zoo.py                 # every architecture
     python benchmarks/hf_zoo.py --quick                    # the 44 most used
     python benchmarks/hf_zoo.py --arch llama,gpt2 --out /tmp/zoo
+    nice -n 5 python benchmarks/hf_zoo.py --device neuron --quick --jobs 1 --timeout 600
 """
 
 from __future__ import annotations
@@ -162,6 +169,192 @@ def _float64_verdict(result: dict, mode: str, got: dict, eager: dict, ref64: dic
         result[f"{mode}_float64"] = (f"{worst[0]}: {worst[2]:.2e} from float64, eager float32 {worst[3]:.2e}")
 
 
+def _to(kwargs: dict, device: str) -> dict:
+    return {k: v.to(device) for k, v in kwargs.items()}
+
+
+def _load(model, path, device=None):
+    """``from_pretrained`` of the saved tiny model (its own class: musicgen's decoder, bert's masked LM)."""
+    import torch
+
+    extra = {"device_map": device} if device else {}
+    loaded = type(model).from_pretrained(path, dtype=torch.float32, **extra)
+    if hasattr(loaded, "set_default_language"):  # xmod
+        loaded.set_default_language(next(iter(loaded.config.languages)))
+    return loaded
+
+
+GENERATE = dict(max_new_tokens=4, do_sample=False, use_cache=True, return_dict_in_generate=True, output_logits=True)
+
+
+def _generate_verdict(got, want) -> tuple[str, str]:
+    """Greedy tokens against CPU's. Where they part, CPU's own logits at that step decide: if the
+    device's token scores within 1e-4 of CPU's pick on CPU (a near-tie among random weights), float
+    noise chose it and the rest of the sequence cannot be compared; otherwise it is a mismatch."""
+    import torch
+
+    a, b = got.sequences.cpu(), want.sequences
+    if a.shape == b.shape and torch.equal(a, b):
+        return "pass", ""
+    start = b.shape[1] - len(want.logits)  # the prompt
+    for step in range(min(a.shape[1], b.shape[1]) - start):
+        rows = (a[:, start + step] != b[:, start + step]).nonzero().flatten().tolist()
+        if rows:
+            r = rows[0]
+            logits = want.logits[step][r].float()
+            gap = (logits[b[r, start + step]] - logits[a[r, start + step]]).abs().item()
+            if gap <= 1e-4 * max(1.0, logits.abs().max().item()):
+                return "pass", (f"tie: token {step} of row {r} differs where CPU's two candidates score "
+                                f"{gap:.1e} apart (earlier tokens equal)")
+            return "mismatch", (f"token {step} of row {r}: device {a[r, start + step].item()}, CPU "
+                                f"{b[r, start + step].item()} (CPU logits {gap:.2e} apart)")
+    return "mismatch", f"lengths differ: device {tuple(a.shape)}, CPU {tuple(b.shape)}"
+
+
+def device_worker(arch: str) -> dict:
+    """One architecture on the ``neuron`` device: the tiny model saved, then loaded twice with
+    ``from_pretrained`` (on CPU, and with ``device_map="neuron"``); logits, greedy ``generate`` with a
+    static cache (transformers compiles the forward by itself on neuron) and one eager training step,
+    each against the CPU copy. A model that fails on CPU is ``does-not-build`` (with why)."""
+    import copy
+    import tempfile
+
+    import torch
+    import torch._dynamo
+
+    import neuron_compile
+
+    torch._dynamo.config.recompile_limit = 64
+    result = {"arch": arch, "device": "neuron"}
+    modes = ("inference", "generate", "training")
+
+    def unbuilt(modes_left, why):
+        result.update({m: "does-not-build" for m in modes_left}, error=why)
+        return result
+
+    try:
+        model, kwargs = build(arch)
+        with tempfile.TemporaryDirectory() as path:
+            model.save_pretrained(path)
+            cpu = _load(model, path)
+            cpu.eval()
+            with torch.no_grad():
+                ref = cpu(**kwargs).logits
+            try:
+                dev = _load(model, path, "neuron")
+            except Exception as exc:  # noqa: BLE001 - loads on CPU, not on neuron
+                result.update({m: "crash" for m in modes})
+                result["error"] = "from_pretrained(device_map='neuron'): " + _classify(exc)[1]
+                return result
+    except Exception as exc:  # noqa: BLE001 - recorded in the table
+        return unbuilt(modes, _eager_error(exc))
+    result["params"] = sum(p.numel() for p in cpu.parameters())
+    if model.reinitialized:
+        result["reinitialized"] = model.reinitialized
+    del model
+    assert next(dev.parameters()).device.type == "neuron"
+    on_dev = _to(kwargs, "neuron")
+
+    # inference: logits
+    dev.eval()
+    start = time.perf_counter()
+    try:
+        with torch.no_grad():
+            got = dev(**on_dev).logits.cpu()
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+        result["inference"] = "pass"
+    except AssertionError as exc:
+        result["inference"], result["inference_error"] = "mismatch", " ".join(str(exc).split())[:300]
+        try:
+            with torch.no_grad():
+                ref64 = {"logits": copy.deepcopy(cpu).double()(**kwargs).logits}
+            _float64_verdict(result, "inference", {"logits": got}, {"logits": ref}, ref64)
+        except Exception as e:  # noqa: BLE001
+            result["inference_float64"] = f"no float64 run: {type(e).__name__}"
+    except Exception as exc:  # noqa: BLE001
+        result["inference"], result["inference_error"] = _classify(exc)
+    result["inference_seconds"] = round(time.perf_counter() - start, 1)
+
+    # generate: greedy, a static cache (compiled by transformers itself on neuron), against CPU's tokens
+    start = time.perf_counter()
+    if OTHER.get(arch) == "masked-lm":
+        result["generate"], result["generate_error"] = "n/a", "a masked LM does not generate"
+    else:
+        ids = kwargs["input_ids"]
+        gen = dict(GENERATE, cache_implementation="static")
+        try:
+            torch.manual_seed(0)
+            want = cpu.generate(ids, **gen)
+        except Exception as exc:  # noqa: BLE001 - no static cache for this model on CPU: the default cache
+            result["generate_static"] = "CPU refuses a static cache: " + _eager_error(exc)
+            gen = dict(GENERATE)
+            try:
+                torch.manual_seed(0)
+                want = cpu.generate(ids, **gen)
+            except Exception as exc2:  # noqa: BLE001
+                result["generate"], result["generate_error"] = "does-not-build", _eager_error(exc2)
+                want = None
+        if want is not None:
+            reports = len(neuron_compile.compile_reports())
+            try:
+                torch._dynamo.reset()
+                torch.manual_seed(0)
+                got_gen = dev.generate(ids.to("neuron"), **gen)
+                result["generate"], why = _generate_verdict(got_gen, want)
+                if why:
+                    result["generate_error" if result["generate"] != "pass" else "generate_note"] = why
+            except Exception as exc:  # noqa: BLE001
+                result["generate"], result["generate_error"] = _classify(exc)
+            result["generate_compiled"] = sum(r.kind == "inference" for r in neuron_compile.compile_reports()[reports:])
+    result["generate_seconds"] = round(time.perf_counter() - start, 1)
+
+    # training: one eager step on the device, loss + logits + every gradient against CPU's
+    cpu.train()
+    dev.train()
+    start = time.perf_counter()
+    try:
+        cpu.zero_grad(set_to_none=True)
+        torch.manual_seed(0)
+        out = cpu(**kwargs)
+        out.loss.backward()
+        ref_loss, ref_logits = out.loss.detach(), out.logits.detach()
+        ref_grads = {n: p.grad.clone() for n, p in cpu.named_parameters() if p.grad is not None}
+    except Exception as exc:  # noqa: BLE001
+        result["training"], result["training_error"] = "does-not-build", _eager_error(exc)
+        return result
+    try:
+        dev.zero_grad(set_to_none=True)
+        torch.manual_seed(0)  # random ops on neuron draw CPU's numbers
+        out = dev(**on_dev)
+        out.loss.backward()
+        loss, logits = out.loss.detach().cpu(), out.logits.detach().cpu()
+        grads = {n: p.grad.cpu() for n, p in dev.named_parameters() if p.grad is not None}
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+        assert grads.keys() == ref_grads.keys(), f"gradients for {sorted(set(ref_grads) ^ set(grads))[:5]} differ"
+        for name, g in ref_grads.items():
+            torch.testing.assert_close(grads[name], g, rtol=1e-3, atol=1e-4, msg=lambda m, name=name: f"{name}: {m}")
+        result["training"] = "pass"
+    except AssertionError as exc:
+        result["training"], result["training_error"] = "mismatch", " ".join(str(exc).split())[:300]
+        try:
+            m64 = copy.deepcopy(cpu).double()
+            m64.zero_grad(set_to_none=True)
+            torch.manual_seed(0)
+            o64 = m64(**kwargs)
+            o64.loss.backward()
+            ref64 = {"loss": o64.loss.detach(), "logits": o64.logits.detach()}
+            ref64.update({n: p.grad for n, p in m64.named_parameters() if p.grad is not None})
+            got_all = dict(grads, loss=loss, logits=logits)
+            _float64_verdict(result, "training", got_all, dict(ref_grads, loss=ref_loss, logits=ref_logits), ref64)
+        except Exception as e:  # noqa: BLE001
+            result["training_float64"] = f"no float64 run: {type(e).__name__}"
+    except Exception as exc:  # noqa: BLE001
+        result["training"], result["training_error"] = _classify(exc)
+    result["training_seconds"] = round(time.perf_counter() - start, 1)
+    return result
+
+
 def worker(arch: str, fallback: str) -> dict:
     """One architecture: eager reference first (a failure there is ``does-not-build``), then compiled."""
     import copy
@@ -284,23 +477,25 @@ def worker(arch: str, fallback: str) -> dict:
 RESULT = "@@zoo-result "  # prefixes a worker's JSON result line on its stdout
 
 
-def _worker_env() -> dict:
+def _worker_env(device: str = "") -> dict:
     env = dict(os.environ)
-    env.setdefault("NEURON_COMPILE_CACHE", "0")
+    if not device:  # the device's eager ops share the artifact cache across architectures (same shapes)
+        env.setdefault("NEURON_COMPILE_CACHE", "0")
     env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), str(HERE), env.get("PYTHONPATH", "")])
     return env
 
 
 def _failed(arch: str, fallback: str, status: str, why: str) -> dict:
-    return {"arch": arch, "fallback": fallback, "inference": status, "training": status, "error": why}
+    return {"arch": arch, "fallback": fallback, "inference": status, "generate": status, "training": status,
+            "error": why}
 
 
-def run_one(arch: str, fallback: str, timeout: float) -> dict:
+def run_one(arch: str, fallback: str, timeout: float, device: str = "") -> dict:
     """One architecture in a fresh process."""
-    cmd = [sys.executable, __file__, "--worker", arch, "--fallback", fallback]
+    cmd = [sys.executable, __file__, "--worker", arch, "--fallback", fallback] + (["--device", device] if device else [])
     start = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_worker_env(),
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_worker_env(device),
                               cwd=str(HERE.parent))
     except subprocess.TimeoutExpired:
         return _failed(arch, fallback, "timeout", f"timeout after {timeout:.0f}s")
@@ -319,17 +514,19 @@ class WorkerProcess:
     architecture. One that crashes or runs past the timeout is replaced. ``script``: the file whose
     ``--serve`` answers (another benchmark that reuses this machinery)."""
 
-    def __init__(self, script: str = __file__):
+    def __init__(self, script: str = __file__, device: str = ""):
         self.proc = None
         self.script = script
+        self.device = device
 
     def _start(self):
         import queue
         import threading
 
-        self.proc = subprocess.Popen([sys.executable, self.script, "--serve"], stdin=subprocess.PIPE,
+        extra = ["--device", self.device] if self.device else []
+        self.proc = subprocess.Popen([sys.executable, self.script, "--serve"] + extra, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
-                                     env=_worker_env(), cwd=str(HERE.parent))
+                                     env=_worker_env(self.device), cwd=str(HERE.parent))
         self.lines, self.errors = queue.Queue(), collections.deque(maxlen=20)  # the last stderr lines
         threading.Thread(target=lambda p=self.proc, q=self.lines: [q.put(ln) for ln in p.stdout] + [q.put(None)],
                          daemon=True).start()
@@ -368,7 +565,7 @@ class WorkerProcess:
             self.proc = None
 
 
-def serve() -> None:
+def serve(device: str = "") -> None:
     """--serve: read architecture names from stdin, one per line; print a result line for each."""
     import warnings
 
@@ -381,13 +578,20 @@ def serve() -> None:
         arch = line.strip()
         torch._dynamo.reset()
         neuron_compile.reset()
-        print(RESULT + json.dumps(worker(arch, "error")), flush=True)
+        print(RESULT + json.dumps(device_worker(arch) if device else worker(arch, "error")), flush=True)
 
 
-def run_arch(arch: str, timeout: float, process: WorkerProcess | None = None) -> dict:
+def run_arch(arch: str, timeout: float, process: WorkerProcess | None = None, device: str = "") -> dict:
     """Fallback off (in ``process`` when given); a result other than a pass is checked again in a
     fresh process (an architecture before it in the same process must not decide it), and where
-    it fails to compile, fallback on is run as well."""
+    it fails to compile, fallback on is run as well (not on the device: there fallback is the
+    device's own ``NEURON_COMPILE_FALLBACK``, off)."""
+    if device:
+        first = process.run(arch, timeout) if process is not None else run_one(arch, "error", timeout, device)
+        ok = ("pass", "does-not-build", "n/a")
+        if process is not None and any(first.get(k, "pass") not in ok for k in DEVICE_MODES):
+            first = run_one(arch, "error", timeout, device)
+        return {"device": first}
     first = process.run(arch, timeout) if process is not None else run_one(arch, "error", timeout)
     ok = ("pass", "does-not-build", "random")
     if process is not None and any(first[k] not in ok for k in ("inference", "training")):
@@ -398,11 +602,15 @@ def run_arch(arch: str, timeout: float, process: WorkerProcess | None = None) ->
     return entry
 
 
-def summary(results: dict) -> dict:
+DEVICE_MODES = ("inference", "generate", "training")
+
+
+def summary(results: dict, device: str = "") -> dict:
     """Per mode: how many build and run eagerly, how many of those pass, and the rest by status."""
     out = {}
-    for mode in ("inference", "training"):
-        statuses = [r["error"][mode] for r in results.values()]
+    for mode in DEVICE_MODES if device else ("inference", "training"):
+        statuses = [r["device" if device else "error"].get(mode, "n/a") for r in results.values()]
+        statuses = [s for s in statuses if s != "n/a"]
         built = [s for s in statuses if s != "does-not-build"]
         counts = {s: statuses.count(s) for s in sorted(set(statuses))}
         out[mode] = {"built": len(built), "pass": built.count("pass"),
@@ -457,6 +665,47 @@ def write_table(results: dict, out: Path, note: str = "") -> None:
     (out / "hf_zoo.md").write_text("\n".join(lines) + "\n")
 
 
+def write_device_table(results: dict, out: Path, note: str = "") -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "hf_zoo_device.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    sums = summary(results, "neuron")
+
+    def line(mode):
+        s = sums[mode]
+        rest = ", ".join(f"{k} {v}" for k, v in s["statuses"].items() if k != "pass")
+        return f"{mode} **{s['pass']}/{s['built']} = {s['rate']}%**" + (f" ({rest})" if rest else "")
+
+    lines = ["# Hugging Face architecture zoo on the `neuron` device", "",
+             f"Generated by `benchmarks/hf_zoo.py --device neuron`. {len(results)} architectures, the tiny configs "
+             f"of `benchmarks/zoo_configs.py` ({LAYERS} layers, hidden {HIDDEN}, {HEADS} heads, {KV_HEADS} KV heads, "
+             f"vocab {VOCAB}), random weights, batch {BATCH}x{SEQ}. Each model is saved with `save_pretrained` and "
+             "loaded twice, on CPU and with `from_pretrained(path, device_map=\"neuron\")`; the device copy runs "
+             "against the CPU copy. Inference: eager logits (rtol=atol=1e-4). Generate: greedy, "
+             f"{GENERATE['max_new_tokens']} new tokens, `cache_implementation=\"static\"` (transformers compiles "
+             "the forward by itself on neuron; the column `graphs` counts the graphs our backend compiled), "
+             "tokens equal to CPU's; where they part, CPU's own logits at that step must show a near-tie "
+             "(within 1e-4) for a pass (noted). A model whose CPU generate refuses a static cache generates with "
+             "its default cache (noted). Training: one eager step, loss, logits and every gradient against CPU "
+             "(gradients rtol=1e-3, atol=1e-4), random ops seeded alike (the device draws CPU's numbers); "
+             "a mismatch is rerun in float64 and passes as float noise when the device is within 4x of CPU "
+             "float32's own distance. `does-not-build`: fails on CPU (why given), nothing run on the device; "
+             "`n/a`: a masked LM does not generate." + (f" {note}" if note else ""), "",
+             f"**On the device:** {line('inference')}; {line('generate')}; {line('training')} "
+             "of those that build and run on CPU.", "",
+             "| architecture | inference | generate | graphs | training | seconds | error or note |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for arch, r in results.items():
+        e = r["device"]
+        notes = [e["error"]] if e.get("error") else []
+        for m in DEVICE_MODES:
+            for key in (f"{m}_error", f"{m}_float64", f"{m}_note", f"{m}_static"):
+                if e.get(key) and not (m == "generate" and e.get(m) == "n/a"):
+                    notes.append(f"{m}: {e[key]}")
+        lines.append(f"| {arch} | {e.get('inference')} | {e.get('generate', 'n/a')} | {e.get('generate_compiled', '')} | "
+                     f"{e.get('training')} | {e.get('seconds', '')} | {'; '.join(notes)[:400].replace('|', '/')} |")
+    (out / "hf_zoo_device.md").write_text("\n".join(lines) + "\n")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", default="", help="comma-separated architectures (default: every causal LM)")
@@ -469,6 +718,9 @@ def main(argv=None) -> int:
                    help="keep the results already in OUT/hf_zoo.json (with --arch: rerun just those)")
     p.add_argument("--note", default="", help="a sentence for the table's header (how the run was made)")
     p.add_argument("--table", action="store_true", help="only rebuild OUT/hf_zoo.md from OUT/hf_zoo.json")
+    p.add_argument("--device", default="", choices=["", "neuron"],
+                   help="run on the neuron device: from_pretrained(device_map=...), logits, static-cache generate "
+                        "and an eager training step against CPU (OUT/hf_zoo_device.{md,json})")
     p.add_argument("--worker", default="", help=argparse.SUPPRESS)
     p.add_argument("--fallback", default="error", help=argparse.SUPPRESS)
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
@@ -477,20 +729,23 @@ def main(argv=None) -> int:
         import warnings
 
         warnings.filterwarnings("ignore")
-        print(RESULT + json.dumps(worker(args.worker, args.fallback)), flush=True)
+        fn = device_worker(args.worker) if args.device else worker(args.worker, args.fallback)
+        print(RESULT + json.dumps(fn), flush=True)
         return 0
     if args.serve:
-        serve()
+        serve(args.device)
         return 0
     out = Path(args.out)
     order = all_archs()
+    name = "hf_zoo_device.json" if args.device else "hf_zoo.json"
+    write = write_device_table if args.device else write_table
     if args.table:
-        results = json.loads((out / "hf_zoo.json").read_text())
-        write_table({a: results[a] for a in order if a in results} | results, out, args.note)
+        results = json.loads((out / name).read_text())
+        write({a: results[a] for a in order if a in results} | results, out, args.note)
         return 0
     results = {}
-    if args.resume and (out / "hf_zoo.json").exists():
-        results = json.loads((out / "hf_zoo.json").read_text())
+    if args.resume and (out / name).exists():
+        results = json.loads((out / name).read_text())
     archs = args.arch.split(",") if args.arch else QUICK if args.quick else order
     todo = [a for a in archs if args.arch or not args.resume or a not in results]
     started = time.time()
@@ -503,25 +758,27 @@ def main(argv=None) -> int:
 
     def run(arch):
         if not hasattr(local, "process"):
-            local.process = WorkerProcess()
+            local.process = WorkerProcess(device=args.device)
             processes.append(local.process)
-        return run_arch(arch, args.timeout, local.process)
+        return run_arch(arch, args.timeout, local.process, args.device)
 
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         futures = {pool.submit(run, arch): arch for arch in todo}
         for fut in as_completed(futures):
             arch = futures[fut]
             entry = results[arch] = fut.result()
-            e, f = entry["error"], entry.get("eager") or {}
-            print(f"[{time.time() - started:.0f}s] {arch}: inference {e['inference']}, training {e['training']}"
+            e, f = entry.get("error") or entry["device"], entry.get("eager") or {}
+            print(f"[{time.time() - started:.0f}s] {arch}: inference {e['inference']}, "
+                  + (f"generate {e.get('generate')}, " if args.device else "") + f"training {e['training']}"
                   + (f"; fallback on: {f['inference']}, {f['training']}" if f else "")
-                  + "".join(f"\n    {k}: {e[k]}" for k in ("error", "inference_error", "training_error") if e.get(k)),
+                  + "".join(f"\n    {k}: {e[k]}" for k in ("error", "inference_error", "generate_error",
+                                                            "training_error") if e.get(k)),
                   flush=True)
-            write_table({a: results[a] for a in order if a in results} | results, out, args.note)
+            write({a: results[a] for a in order if a in results} | results, out, args.note)
     for process in processes:
         process.close()
     print(f"zoo: {len(todo)} architectures in {time.time() - started:.0f}s, {args.jobs} workers; "
-          f"{json.dumps(summary(results))}")
+          f"{json.dumps(summary(results, args.device))}")
     return 0
 
 

@@ -113,3 +113,36 @@ def test_the_driver_classifies_a_model_that_fails_eagerly(tmp_path):
     table = (tmp_path / "hf_zoo.md").read_text()
     assert "| no_such_arch | does-not-build | does-not-build |" in table
     assert "0/0" in table  # none built, none counted
+
+
+@pytest.mark.slow
+def test_device_mode_runs_an_architecture_through_the_scripts_own_worker():
+    # save, from_pretrained(device_map="neuron"), logits, static-cache generate (compiled by
+    # transformers itself), one eager training step: each against the CPU copy
+    result = hf_zoo.device_worker("gpt2")
+    assert (result["inference"], result["generate"], result["training"]) == ("pass", "pass", "pass"), result
+    assert result["generate_compiled"] >= 1  # generate's forward went through our backend
+
+
+def test_device_mode_tells_a_near_tie_from_a_wrong_token():
+    from types import SimpleNamespace
+
+    logits = torch.zeros(1, 8)
+    logits[0, 3], logits[0, 5] = 1.0, 1.0 - 1e-6  # CPU picks 3; 5 scores within 1e-4 of it
+    want = SimpleNamespace(sequences=torch.tensor([[7, 7, 3]]), logits=(logits,))
+    assert hf_zoo._generate_verdict(SimpleNamespace(sequences=torch.tensor([[7, 7, 3]])), want) == ("pass", "")
+    status, why = hf_zoo._generate_verdict(SimpleNamespace(sequences=torch.tensor([[7, 7, 5]])), want)
+    assert status == "pass" and why.startswith("tie")
+    logits[0, 5] = 0.5
+    status, why = hf_zoo._generate_verdict(SimpleNamespace(sequences=torch.tensor([[7, 7, 5]])), want)
+    assert status == "mismatch" and "device 5, CPU 3" in why
+
+
+def test_device_mode_driver_writes_its_own_table(tmp_path):
+    proc = subprocess.run([sys.executable, str(BENCH / "hf_zoo.py"), "--device", "neuron", "--arch", "no_such_arch",
+                           "--out", str(tmp_path), "--jobs", "1"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    entry = json.loads((tmp_path / "hf_zoo_device.json").read_text())["no_such_arch"]["device"]
+    assert entry["inference"] == entry["generate"] == entry["training"] == "does-not-build"
+    assert "| no_such_arch | does-not-build | does-not-build |" in (tmp_path / "hf_zoo_device.md").read_text()
+    assert not (tmp_path / "hf_zoo.json").exists()
