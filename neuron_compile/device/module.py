@@ -35,17 +35,66 @@ def _is_in_bad_fork() -> bool:
 
 
 def device_count() -> int:
-    return 1
+    """The neuron devices of this process: ``NEURON_DEVICE_COUNT``, else one per torchrun local rank
+    (``LOCAL_WORLD_SIZE``), else 1 (``runtime/devices.py``). ``neuron:i`` lives on PJRT device ``i``."""
+    from runtime.devices import local_device_count
+
+    return local_device_count()
+
+
+_current = 0  # the current device index, as torch.cuda's (set_device, torch.accelerator.set_device_index)
 
 
 def current_device() -> int:
-    return 0
+    return _current
+
+
+def check_index(index: int) -> int:
+    """``index`` when it names a neuron device of this process; a clear error naming it otherwise."""
+    count = device_count()
+    if not isinstance(index, int) or not 0 <= index < count:
+        names = ", ".join(f"neuron:{i}" for i in range(min(count, 4))) + (", ..." if count > 4 else "")
+        raise RuntimeError(f"neuron device {index} is out of range: this process has {count} neuron "
+                           f"device{'s' if count != 1 else ''} ({names}); NEURON_DEVICE_COUNT sets how many "
+                           "(default: one per torchrun local rank, LOCAL_WORLD_SIZE)")
+    return index
+
+
+def _index(device) -> int:
+    """The index ``device`` names (an int, ``"neuron:1"``, a ``torch.device``; None or no index: the current
+    device), checked."""
+    if device is None:
+        return _current
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != "neuron":
+            raise ValueError(f"expected a neuron device, got {device}")
+        if device.index is None:
+            return _current
+        device = device.index
+    return check_index(int(device))
 
 
 def set_device(device) -> None:
-    index = torch.device(device).index if not isinstance(device, int) else device
-    if index not in (None, 0):
-        raise RuntimeError(f"neuron device {index} is out of range: there is 1 neuron device (neuron:0)")
+    """Make ``device`` the current neuron device (``torch.neuron.set_device(1)``, and
+    ``torch.accelerator.set_device_index(1)``, routed here); a negative int is a no-op, as on CUDA."""
+    global _current
+    if isinstance(device, int) and device < 0:
+        return
+    _current = _index(device)
+    if _current:
+        from ._torch_hooks import backward_on_calling_thread
+
+        backward_on_calling_thread()  # the autograd engine has a worker for neuron:0 only
+
+
+def _exchange_device(index: int) -> int:
+    """``torch.accelerator.device_index``'s enter and exit: set ``index`` (negative: nothing), return the old."""
+    previous = _current
+    if index >= 0:
+        set_device(index)
+    return previous
 
 
 def get_device_name(device=None) -> str:
@@ -61,13 +110,13 @@ class _DeviceProperties(NamedTuple):
 
 def get_device_properties(device=None) -> _DeviceProperties:
     """``torch.neuron.get_device_properties(0).name`` (TRL's trainers read it), as ``torch.cuda``'s."""
-    set_device(device if device is not None else 0)
+    _index(device)
     return _DeviceProperties(get_device_name(), mem_get_info()[1])
 
 
 def synchronize(device=None) -> None:
     """Wait for every op issued so far (our client runs synchronously: they are done)."""
-    set_device(device if device is not None else 0)
+    _index(device)
 
 
 def manual_seed(seed: int) -> None:
@@ -112,12 +161,12 @@ set_rng_state_all = lambda states: set_rng_state(states[0])  # noqa: E731
 
 def memory_allocated(device=None) -> int:
     """Bytes of live PJRT buffers held by neuron tensors."""
-    set_device(device if device is not None else 0)
+    _index(device)
     return _storage.memory_allocated()
 
 
 def max_memory_allocated(device=None) -> int:
-    set_device(device if device is not None else 0)
+    _index(device)
     return _storage.max_memory_allocated()
 
 
@@ -132,7 +181,7 @@ def max_memory_reserved(device=None) -> int:
 
 def memory_stats_as_nested_dict(device=None) -> dict:
     """``allocated_bytes`` and ``reserved_bytes``, each ``{"all": {current, peak, allocated, freed}}``."""
-    set_device(device if device is not None else 0)
+    _index(device)
     return _storage.memory_stats()
 
 
@@ -153,18 +202,18 @@ def memory_stats(device=None) -> dict:
 
 
 def reset_peak_memory_stats(device=None) -> None:
-    set_device(device if device is not None else 0)
+    _index(device)
     _storage.reset_peak_memory_stats()
 
 
 def reset_accumulated_memory_stats(device=None) -> None:
-    set_device(device if device is not None else 0)
+    _index(device)
     _storage.reset_accumulated_memory_stats()
 
 
 def mem_get_info(device=None) -> tuple[int, int]:
     """(free, total) bytes: our buffers live in the host's memory (PJRT's CPU client)."""
-    set_device(device if device is not None else 0)
+    _index(device)
     page = os.sysconf("SC_PAGE_SIZE")
     return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
 
@@ -181,19 +230,24 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
 
 
 def _get_device_index(device=None, optional=False) -> int:
-    return 0
+    return _index(device)
 
 
 class device:
-    """``with torch.neuron.device(0):`` (there is one device; anything else is an error)."""
+    """``with torch.neuron.device(1):``: ``neuron:1`` is the current device inside (``None``: unchanged)."""
 
     def __init__(self, device):
-        set_device(device if device is not None else 0)
+        self._index = _index(device) if device is not None else None
+        self._previous = None
 
     def __enter__(self):
+        if self._index is not None:
+            self._previous = _exchange_device(self._index)
         return self
 
     def __exit__(self, *exc):
+        if self._previous is not None:
+            set_device(self._previous)
         return False
 
 
