@@ -275,6 +275,8 @@ class XlaExecutable:
     target: object = None
     what: str = "the executable"  # names it in a distributed failure: its graph and collectives
     _on_devices: dict | None = None  # device index -> the same executable loaded on that PJRT device
+    _serialized: bytes | None = None  # what it was loaded from (an executable loaded from bytes does not
+    # serialize again into bytes that load: "Function wrapped_iota not found")
 
     def loaded_on(self, index: int):
         """The executable loaded on PJRT device ``index`` (neuron:``index``'s buffers): device 0's is
@@ -290,7 +292,7 @@ class XlaExecutable:
         loaded = self._on_devices.get(index)
         if loaded is None:
             client = _client()
-            data = client.serialize_executable(self.loaded)
+            data = self._serialized if self._serialized is not None else client.serialize_executable(self.loaded)
             loaded = self._on_devices[index] = client.deserialize_executable(data, _device_list(index),
                                                                             _options_on(index))
         return loaded
@@ -327,7 +329,7 @@ class XlaExecutable:
             loaded = _while_importing_jax(lambda: target.deserialize(data))
             return cls(loaded, time.perf_counter() - start, target=target)
         loaded = _while_importing_jax(lambda: _client().deserialize_executable(data, _device_list(), _compile_options()))
-        return cls(loaded, time.perf_counter() - start)
+        return cls(loaded, time.perf_counter() - start, _serialized=bytes(data))
 
     def to_buffer(self, tensor: torch.Tensor):
         return _to_buffer(tensor) if self.target is None else dlpack_buffer(tensor, self.target.device)
