@@ -555,3 +555,41 @@ def plain_dispatch():
     if not torch._C._dispatch_tls_local_exclude_set().has(torch._C.DispatchKey.Functionalize):
         return contextlib.nullcontext()
     return torch._C._ForceDispatchKeyGuard(*_PLAIN_DISPATCH)
+
+
+# the in-place collective ops every C++ ``ProcessGroup`` (gloo's...) sends its collectives through
+# (``torch/csrc/distributed/c10d/Ops.cpp``: one kernel per device type, CPU's calls the group's CPU backend)
+C10D_COLLECTIVES = ("allreduce_", "allreduce_coalesced_", "broadcast_", "allgather_", "_allgather_base_",
+                    "allgather_into_tensor_coalesced_", "allgather_coalesced_", "reduce_scatter_",
+                    "_reduce_scatter_base_", "reduce_scatter_tensor_coalesced_", "reduce_", "gather_", "scatter_",
+                    "alltoall_base_", "alltoall_", "send", "recv_", "recv_any_source_", "barrier")
+
+CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
+
+def collectives_on_device_through(handler) -> torch.library.Library | None:
+    """A C++ process group's collectives on neuron tensors call ``handler(op, *args, **kwargs)``.
+
+    ``init_process_group("gloo")`` builds a C++ ``ProcessGroup`` whose only backends are for CPU (and
+    CUDA); its methods call the dispatcher ops ``c10d::allreduce_``..., whose PrivateUse1 kernels ask the
+    group for a PrivateUse1 backend, which gloo is not: "No backend type associated with device type
+    neuron". Ours replace those kernels (torch registers them in C++; ``torch.library`` overrides them, with a
+    warning we silence), so DDP's reducer and FSDP2 on neuron tensors over a gloo group reach ``handler``,
+    which runs the CPU kernel (``redispatch_cpu``) on host copies. A Python ``ProcessGroup`` subclass (our
+    ``NeuronProcessGroup``) overrides the methods and never reaches these ops."""
+    if not torch.distributed.is_available():
+        return None
+    import warnings
+
+    library = torch.library.Library("c10d", "IMPL")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*[Oo]verrid.*")
+        for name in C10D_COLLECTIVES:
+            op = getattr(torch.ops.c10d, name).default
+            library.impl(name, functools.partial(handler, op), PRIVATE_KEY)
+    return library
+
+
+def redispatch_cpu(op, *args, **kwargs):
+    """``op``'s CPU kernel (the group's CPU backend: gloo) on host tensors."""
+    return op.redispatch(CPU_KEYS, *args, **kwargs)

@@ -42,10 +42,24 @@ def device_count() -> int:
     return local_device_count()
 
 
-_current = 0  # the current device index, as torch.cuda's (set_device, torch.accelerator.set_device_index)
+_current = None  # the current device index, as torch.cuda's (set_device, torch.accelerator.set_device_index)
 
 
 def current_device() -> int:
+    """The current device: what ``set_device`` set; at first the torchrun local rank (``LOCAL_RANK``) when it
+    names a device of this process (one device per local rank, so each rank's tensors land on
+    ``neuron:<LOCAL_RANK>``, as accelerate, which reads ``current_device()`` for neuron, expects), else 0."""
+    global _current
+    if _current is None:
+        try:
+            rank = int(os.environ.get("LOCAL_RANK", "0"))
+        except ValueError:
+            rank = 0
+        _current = rank if 0 < rank < device_count() else 0
+        if _current:
+            from ._torch_hooks import backward_on_calling_thread
+
+            backward_on_calling_thread()
     return _current
 
 
@@ -64,14 +78,14 @@ def _index(device) -> int:
     """The index ``device`` names (an int, ``"neuron:1"``, a ``torch.device``; None or no index: the current
     device), checked."""
     if device is None:
-        return _current
+        return current_device()
     if isinstance(device, str):
         device = torch.device(device)
     if isinstance(device, torch.device):
         if device.type != "neuron":
             raise ValueError(f"expected a neuron device, got {device}")
         if device.index is None:
-            return _current
+            return current_device()
         device = device.index
     return check_index(int(device))
 
@@ -91,7 +105,7 @@ def set_device(device) -> None:
 
 def _exchange_device(index: int) -> int:
     """``torch.accelerator.device_index``'s enter and exit: set ``index`` (negative: nothing), return the old."""
-    previous = _current
+    previous = current_device()
     if index >= 0:
         set_device(index)
     return previous
