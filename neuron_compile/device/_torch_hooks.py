@@ -169,7 +169,7 @@ def _dlpack_types():
 def _seed(index: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """An empty tensor on ``neuron:index`` of ``dtype`` (see above): what new tensors of that index alias."""
     if dtype is not torch.float32:
-        return meta_redispatch(torch.ops.aten.view.dtype, _seed(index), dtype)  # no elements: any dtype
+        return meta_redispatch(torch.ops.aten.view.dtype, _seed(index, torch.float32), dtype)  # no elements: any dtype
     ctypes, DLDevice, DLDataType, DLTensor, DLManagedTensor, deleter = _dlpack_types()
     shape, strides = (ctypes.c_int64 * 1)(0), (ctypes.c_int64 * 1)(1)
     managed = DLManagedTensor()

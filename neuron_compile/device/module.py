@@ -10,6 +10,8 @@ from typing import NamedTuple
 
 import torch
 
+from . import indices as _indices
+from .indices import check_index, current_device, device_count  # noqa: F401 (torch.neuron's)
 from . import storage as _storage
 
 
@@ -34,46 +36,6 @@ def _is_in_bad_fork() -> bool:
     return False
 
 
-def device_count() -> int:
-    """The neuron devices of this process: ``NEURON_DEVICE_COUNT``, else one per torchrun local rank
-    (``LOCAL_WORLD_SIZE``), else 1 (``runtime/devices.py``). ``neuron:i`` lives on PJRT device ``i``."""
-    from runtime.devices import local_device_count
-
-    return local_device_count()
-
-
-_current = None  # the current device index, as torch.cuda's (set_device, torch.accelerator.set_device_index)
-
-
-def current_device() -> int:
-    """The current device: what ``set_device`` set; at first the torchrun local rank (``LOCAL_RANK``) when it
-    names a device of this process (one device per local rank, so each rank's tensors land on
-    ``neuron:<LOCAL_RANK>``, as accelerate, which reads ``current_device()`` for neuron, expects), else 0."""
-    global _current
-    if _current is None:
-        try:
-            rank = int(os.environ.get("LOCAL_RANK", "0"))
-        except ValueError:
-            rank = 0
-        _current = rank if 0 < rank < device_count() else 0
-        if _current:
-            from ._torch_hooks import backward_on_calling_thread
-
-            backward_on_calling_thread()
-    return _current
-
-
-def check_index(index: int) -> int:
-    """``index`` when it names a neuron device of this process; a clear error naming it otherwise."""
-    count = device_count()
-    if not isinstance(index, int) or not 0 <= index < count:
-        names = ", ".join(f"neuron:{i}" for i in range(min(count, 4))) + (", ..." if count > 4 else "")
-        raise RuntimeError(f"neuron device {index} is out of range: this process has {count} neuron "
-                           f"device{'s' if count != 1 else ''} ({names}); NEURON_DEVICE_COUNT sets how many "
-                           "(default: one per torchrun local rank, LOCAL_WORLD_SIZE)")
-    return index
-
-
 def _index(device) -> int:
     """The index ``device`` names (an int, ``"neuron:1"``, a ``torch.device``; None or no index: the current
     device), checked."""
@@ -93,14 +55,9 @@ def _index(device) -> int:
 def set_device(device) -> None:
     """Make ``device`` the current neuron device (``torch.neuron.set_device(1)``, and
     ``torch.accelerator.set_device_index(1)``, routed here); a negative int is a no-op, as on CUDA."""
-    global _current
     if isinstance(device, int) and device < 0:
         return
-    _current = _index(device)
-    if _current:
-        from ._torch_hooks import backward_on_calling_thread
-
-        backward_on_calling_thread()  # the autograd engine has a worker for neuron:0 only
+    _indices.set_current(_index(device))
 
 
 def _exchange_device(index: int) -> int:

@@ -36,7 +36,7 @@ import functools
 
 import torch
 
-from . import _torch_hooks
+from . import _torch_hooks, indices
 
 class _Counters:
     """Bytes of the live buffers and their peak; bytes allocated and freed since the last reset."""
@@ -194,17 +194,12 @@ def new_tensor(shape, dtype: torch.dtype, buffer=None, stride=None, offset: int 
 def device_index(device) -> int:
     """The neuron device index a factory's ``device=`` names (the current device when it names none, as on
     CUDA), checked against the device count: an index out of range is an error naming it."""
-    from . import module
-
     if device is None:
-        return module.current_device()
+        return indices.current_device()
     device = torch.device(device)
-    if device.type != "neuron":
-        return module.current_device()
-    if device.index is None:
-        return module.current_device()
-    module.check_index(device.index)
-    return device.index
+    if device.type != "neuron" or device.index is None:
+        return indices.current_device()
+    return indices.check_index(device.index)
 
 
 def check_device(device) -> None:
