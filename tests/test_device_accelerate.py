@@ -199,7 +199,7 @@ def two_ranks(tmp_path_factory):
                "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), str(script), str(folder)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("ACCELERATE_TORCH_DEVICE", None)
-    env.pop("NEURON_DEVICE_COUNT", None)
+    env["NEURON_DEVICE_COUNT"] = "2"  # one device per local rank (the README's torchrun recipe)
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     results = []
     for rank in (0, 1):

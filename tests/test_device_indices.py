@@ -1,7 +1,7 @@
 """Several ``neuron`` devices per process, as CUDA has several GPUs: ``neuron:i`` on PJRT device ``i``.
 
-``torch.neuron.device_count()`` is ``NEURON_DEVICE_COUNT``, else one per torchrun local rank
-(``LOCAL_WORLD_SIZE``), else 1. The checks that need two devices run in a fresh interpreter
+``torch.neuron.device_count()`` is ``NEURON_DEVICE_COUNT``, else 1 (not yet one per torchrun local
+rank by default: see ``runtime/devices.py``). The checks that need two devices run in a fresh interpreter
 (the PJRT client takes its device count when it starts).
 """
 
@@ -29,7 +29,7 @@ def test_the_count_follows_the_variable_then_torchrun_then_one(monkeypatch):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     assert local_device_count() == 1 == torch.neuron.device_count()
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    assert torch.neuron.device_count() == 4 == torch.accelerator.device_count()
+    assert torch.neuron.device_count() == 1 == torch.accelerator.device_count()
     monkeypatch.setenv("NEURON_DEVICE_COUNT", "3")
     assert torch.neuron.device_count() == 3
     monkeypatch.setenv("NEURON_DEVICE_COUNT", "zero")
@@ -138,11 +138,12 @@ def test_two_devices_in_one_process():
     assert result.returncode == 0 and result.stdout.strip().endswith("OK"), result.stdout[-3000:] + result.stderr[-6000:]
 
 
-def test_torchrun_gives_one_device_per_local_rank():
+def test_under_torchrun_with_a_device_per_local_rank_the_current_device_is_the_local_rank():
     result = _run("""
         import torch
         assert torch.neuron.device_count() == 2
-        torch.neuron.set_device(1)   # what transformers and accelerate do with LOCAL_RANK
+        assert torch.neuron.current_device() == 1  # the local rank, where it names a device
+        torch.neuron.set_device(1)   # what transformers does with LOCAL_RANK
         x = torch.arange(4.0).to(torch.device("neuron", 1)) * 2
         assert x.device == torch.device("neuron", 1) and x.cpu().tolist() == [0.0, 2.0, 4.0, 6.0]
         print("OK")

@@ -9,8 +9,8 @@ from . import _torch_hooks
 
 
 def device_count() -> int:
-    """The neuron devices of this process: ``NEURON_DEVICE_COUNT``, else one per torchrun local rank
-    (``LOCAL_WORLD_SIZE``), else 1 (``runtime/devices.py``). ``neuron:i`` lives on PJRT device ``i``."""
+    """The neuron devices of this process: ``NEURON_DEVICE_COUNT``, else 1 (``runtime/devices.py``).
+    ``neuron:i`` lives on PJRT device ``i``."""
     from runtime.devices import local_device_count
 
     return local_device_count()
@@ -42,7 +42,7 @@ def check_index(index: int) -> int:
         names = ", ".join(f"neuron:{i}" for i in range(min(count, 4))) + (", ..." if count > 4 else "")
         raise RuntimeError(f"neuron device {index} is out of range: this process has {count} neuron "
                            f"device{'s' if count != 1 else ''} ({names}); NEURON_DEVICE_COUNT sets how many "
-                           "(default: one per torchrun local rank, LOCAL_WORLD_SIZE)")
+                           "(under torchrun: the local world size, for one device per local rank)")
     return index
 
 
