@@ -147,5 +147,5 @@ def test_under_torchrun_with_a_device_per_local_rank_the_current_device_is_the_l
         x = torch.arange(4.0).to(torch.device("neuron", 1)) * 2
         assert x.device == torch.device("neuron", 1) and x.cpu().tolist() == [0.0, 2.0, 4.0, 6.0]
         print("OK")
-    """, {"LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "1"})
+    """, {"NEURON_DEVICE_COUNT": "2", "LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "1"})
     assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-4000:]
