@@ -38,6 +38,7 @@ from jaxlib import _jax, utils, xla_client
 from torch.utils.dlpack import from_dlpack as _from_capsule
 
 from . import collectives
+from .devices import local_device_count
 from .xla_logs import quiet_runtime_logs
 
 __all__ = ["XlaExecutable", "XlaCompileError", "platform_description"]
@@ -61,18 +62,40 @@ def _client():
                 quiet_runtime_logs()  # PJRT logs two INFO lines when a client starts
                 # synchronous: we wait for every result at once anyway, and inline dispatch
                 # halves the latency of small graphs (12 us against 28 us for a 2-layer MLP)
-                _CLIENT = xla_client.make_cpu_client(asynchronous=False)
+                # one PJRT CPU device per neuron device index (runtime/devices.py: NEURON_DEVICE_COUNT, or
+                # one per torchrun local rank); neuron:i's buffers live on device i
+                _CLIENT = xla_client.make_cpu_client(asynchronous=False, num_devices=local_device_count())
     return _CLIENT
 
 
-@functools.lru_cache(maxsize=1)
-def _device():
-    return _client().local_devices()[0]
+@functools.lru_cache(maxsize=None)
+def _device(index: int = 0):
+    devices = _client().local_devices()
+    if not 0 <= index < len(devices):
+        raise RuntimeError(f"neuron device {index} is out of range: this process has {len(devices)} neuron "
+                           f"device(s) (NEURON_DEVICE_COUNT sets how many)")
+    return devices[index]
 
 
-@functools.lru_cache(maxsize=1)
-def _device_list():
-    return xla_client.DeviceList((_device(),))
+@functools.lru_cache(maxsize=None)
+def _device_list(index: int = 0):
+    return xla_client.DeviceList((_device(index),))
+
+
+@functools.lru_cache(maxsize=None)
+def _options_on(index: int):
+    """Compile options that place a one-device executable on PJRT device ``index`` (a device list alone
+    does not: XLA assigns replica 0 to device 0 unless the assignment says otherwise)."""
+    import numpy as np
+
+    options = xla_client.CompileOptions()
+    options.device_assignment = xla_client.DeviceAssignment.create(np.array([[index]], dtype=np.int32))
+    return options
+
+
+def device_index_of(buffer) -> int:
+    """The local device index a PJRT buffer lives on (its neuron device index)."""
+    return buffer.device.id
 
 
 _jax_lock = threading.Lock()
@@ -251,6 +274,28 @@ class XlaExecutable:
     _outputs: int | None = None  # how many results the executable has, learned on the first run
     target: object = None
     what: str = "the executable"  # names it in a distributed failure: its graph and collectives
+    _on_devices: dict | None = None  # device index -> the same executable loaded on that PJRT device
+    _serialized: bytes | None = None  # what it was loaded from (an executable loaded from bytes does not
+    # serialize again into bytes that load: "Function wrapped_iota not found")
+
+    def loaded_on(self, index: int):
+        """The executable loaded on PJRT device ``index`` (neuron:``index``'s buffers): device 0's is
+        ``loaded``; another's is device 0's, serialized and loaded again with that device assigned (under a
+        millisecond, once per device), so the artifact cache keeps one entry whatever the device."""
+        if not index:
+            return self.loaded
+        if self.target is not None:
+            raise RuntimeError(f"{self.what} runs on every rank's device 0 of the distributed client; "
+                               f"it cannot run on neuron:{index}")
+        if self._on_devices is None:
+            self._on_devices = {}
+        loaded = self._on_devices.get(index)
+        if loaded is None:
+            client = _client()
+            data = self._serialized if self._serialized is not None else client.serialize_executable(self.loaded)
+            loaded = self._on_devices[index] = client.deserialize_executable(data, _device_list(index),
+                                                                            _options_on(index))
+        return loaded
 
     @classmethod
     def compile(cls, stablehlo_text: str) -> "XlaExecutable":
@@ -284,26 +329,30 @@ class XlaExecutable:
             loaded = _while_importing_jax(lambda: target.deserialize(data))
             return cls(loaded, time.perf_counter() - start, target=target)
         loaded = _while_importing_jax(lambda: _client().deserialize_executable(data, _device_list(), _compile_options()))
-        return cls(loaded, time.perf_counter() - start)
+        return cls(loaded, time.perf_counter() - start, _serialized=bytes(data))
 
     def to_buffer(self, tensor: torch.Tensor):
         return _to_buffer(tensor) if self.target is None else dlpack_buffer(tensor, self.target.device)
 
-    def run_buffers(self, buffers: list) -> list:
-        """Execute on PJRT buffers; returns one XLA array per output."""
+    def run_buffers(self, buffers: list, index: int | None = None) -> list:
+        """Execute on PJRT buffers; returns one XLA array per output. ``index``: the PJRT device to run on
+        (None: the first buffer's, device 0 with no buffer)."""
         if self.target is not None:
             return self.target.run(lambda: self._run(buffers), self.what)
-        return self._run(buffers)
+        if index is None:
+            index = buffers[0].device.id if buffers else 0
+        return self._run(buffers, index)
 
-    def _run(self, buffers: list) -> list:
+    def _run(self, buffers: list, index: int = 0) -> list:
         count = self._outputs
+        loaded = self.loaded if not index else self.loaded_on(index)
         if count is None:
-            results = self.loaded.execute_sharded(buffers).disassemble_into_single_device_arrays()
+            results = loaded.execute_sharded(buffers).disassemble_into_single_device_arrays()
             self._outputs = len(results)
         else:
             # the same arrays, 11 us sooner per call here (jaxlib 0.10.2): the full disassembly goes
             # through a slower path than the prefix one, even when the prefix is every output
-            results = self.loaded.execute_sharded(buffers).disassemble_prefix_into_single_device_arrays(count)
+            results = loaded.execute_sharded(buffers).disassemble_prefix_into_single_device_arrays(count)
         return [per_device[0] for per_device in results]
 
     def __call__(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -82,8 +82,18 @@ class _Guard(torch._C._acc.DeviceGuard):
         return torch._C._autograd.DeviceType.PrivateUse1
 
 
+def backward_on_calling_thread() -> None:
+    """Run this thread's backward passes on the thread itself (``torch.autograd.set_multithreading_enabled(False)``,
+    a thread-local setting). The autograd engine keeps one worker queue per device index of each device type,
+    as many as the device guard's ``deviceCount()``, which the Python guard of ``torch/csrc/acc`` fixes at 1:
+    a backward on ``neuron:1`` tripped the engine's internal assert (``device_ready_queues_``). With
+    multithreading off, the engine runs every node in the caller's queue, as it does for CPU tensors."""
+    torch._C._set_multithreading_enabled(False)
+
+
 def empty_tensor(shape, dtype: torch.dtype) -> torch.Tensor:
-    """A contiguous tensor on ``neuron:0`` with no data (its storage is ours to fill)."""
+    """A contiguous tensor on ``neuron:0`` with no data (its storage is ours to fill; other devices'
+    tensors are made by ``addressed_tensor``)."""
     return torch._C._acc.create_empty_tensor(list(shape), dtype)
 
 
@@ -95,27 +105,86 @@ def meta_redispatch(op, *args, **kwargs):
 _next_address = 1 << 44
 
 
-def addressed_tensor(shape, stride, offset: int, nbytes: int, dtype: torch.dtype) -> torch.Tensor:
+def addressed_tensor(shape, stride, offset: int, nbytes: int, dtype: torch.dtype, index: int = 0) -> torch.Tensor:
     """A neuron tensor on a storage of ``nbytes`` at a fake address of its own (never dereferenced: our
     data is in PJRT), so that ``data_ptr()`` and ``untyped_storage().nbytes()`` tell storages apart as
     on CUDA (safetensors and transformers' ``save_pretrained`` find tied weights by them). Such a
     storage is not resizable: the Meta ``set_`` takes it only at an empty size, then ``as_strided_``
     (which checks the bounds) gives the tensor its shape. About 10 us, against 1 us for
     ``empty_tensor``: kept for tensors made by factories and copies, not every op result."""
-    return place(empty_tensor((0,), dtype), addressed_storage(nbytes), offset, shape, stride)
+    fresh = empty_tensor((0,), dtype) if not index else meta_redispatch(torch.ops.aten.alias.default,
+                                                                        _seed(index, dtype))
+    return place(fresh, addressed_storage(nbytes, index), offset, shape, stride)
 
 
-def addressed_storage(nbytes: int) -> torch.UntypedStorage:
-    """A neuron storage of ``nbytes`` at a fake address of its own (``addressed_tensor``), not resizable."""
+def addressed_storage(nbytes: int, index: int = 0) -> torch.UntypedStorage:
+    """A ``neuron:index`` storage of ``nbytes`` at a fake address of its own (``addressed_tensor``), not
+    resizable."""
     global _next_address
     address = _next_address
     _next_address += (nbytes + 127) // 64 * 64  # 64-byte aligned and at least 64 bytes apart
-    return torch._C._construct_storage_from_data_pointer(address, _device(), nbytes)
+    return torch._C._construct_storage_from_data_pointer(address, _device(index), nbytes)
 
 
-@functools.lru_cache(maxsize=1)
-def _device() -> torch.device:
-    return torch.device(NAME, 0)  # only once PrivateUse1 is renamed
+@functools.lru_cache(maxsize=None)
+def _device(index: int = 0) -> torch.device:
+    return torch.device(NAME, index)  # only once PrivateUse1 is renamed
+
+
+# --- tensors on neuron:1, neuron:2... ---------------------------------------------------------
+# ``torch._C._acc.create_empty_tensor`` makes its tensors on ``neuron:0`` only, and the Meta ``set_`` refuses
+# a storage of another device than the tensor's. One tensor per device index is made through DLPack:
+# torch's ``fromDLPack`` maps DLPack's ``kDLExtDev`` to PrivateUse1 (``getATenDevice`` in
+# ``aten/src/ATen/DLConvertor.cpp``) and wraps the data pointer with ``from_blob``, allocating nothing and
+# dispatching to no kernel of ours. That seed holds no elements at a fake address (never dereferenced);
+# every other tensor of the index is a Meta ``alias`` of it, ``set_`` onto a storage of its own.
+
+_DLPACK_EXT_DEV = 12  # DLDeviceType kDLExtDev
+_SEEDS: list = []  # the DLPack structs behind the seeds: kept for the life of the process
+
+
+def _dlpack_types():
+    import ctypes
+
+    class DLDevice(ctypes.Structure):
+        _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
+
+    class DLDataType(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+    class DLTensor(ctypes.Structure):
+        _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int), ("dtype", DLDataType),
+                    ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
+                    ("byte_offset", ctypes.c_uint64)]
+
+    deleter = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+    class DLManagedTensor(ctypes.Structure):
+        _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", deleter)]
+
+    return ctypes, DLDevice, DLDataType, DLTensor, DLManagedTensor, deleter
+
+
+@functools.lru_cache(maxsize=None)
+def _seed(index: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """An empty tensor on ``neuron:index`` of ``dtype`` (see above): what new tensors of that index alias."""
+    if dtype is not torch.float32:
+        return meta_redispatch(torch.ops.aten.view.dtype, _seed(index, torch.float32), dtype)  # no elements: any dtype
+    ctypes, DLDevice, DLDataType, DLTensor, DLManagedTensor, deleter = _dlpack_types()
+    shape, strides = (ctypes.c_int64 * 1)(0), (ctypes.c_int64 * 1)(1)
+    managed = DLManagedTensor()
+    managed.dl_tensor = DLTensor(ctypes.c_void_p(1 << 40), DLDevice(_DLPACK_EXT_DEV, index), 1,
+                                 DLDataType(2, 32, 1), shape, strides, 0)  # float32, shape (0,)
+    managed.manager_ctx, managed.deleter = None, deleter()  # nothing to free: the struct lives on
+    _SEEDS.append((managed, shape, strides))
+    capsule_new = ctypes.pythonapi.PyCapsule_New
+    capsule_new.restype, capsule_new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    tensor = torch._C._from_dlpack(capsule_new(ctypes.addressof(managed), b"dltensor", None))
+    backward_on_calling_thread()
+    if tensor.device != torch.device(NAME, index):
+        raise RuntimeError(f"torch's DLPack import made a tensor on {tensor.device} for neuron:{index}: "
+                           "torch changed how it maps DLPack's kDLExtDev to PrivateUse1")
+    return tensor
 
 
 def place(tensor: torch.Tensor, storage: torch.UntypedStorage, offset: int, shape, stride) -> torch.Tensor:
@@ -243,12 +312,8 @@ def load_onto_device() -> None:
     def restore(obj, location):
         if not str(location).startswith(NAME):
             return None
-        index = torch.device(location).index
-        if index not in (None, 0):
-            raise RuntimeError(f"cannot load onto {location}: there is 1 neuron device (neuron:0); "
-                               "use map_location to pick another")
         host = torch.empty(0, dtype=torch.uint8).set_(obj.cpu() if obj.device.type != "cpu" else obj)
-        return host.to(NAME).untyped_storage()
+        return host.to(torch.device(location)).untyped_storage()  # an index out of range raises there
 
     serialization.register_package(5, tag, restore)
 
@@ -335,6 +400,10 @@ def route_default_compiler(compiler) -> None:
 # the bindings torch.accelerator's functions call (torch/accelerator/__init__.py and memory.py), and the
 # device module function that answers each for neuron
 ACCELERATOR_BINDINGS = {
+    "_accelerator_setDeviceIndex": "set_device",
+    "_accelerator_getDeviceIndex": "current_device",
+    "_accelerator_exchangeDevice": "_exchange_device",
+    "_accelerator_maybeExchangeDevice": "_exchange_device",
     "_accelerator_synchronizeDevice": "synchronize",
     "_accelerator_isAllocatorInitialized": None,
     "_accelerator_getDeviceStats": "memory_stats_as_nested_dict",
@@ -354,6 +423,9 @@ def route_accelerator_to(backend_module) -> None:
     synchronize (the Python ``DeviceGuard`` of ``torch._C._acc`` does not implement it: "Backend doesn't
     support synchronizing all streams on device") and ``c10::GetAllocator`` for a ``DeviceAllocator``
     (none a Python backend can register: an internal assert; ``emptyHostCache`` segfaults). torch's
+    The current device index (``set_device_index``, ``current_device_index``, ``device_index``) goes the
+    same way: the Python device guard's ``setDevice`` is a no-op and its ``getDevice`` always 0
+    (``torch/csrc/acc``), so ``set_device_index(1)`` was accepted and forgotten. torch's
     Python functions call these bindings through ``torch._C`` on every call, so they are what is
     replaced: device-index parsing and ``memory_stats``' flattening stay torch's own. Any other
     accelerator still reaches the original binding."""
@@ -483,3 +555,41 @@ def plain_dispatch():
     if not torch._C._dispatch_tls_local_exclude_set().has(torch._C.DispatchKey.Functionalize):
         return contextlib.nullcontext()
     return torch._C._ForceDispatchKeyGuard(*_PLAIN_DISPATCH)
+
+
+# the in-place collective ops every C++ ``ProcessGroup`` (gloo's...) sends its collectives through
+# (``torch/csrc/distributed/c10d/Ops.cpp``: one kernel per device type, CPU's calls the group's CPU backend)
+C10D_COLLECTIVES = ("allreduce_", "allreduce_coalesced_", "broadcast_", "allgather_", "_allgather_base_",
+                    "allgather_into_tensor_coalesced_", "allgather_coalesced_", "reduce_scatter_",
+                    "_reduce_scatter_base_", "reduce_scatter_tensor_coalesced_", "reduce_", "gather_", "scatter_",
+                    "alltoall_base_", "alltoall_", "send", "recv_", "recv_any_source_", "barrier")
+
+CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
+
+def collectives_on_device_through(handler) -> torch.library.Library | None:
+    """A C++ process group's collectives on neuron tensors call ``handler(op, *args, **kwargs)``.
+
+    ``init_process_group("gloo")`` builds a C++ ``ProcessGroup`` whose only backends are for CPU (and
+    CUDA); its methods call the dispatcher ops ``c10d::allreduce_``..., whose PrivateUse1 kernels ask the
+    group for a PrivateUse1 backend, which gloo is not: "No backend type associated with device type
+    neuron". Ours replace those kernels (torch registers them in C++; ``torch.library`` overrides them, with a
+    warning we silence), so DDP's reducer and FSDP2 on neuron tensors over a gloo group reach ``handler``,
+    which runs the CPU kernel (``redispatch_cpu``) on host copies. A Python ``ProcessGroup`` subclass (our
+    ``NeuronProcessGroup``) overrides the methods and never reaches these ops."""
+    if not torch.distributed.is_available():
+        return None
+    import warnings
+
+    library = torch.library.Library("c10d", "IMPL")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*[Oo]verrid.*")
+        for name in C10D_COLLECTIVES:
+            op = getattr(torch.ops.c10d, name).default
+            library.impl(name, functools.partial(handler, op), PRIVATE_KEY)
+    return library
+
+
+def redispatch_cpu(op, *args, **kwargs):
+    """``op``'s CPU kernel (the group's CPU backend: gloo) on host tensors."""
+    return op.redispatch(CPU_KEYS, *args, **kwargs)

@@ -57,11 +57,77 @@ from . import _torch_hooks
 NAME = _torch_hooks.NAME
 
 
+_c10d_library = None
+
+
 def register() -> None:
-    """Name the ``neuron`` backend (cheap: dictionary entries in torch.distributed, nothing connects)."""
+    """Name the ``neuron`` backend (cheap: dictionary entries in torch.distributed, nothing connects), and
+    let C++ groups (``init_process_group("gloo")``) serve neuron tensors through host copies."""
+    global _c10d_library
     if torch.distributed.is_available() and torch.distributed.is_gloo_available():
         _torch_hooks.register_process_group_backend(NAME, create, devices=[NAME, "cpu"])
+        _c10d_library = _torch_hooks.collectives_on_device_through(staged_collective)
     _torch_hooks.resize_storage_through(resize_storage)  # one attribute: FSDP2 frees storages with it
+
+
+# --- a C++ group (gloo) on neuron tensors -------------------------------------------------------
+
+# the arguments each c10d op writes its results into (the rest it only reads)
+_WRITTEN = frozenset({"tensors", "output_tensors", "output_tensor", "outputs", "output_lists", "output"})
+_READ_ONLY_OPS = frozenset({"send"})
+
+
+def staged_collective(op, *args, **kwargs):
+    """A C++ group's collective (gloo's, ``init_process_group("gloo")``) on neuron tensors: the neuron
+    tensors' host copies go to the op's CPU kernel, which runs the group's CPU backend; once it finished
+    (waited here: gloo runs on its own threads) the results are written back into the neuron tensors.
+    Returns what the CPU kernel returns, with the neuron tensors in place of their host copies. A failure
+    names the collective, the rank and the group."""
+    from torch.utils._pytree import tree_map
+
+    name = op._schema.name.split("::")[-1]
+    schema_args = op._schema.arguments
+    pairs = []  # (neuron tensor, host copy, written)
+    by_id = {}
+
+    def stage(written):
+        def to_host(value):
+            if not _is_neuron(value):
+                return value
+            with torch.no_grad():
+                host = value.detach().cpu().contiguous()
+            pairs.append((value, host, written))
+            by_id[id(host)] = value
+            return host
+        return to_host
+
+    host_args = []
+    for position, value in enumerate(args):
+        argument = schema_args[position].name if position < len(schema_args) else ""
+        host_args.append(tree_map(stage(argument in _WRITTEN and name not in _READ_ONLY_OPS), value))
+    host_kwargs = {key: tree_map(stage(key in _WRITTEN and name not in _READ_ONLY_OPS), value)
+                   for key, value in kwargs.items()}
+    group = next((a for a in args if not isinstance(a, (torch.Tensor, list, tuple, int, bool, type(None)))), None)
+    try:
+        result = _torch_hooks.redispatch_cpu(op, *host_args, **host_kwargs)
+        work = result[-1] if isinstance(result, tuple) else result
+        work.wait()
+    except Exception as error:  # noqa: BLE001 - any failure becomes the collective's error
+        raise _c10d_error(name, group, error) from error
+    with torch.no_grad():
+        for tensor, host, written in pairs:
+            if written:
+                tensor.copy_(host)
+    return tree_map(lambda v: by_id.get(id(v), v) if isinstance(v, torch.Tensor) else v, result)
+
+
+def _c10d_error(collective: str, group, error: Exception) -> RuntimeError:
+    try:
+        where = f"rank {group.rank()} (world size {group.size()}, group {group.group_name!r})"
+    except Exception:  # noqa: BLE001 - a group that cannot say
+        where = "this rank"
+    return RuntimeError(f"torch.distributed: {collective} on neuron tensors (staged through the group's CPU "
+                        f"backend) failed on {where}: {error}")
 
 
 def resize_storage(storage, nbytes: int):

@@ -25,7 +25,7 @@ import torch
 
 from . import _torch_hooks, ops
 from . import storage as _storage
-from .storage import check_device, new_tensor
+from .storage import device_index, new_tensor
 
 aten = torch.ops.aten
 
@@ -160,17 +160,16 @@ def _dtype(dtype):
 
 @kernel(aten.empty.memory_format)
 def _empty(op, size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    check_device(device)
+    index = device_index(device)
     if memory_format not in (None, torch.contiguous_format, torch.preserve_format):
         stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
-        return new_tensor(size, _dtype(dtype), stride=stride, addressed=True)
-    return new_tensor(size, _dtype(dtype), addressed=True)
+        return new_tensor(size, _dtype(dtype), stride=stride, addressed=True, index=index)
+    return new_tensor(size, _dtype(dtype), addressed=True, index=index)
 
 
 @kernel(aten.empty_strided.default)
 def _empty_strided(op, size, stride, dtype=None, layout=None, device=None, pin_memory=None):
-    check_device(device)
-    return new_tensor(tuple(size), _dtype(dtype), stride=tuple(stride), addressed=True)
+    return new_tensor(tuple(size), _dtype(dtype), stride=tuple(stride), addressed=True, index=device_index(device))
 
 
 # --- moving data -----------------------------------------------------------------------------
@@ -180,6 +179,10 @@ def _copy(op, dst, src, non_blocking=False):
     if dst.is_conj() or dst.is_neg() or src.is_conj() or src.is_neg():
         return _copy_math_bits(dst, src, non_blocking)
     dst_neuron, src_neuron = dst.device.type == "neuron", src.device.type == "neuron"
+    if dst_neuron and src_neuron and dst.device.index != src.device.index:
+        # between neuron devices (neuron:0 -> neuron:1): through the host, as the transfer API goes
+        ops.copy_into(dst, ops.to_host(src))
+        return dst
     if dst_neuron and src_neuron:
         if dst.numel() == 0:
             return dst
@@ -234,7 +237,6 @@ def _copy_from_and_resize(op, src, dst):
 @kernel(aten._to_copy.default)
 def _to_copy(op, x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
              memory_format=None):
-    check_device(device)
     if type(x) not in (torch.Tensor, torch.nn.Parameter):
         # a subclass's Python attributes may not be a tensor's (a lazy module's UninitializedParameter
         # raises on ``.shape``): copy the plain tensor C++ kernels see (its empty data, for a lazy one)
@@ -245,13 +247,19 @@ def _to_copy(op, x, dtype=None, layout=None, device=None, pin_memory=None, non_b
         return aten._to_copy.default(ops.to_host(x), dtype=dtype, memory_format=memory_format)
     if target.type != "neuron":
         raise RuntimeError(f"neuron tensors move to cpu or neuron, not {target}")
+    index = device_index(target)
+    if x.device.type == "neuron" and index != x.device.index:  # to another neuron device: a copy there
+        out = new_tensor(x.shape, dtype or x.dtype, addressed=True, index=index)
+        return _copy(aten.copy_.default, out, x)
     kwargs = {"dtype": dtype} if dtype is not None else {}
     if memory_format is not None:
         kwargs["memory_format"] = memory_format
+    if x.device.type != "neuron" and index:
+        kwargs["device"] = target  # a host tensor: made on the host, then moved to neuron:index
     result = ops.dispatch(op, (x,), kwargs)
     # model.half() on the device makes its new parameters here: they need storages of their own
     moved = new_tensor(result.shape, result.dtype, stride=result.stride(), offset=result.storage_offset(),
-                       addressed=True)
+                       addressed=True, index=index)
     moved.untyped_storage()._neuron = _storage.data_of(result)
     return moved
 
@@ -300,7 +308,8 @@ def _set(op, tensor, source, storage_offset=0, size=None, stride=()):
 @kernel(aten.set_.default)
 def _set_empty(op, tensor):
     # a storage of its own, empty (the Meta set_() would set_ a Meta storage)
-    return _torch_hooks.place(tensor, new_tensor((0,), tensor.dtype).untyped_storage(), 0, (0,), (1,))
+    return _torch_hooks.place(tensor, new_tensor((0,), tensor.dtype, index=tensor.device.index).untyped_storage(),
+                              0, (0,), (1,))
 
 
 # --- convolution: PyTorch sends an unknown backend's convolutions to the *_overrideable ops ---
@@ -393,5 +402,5 @@ def _native_dropout(x, p, train):
         scaled = noise.mul_(0)
     else:
         scaled = noise.div_(1 - p)
-    out = aten.mul.Tensor(x, ops.from_host(scaled))
-    return out, ops.from_host(mask)
+    out = aten.mul.Tensor(x, ops.from_host(scaled, x.device.index))
+    return out, ops.from_host(mask, x.device.index)

@@ -10,6 +10,8 @@ from typing import NamedTuple
 
 import torch
 
+from . import indices as _indices
+from .indices import check_index, current_device, device_count  # noqa: F401 (torch.neuron's)
 from . import storage as _storage
 
 
@@ -34,18 +36,36 @@ def _is_in_bad_fork() -> bool:
     return False
 
 
-def device_count() -> int:
-    return 1
-
-
-def current_device() -> int:
-    return 0
+def _index(device) -> int:
+    """The index ``device`` names (an int, ``"neuron:1"``, a ``torch.device``; None or no index: the current
+    device), checked."""
+    if device is None:
+        return current_device()
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != "neuron":
+            raise ValueError(f"expected a neuron device, got {device}")
+        if device.index is None:
+            return current_device()
+        device = device.index
+    return check_index(int(device))
 
 
 def set_device(device) -> None:
-    index = torch.device(device).index if not isinstance(device, int) else device
-    if index not in (None, 0):
-        raise RuntimeError(f"neuron device {index} is out of range: there is 1 neuron device (neuron:0)")
+    """Make ``device`` the current neuron device (``torch.neuron.set_device(1)``, and
+    ``torch.accelerator.set_device_index(1)``, routed here); a negative int is a no-op, as on CUDA."""
+    if isinstance(device, int) and device < 0:
+        return
+    _indices.set_current(_index(device))
+
+
+def _exchange_device(index: int) -> int:
+    """``torch.accelerator.device_index``'s enter and exit: set ``index`` (negative: nothing), return the old."""
+    previous = current_device()
+    if index >= 0:
+        set_device(index)
+    return previous
 
 
 def get_device_name(device=None) -> str:
@@ -61,13 +81,13 @@ class _DeviceProperties(NamedTuple):
 
 def get_device_properties(device=None) -> _DeviceProperties:
     """``torch.neuron.get_device_properties(0).name`` (TRL's trainers read it), as ``torch.cuda``'s."""
-    set_device(device if device is not None else 0)
+    _index(device)
     return _DeviceProperties(get_device_name(), mem_get_info()[1])
 
 
 def synchronize(device=None) -> None:
     """Wait for every op issued so far (our client runs synchronously: they are done)."""
-    set_device(device if device is not None else 0)
+    _index(device)
 
 
 def manual_seed(seed: int) -> None:
@@ -112,12 +132,12 @@ set_rng_state_all = lambda states: set_rng_state(states[0])  # noqa: E731
 
 def memory_allocated(device=None) -> int:
     """Bytes of live PJRT buffers held by neuron tensors."""
-    set_device(device if device is not None else 0)
+    _index(device)
     return _storage.memory_allocated()
 
 
 def max_memory_allocated(device=None) -> int:
-    set_device(device if device is not None else 0)
+    _index(device)
     return _storage.max_memory_allocated()
 
 
@@ -132,7 +152,7 @@ def max_memory_reserved(device=None) -> int:
 
 def memory_stats_as_nested_dict(device=None) -> dict:
     """``allocated_bytes`` and ``reserved_bytes``, each ``{"all": {current, peak, allocated, freed}}``."""
-    set_device(device if device is not None else 0)
+    _index(device)
     return _storage.memory_stats()
 
 
@@ -153,18 +173,18 @@ def memory_stats(device=None) -> dict:
 
 
 def reset_peak_memory_stats(device=None) -> None:
-    set_device(device if device is not None else 0)
+    _index(device)
     _storage.reset_peak_memory_stats()
 
 
 def reset_accumulated_memory_stats(device=None) -> None:
-    set_device(device if device is not None else 0)
+    _index(device)
     _storage.reset_accumulated_memory_stats()
 
 
 def mem_get_info(device=None) -> tuple[int, int]:
     """(free, total) bytes: our buffers live in the host's memory (PJRT's CPU client)."""
-    set_device(device if device is not None else 0)
+    _index(device)
     page = os.sysconf("SC_PAGE_SIZE")
     return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
 
@@ -181,19 +201,24 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
 
 
 def _get_device_index(device=None, optional=False) -> int:
-    return 0
+    return _index(device)
 
 
 class device:
-    """``with torch.neuron.device(0):`` (there is one device; anything else is an error)."""
+    """``with torch.neuron.device(1):``: ``neuron:1`` is the current device inside (``None``: unchanged)."""
 
     def __init__(self, device):
-        set_device(device if device is not None else 0)
+        self._index = _index(device) if device is not None else None
+        self._previous = None
 
     def __enter__(self):
+        if self._index is not None:
+            self._previous = _exchange_device(self._index)
         return self
 
     def __exit__(self, *exc):
+        if self._previous is not None:
+            set_device(self._previous)
         return False
 
 

@@ -45,7 +45,7 @@ class Leaves:
     """The tensors of one call, in argument order, and the storages they read."""
 
     __slots__ = ("tensors", "datas", "slots", "host", "parts", "device_seen", "mixed", "floats", "two_dtypes",
-                 "retypes", "offsets")
+                 "retypes", "offsets", "index")
 
     def __init__(self):
         self.tensors: list[torch.Tensor] = []
@@ -60,10 +60,17 @@ class Leaves:
         self.retypes: list = []  # (Data, dtype): storages to reinterpret before the op (then walk again)
         # views read at a run-time offset (the executable's ("offset", k) inputs): [part index, tensor, offset]
         self.offsets: list = []
+        self.index = None  # the neuron device index of the first neuron tensor (where the op runs)
 
     def visit(self, value):
         if isinstance(value, torch.Tensor):
-            if value.device.type == "neuron":
+            device = value.device
+            if device.type == "neuron":
+                if self.index != device.index:
+                    if self.index is None:
+                        self.index = device.index
+                    elif self.mixed is None:
+                        self.mixed = value  # another neuron device: an error, as across CUDA devices
                 self.device_seen = True
                 storage = value.untyped_storage()
                 ident = storage._cdata
@@ -156,8 +163,8 @@ def leaves_of(args, kwargs) -> Leaves:
 def check_same_device(op, leaves: Leaves) -> None:
     if leaves.mixed is not None:
         raise MixedDeviceError(
-            f"Expected all tensors to be on the same device, but found at least two devices, neuron:0 and "
-            f"{leaves.mixed.device}! (when checking arguments for {op})")
+            f"Expected all tensors to be on the same device, but found at least two devices, "
+            f"neuron:{leaves.index or 0} and {leaves.mixed.device}! (when checking arguments for {op})")
 
 
 # --- kernels ---------------------------------------------------------------------------------
@@ -191,15 +198,17 @@ class OpKernel:
     def __call__(self, leaves: Leaves):
         datas = leaves.datas
         slots = self._direct
+        index = leaves.index
         if slots is not None:
             try:
                 if self._offsets:
                     offsets = leaves.offsets
-                    params = [datas[i].buffer if i >= 0 else _scalar_buffer(offsets[~i][2], torch.int64)
+                    params = [datas[i].buffer if i >= 0 else _scalar_buffer(offsets[~i][2], torch.int64, index or 0)
                               for i in slots]
                 else:
                     params = [datas[i].buffer for i in slots]
-                results = self._run(params).disassemble_prefix_into_single_device_arrays(self._count)
+                run = self._run if not index else self.executable.xla.loaded_on(index).execute_sharded
+                results = run(params).disassemble_prefix_into_single_device_arrays(self._count)
             except (AttributeError, TypeError, ValueError):  # a storage never written (buffer None)
                 results = None
             if results is not None:
@@ -208,7 +217,11 @@ class OpKernel:
                 results = self._slow(leaves)
         else:
             results = self._slow(leaves)
-        fresh = [new_tensor(shape, dtype, buffer, stride) for (shape, dtype, stride), buffer in zip(self.fresh, results)]
+        if not index:
+            fresh = [new_tensor(shape, dtype, buffer, stride) for (shape, dtype, stride), buffer in zip(self.fresh, results)]
+        else:
+            fresh = [new_tensor(shape, dtype, buffer, stride, index=index)
+                     for (shape, dtype, stride), buffer in zip(self.fresh, results)]
         if self.written:
             for slot, buffer in zip(self.written, results[len(self.fresh):]):
                 if buffer is not None:
@@ -221,45 +234,47 @@ class OpKernel:
     def _slow(self, leaves: Leaves) -> list:
         params = []
         datas = leaves.datas
+        device = leaves.index or 0
         for entry in self.inputs:
             kind, index = entry[0], entry[1]
             if kind == "slot":
                 data = datas[index]
                 buffer = data.buffer
                 if buffer is None:  # never written (torch.empty): its contents are unspecified; zeros
-                    buffer = _storage.zeros_buffer(data.numel, data.dtype)
+                    buffer = _storage.zeros_buffer(data.numel, data.dtype, device)
                     data.set(buffer)
                 params.append(buffer)
             elif kind == "host":
-                params.append(_storage.host_to_buffer(leaves.host[index]))
+                params.append(_storage.host_to_buffer(leaves.host[index], device))
             elif kind == "offset":
-                params.append(_scalar_buffer(leaves.offsets[index][2], torch.int64))
+                params.append(_scalar_buffer(leaves.offsets[index][2], torch.int64, device))
             else:
-                params.append(_scalar_buffer(leaves.floats[index], entry[2]))
-        return run_executable(self.executable, params)
+                params.append(_scalar_buffer(leaves.floats[index], entry[2], device))
+        return run_executable(self.executable, params, device)
 
 
 _SCALARS: dict = {}
 
 
-def _scalar_buffer(value: float, dtype: torch.dtype):
+def _scalar_buffer(value: float, dtype: torch.dtype, index: int = 0):
     """A 0-d buffer holding a runtime float (the last few hundred are kept: a learning rate recurs)."""
-    key = (value, dtype)
+    key = (value, dtype, index)
     buffer = _SCALARS.get(key)
     if buffer is None:
         if len(_SCALARS) > 512:
             _SCALARS.clear()
-        buffer = _SCALARS[key] = _storage.host_to_buffer(torch.tensor(value, dtype=dtype))
+        buffer = _SCALARS[key] = _storage.host_to_buffer(torch.tensor(value, dtype=dtype), index)
     return buffer
 
 
-def run_executable(executable, params: list) -> list:
-    """``compiler.Executable`` on PJRT buffers (its plan picks the parameters and places the results)."""
+def run_executable(executable, params: list, index: int = 0) -> list:
+    """``compiler.Executable`` on PJRT buffers of device ``index`` (its plan picks the parameters and places
+    the results)."""
     from ..compiler import CONSTANT, EMPTY, FROM_ARG, FROM_XLA
 
     plan = executable.plan
     if executable.xla is not None:
-        results = executable.xla.run_buffers([params[i] for i in plan.tensor_args])
+        results = executable.xla.run_buffers([params[i] for i in plan.tensor_args], index)
     else:
         results = []
     out = []

@@ -101,7 +101,7 @@ def retype(data, dtype: torch.dtype) -> None:
             COUNTS["host_copies"] += 2
         _storage.retype(data, dtype)
         return
-    flat = new_tensor(data.buffer.shape, data.dtype, data.buffer).reshape(-1)
+    flat = new_tensor(data.buffer.shape, data.dtype, data.buffer, index=data.buffer.device.id).reshape(-1)
     buffer = _storage.data_of(dispatch(aten.view_copy.dtype, (flat, dtype), {})).buffer
     data.dtype, data.numel = dtype, nbytes // dtype.itemsize
     data.set(buffer)
@@ -145,13 +145,14 @@ def run_on_host(op, args, kwargs):
             resize_(dst, src.shape)
         copy_into(dst, src)
     host_to_dev = {id(h): d for h, d in zip(flat_host, flat_dev)}
+    index = next((t.device.index for t in flat_dev if t.device.type == "neuron"), 0)
 
     def back(value):
         if isinstance(value, torch.Tensor):
             same = host_to_dev.get(id(value))
             if same is not None:
                 return same
-            return from_host(value)
+            return from_host(value, index)
         return value
 
     return tree_map(back, result)
@@ -176,21 +177,24 @@ def _on_host(op):
 
 def _factory_on_host(op, args, kwargs):
     kwargs = dict(kwargs)
+    index = _storage.device_index(kwargs.get("device"))
     if "device" in kwargs:
         kwargs["device"] = torch.device("cpu")
     result = op(*args, **kwargs)
-    return tree_map(lambda v: from_host(v) if isinstance(v, torch.Tensor) else v, result)
+    return tree_map(lambda v: from_host(v, index) if isinstance(v, torch.Tensor) else v, result)
 
 
-def from_host(value: torch.Tensor) -> torch.Tensor:
-    """A neuron copy of a CPU tensor, with its strides when it is laid out densely (``channels_last``)."""
+def from_host(value: torch.Tensor, index: int = 0) -> torch.Tensor:
+    """A copy on ``neuron:index`` of a CPU tensor, with its strides when it is laid out densely
+    (``channels_last``)."""
     COUNTS["host_copies"] += 1
     value = value.detach()
     order = _storage.memory_order(value.shape, value.stride())
     if order is not None:
-        return new_tensor(value.shape, value.dtype, _storage.host_to_buffer(value.permute(order)),
-                          stride=value.stride())
-    return new_tensor(value.shape, value.dtype, _storage.host_to_buffer(value) if value.numel() else None)
+        return new_tensor(value.shape, value.dtype, _storage.host_to_buffer(value.permute(order), index),
+                          stride=value.stride(), index=index)
+    return new_tensor(value.shape, value.dtype, _storage.host_to_buffer(value, index) if value.numel() else None,
+                      index=index)
 
 
 def _flat_tensors(args, kwargs) -> list:
@@ -236,13 +240,14 @@ def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
     if dst.numel() == 0:
         return
     host = src.detach().to(dst.dtype).expand(dst.shape).contiguous()
-    buffer = _storage.host_to_buffer(host)
+    index = dst.device.index
+    buffer = _storage.host_to_buffer(host, index)
     COUNTS["host_copies"] += 1
     data = _storage.data_of(dst)
     if whole(dst, data):
         data.set(buffer)
     else:
-        dispatch(aten.copy_.default, (dst, new_tensor(dst.shape, dst.dtype, buffer)), {})
+        dispatch(aten.copy_.default, (dst, new_tensor(dst.shape, dst.dtype, buffer, index=index)), {})
 
 
 def resize_(tensor: torch.Tensor, size, memory_format=None) -> torch.Tensor:
@@ -261,13 +266,14 @@ def resize_(tensor: torch.Tensor, size, memory_format=None) -> torch.Tensor:
         if old is not None:
             grown = torch.zeros(needed, dtype=data.dtype)
             grown[: old.numel()] = old
-            data.set(_storage.host_to_buffer(grown))
+            data.set(_storage.host_to_buffer(grown, tensor.device.index))
         else:
             data.set(None)
     storage = tensor.untyped_storage()
     if not storage.resizable() and needed * data.dtype.itemsize > storage.nbytes():
         # an addressed storage has a fixed size: the tensor moves to a larger one holding the same data
-        moved = _storage.new_tensor(size, tensor.dtype, stride=stride, offset=offset, addressed=True)
+        moved = _storage.new_tensor(size, tensor.dtype, stride=stride, offset=offset, addressed=True,
+                                    index=tensor.device.index)
         storage = moved.untyped_storage()
         storage._neuron = data
     return _torch_hooks.place(tensor, storage, offset, size, stride)
@@ -282,8 +288,10 @@ class ExecutorAdapter:
 
     @staticmethod
     def host_to_buffer(tensor: torch.Tensor):
+        # onto the current device (a graph's CPU input meets the graph's neuron tensors there: under
+        # torchrun each rank's tensors are on its current device, neuron:<LOCAL_RANK>)
         COUNTS["host_copies"] += 1
-        return _storage.host_to_buffer(tensor)
+        return _storage.host_to_buffer(tensor, _storage.indices.current_device())
 
     @staticmethod
     def to_host(array) -> torch.Tensor:
@@ -298,12 +306,12 @@ class ExecutorAdapter:
         # a view, or a storage never written: its elements, computed on the device
         dense = dispatch(torch.ops.aten.clone.default, (tensor.detach(),), {"memory_format": torch.contiguous_format})
         if not dense.numel():
-            return _storage.host_to_buffer(torch.empty(tensor.shape, dtype=tensor.dtype))
+            return _storage.host_to_buffer(torch.empty(tensor.shape, dtype=tensor.dtype), tensor.device.index)
         return _storage.data_of(dense).buffer
 
     @staticmethod
     def to_tensor(array) -> torch.Tensor:
-        return new_tensor(array.shape, _storage.torch_dtype(array.dtype), array)
+        return new_tensor(array.shape, _storage.torch_dtype(array.dtype), array, index=array.device.id)
 
 
 # --- building a kernel -----------------------------------------------------------------------

@@ -36,7 +36,7 @@ import functools
 
 import torch
 
-from . import _torch_hooks
+from . import _torch_hooks, indices
 
 class _Counters:
     """Bytes of the live buffers and their peak; bytes allocated and freed since the last reset."""
@@ -168,15 +168,17 @@ def storage_extent(shape, stride, offset: int = 0) -> int:
 
 
 def new_tensor(shape, dtype: torch.dtype, buffer=None, stride=None, offset: int = 0,
-               addressed: bool = False) -> torch.Tensor:
-    """A neuron tensor on a fresh storage holding ``buffer`` (or nothing yet). ``addressed``: the
-    storage gets an address and a size of its own (``_torch_hooks.addressed_tensor``), as a factory's
-    result must: a model's parameters and buffers are made by factories and copies."""
+               addressed: bool = False, index: int = 0) -> torch.Tensor:
+    """A neuron tensor on ``neuron:index``, on a fresh storage holding ``buffer`` (on PJRT device ``index``,
+    or nothing yet). ``addressed``: the storage gets an address and a size of its own
+    (``_torch_hooks.addressed_tensor``), as a factory's result must: a model's parameters and buffers are
+    made by factories and copies. A tensor on a device other than 0 is always addressed (torch's one
+    constructor of an unaddressed device tensor makes it on ``neuron:0``)."""
     shape = tuple(shape)
-    if addressed:
+    if addressed or index:
         stride = contiguous_strides(shape) if stride is None else tuple(stride)
         numel = storage_extent(shape, stride, offset)
-        tensor = _torch_hooks.addressed_tensor(shape, stride, offset, numel * dtype.itemsize, dtype)
+        tensor = _torch_hooks.addressed_tensor(shape, stride, offset, numel * dtype.itemsize, dtype, index)
     elif stride is None and not offset:
         tensor = _torch_hooks.empty_tensor(shape, dtype)
         numel = tensor.numel()
@@ -189,11 +191,20 @@ def new_tensor(shape, dtype: torch.dtype, buffer=None, stride=None, offset: int 
     return tensor
 
 
+def device_index(device) -> int:
+    """The neuron device index a factory's ``device=`` names (the current device when it names none, as on
+    CUDA), checked against the device count: an index out of range is an error naming it."""
+    if device is None:
+        return indices.current_device()
+    device = torch.device(device)
+    if device.type != "neuron" or device.index is None:
+        return indices.current_device()
+    return indices.check_index(device.index)
+
+
 def check_device(device) -> None:
     if device is not None:
-        device = torch.device(device)
-        if device.type == "neuron" and device.index not in (None, 0):
-            raise RuntimeError(f"neuron device {device.index} is out of range: there is 1 neuron device (neuron:0)")
+        device_index(device)
 
 
 # --- storages made from Python (``_torch_hooks.make_storages_with``) ---------------------------
@@ -201,10 +212,10 @@ def check_device(device) -> None:
 def new_storage(nbytes: int, device=None) -> torch.UntypedStorage:
     """``torch.UntypedStorage(nbytes, device="neuron")``: an addressed storage of ``nbytes`` bytes that
     reads as zeros until written (torch leaves a new storage's bytes undefined)."""
-    check_device(device)
+    index = device_index(device)
     if nbytes < 0:
         raise RuntimeError(f"torch.UntypedStorage(): a storage of {nbytes} bytes (a size must be at least 0)")
-    storage = _torch_hooks.addressed_storage(nbytes)
+    storage = _torch_hooks.addressed_storage(nbytes, index)
     storage._neuron = Data(torch.uint8, nbytes)
     return storage
 
@@ -214,7 +225,8 @@ def clone_storage(storage: torch.UntypedStorage) -> torch.UntypedStorage:
     same buffer. Buffers are immutable (a write gives its storage a new one), so sharing one is a copy;
     the size is the data's, which an op's result storage does not report (its ``nbytes()`` is 0)."""
     data = storage_data(storage)
-    copy = _torch_hooks.addressed_storage(max(storage.nbytes(), data.numel * data.dtype.itemsize))
+    copy = _torch_hooks.addressed_storage(max(storage.nbytes(), data.numel * data.dtype.itemsize),
+                                          storage.device.index or 0)
     copy._neuron = Data(data.dtype, data.numel, data.buffer)
     return copy
 
@@ -227,7 +239,7 @@ def byteswap_storage(storage: torch.UntypedStorage, element_size: int) -> None:
         return
     host = buffer_to_host(data.buffer, data.dtype).reshape(-1).view(torch.uint8)
     swapped = host.reshape(-1, element_size).flip(1).reshape(-1)
-    data.set(host_to_buffer(swapped.view(data.dtype).reshape(data.buffer.shape)))
+    data.set(host_to_buffer(swapped.view(data.dtype).reshape(data.buffer.shape), data.buffer.device.id))
 
 
 def storage_data(storage: torch.UntypedStorage) -> Data:
@@ -240,8 +252,8 @@ def storage_data(storage: torch.UntypedStorage) -> Data:
 
 # --- host <-> device -------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=1)
-def _put_parts():
+@functools.lru_cache(maxsize=None)
+def _put_parts(index: int = 0):
     import jax
     import jax.core
     from jax.sharding import SingleDeviceSharding
@@ -249,7 +261,7 @@ def _put_parts():
 
     from runtime.executor import _device
 
-    device = _device()
+    device = _device(index)
     # jax turns 64-bit values into 32-bit ones unless x64 is on: on for our transfers only, never globally
     return device, SingleDeviceSharding(device), jax.core.ShapedArray, _jax, jax.enable_x64
 
@@ -262,9 +274,10 @@ def _numpy_dtype(dtype: torch.dtype):
     return torch.empty((), dtype=dtype).numpy().dtype
 
 
-def host_to_buffer(tensor: torch.Tensor):
-    """Copy a CPU tensor into a new PJRT buffer of its shape (PJRT's transfer API: a real copy)."""
-    device, sharding, shaped, _jax, x64 = _put_parts()
+def host_to_buffer(tensor: torch.Tensor, index: int = 0):
+    """Copy a CPU tensor into a new PJRT buffer of its shape on PJRT device ``index`` (``neuron:index``'s;
+    PJRT's transfer API: a real copy)."""
+    device, sharding, shaped, _jax, x64 = _put_parts(index)
     tensor = tensor.detach().resolve_conj().resolve_neg().contiguous()
     if tensor.dtype == torch.bfloat16:
         array = tensor.view(torch.int16).numpy().view(_numpy_dtype(torch.bfloat16))
@@ -290,8 +303,8 @@ def buffer_to_host(buffer, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(array)
 
 
-def zeros_buffer(numel: int, dtype: torch.dtype):
-    return host_to_buffer(torch.zeros(numel, dtype=dtype))
+def zeros_buffer(numel: int, dtype: torch.dtype, index: int = 0):
+    return host_to_buffer(torch.zeros(numel, dtype=dtype), index)
 
 
 def retype(data: Data, dtype: torch.dtype) -> None:
@@ -310,7 +323,7 @@ def retype(data: Data, dtype: torch.dtype) -> None:
     if numel * dtype.itemsize != nbytes:
         host = torch.cat([host, host.new_zeros(numel * dtype.itemsize - nbytes)])
     data.dtype, data.numel = dtype, numel
-    data.set(host_to_buffer(host.view(dtype)))
+    data.set(host_to_buffer(host.view(dtype), data.buffer.device.id))
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,95 @@
+"""Accelerate sees the ``neuron`` device as its own: the one place that touches accelerate's internals.
+
+Accelerate (1.16) supports a ``neuron`` accelerator end to end: ``DistributedType.MULTI_NEURON``,
+the process-group backend ``"neuron"`` (``TORCH_DISTRIBUTED_BACKENDS``), ``torch.neuron`` as the
+device module. Whether it uses any of it is one function, ``accelerate.utils.imports.is_neuron_available``,
+which answers False unless AWS's ``torch_neuronx`` package is importable. Under torchrun
+``PartialState._prepare_backend`` then finds no accelerator (``get_torch_accelerator_backend``
+returns ``(None, None)``), takes the run for ``DistributedType.NO`` with one process, and
+Trainer fails with "ParallelismConfig total_size (2) does not match num_processes (1)".
+
+``install()`` (run at ``import torch``: one entry on ``sys.meta_path``, nothing of accelerate
+imported) replaces that function in ``accelerate.utils.imports`` as soon as accelerate imports it:
+the replacement answers True when ``torch.neuron`` is this package's device, and defers to
+accelerate's own check whenever ``torch_neuronx`` is importable, so a machine with AWS's stack
+is left exactly as it was. ``get_torch_accelerator_backend`` looks the function up in its module
+at every call, so that one module attribute is all that changes. Then, under torchrun:
+
+    _prepare_backend   -> DistributedType.MULTI_NEURON, backend "neuron" (ours: device/distributed.py)
+    init_process_group("neuron")
+    PartialState.set_device -> torch.device("neuron", torch.neuron.current_device())
+
+(``current_device()`` is the local rank under torchrun: ``module``). Single-process runs find the
+device too (``default_device`` is ``neuron``), so ``ACCELERATE_TORCH_DEVICE`` is no longer needed.
+``tests/test_device_accelerate.py`` checks each of these facts about accelerate's source.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import sys
+
+TARGET = "accelerate.utils.imports"
+FUNCTION = "is_neuron_available"
+
+
+def _ours() -> bool:
+    import torch
+
+    module = getattr(torch, "neuron", None)
+    return getattr(module, "__name__", "").startswith("neuron_compile.") and module.is_available()
+
+
+def patch(imports_module) -> None:
+    """Make ``imports_module.is_neuron_available`` answer for our device (unless AWS's stack is there)."""
+    original = getattr(imports_module, FUNCTION, None)
+    if original is None or getattr(original, "_neuron_compile", False):
+        return
+
+    def is_neuron_available(check_device: bool = False) -> bool:
+        if importlib.util.find_spec("torch_neuronx") is not None:
+            return original(check_device)  # AWS's torch-neuronx is installed: accelerate's own answer
+        return _ours()
+
+    is_neuron_available._neuron_compile = True
+    is_neuron_available.__doc__ = original.__doc__
+    is_neuron_available.__wrapped__ = original
+    setattr(imports_module, FUNCTION, is_neuron_available)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Patches ``accelerate.utils.imports`` right after it runs (a post-import hook)."""
+
+    def find_spec(self, name, path, target=None):
+        if name != TARGET:
+            return None
+        for finder in sys.meta_path:
+            if finder is self:
+                continue
+            spec = finder.find_spec(name, path, target) if hasattr(finder, "find_spec") else None
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                loader = spec.loader
+                execute = loader.exec_module
+
+                def exec_module(module, execute=execute):
+                    execute(module)
+                    patch(module)
+
+                loader.exec_module = exec_module
+                return spec
+        return None
+
+
+_installed = False
+
+
+def install() -> None:
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    if TARGET in sys.modules:
+        patch(sys.modules[TARGET])
+    else:
+        sys.meta_path.insert(0, _Finder())

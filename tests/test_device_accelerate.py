@@ -1,0 +1,236 @@
+"""Accelerate and gloo groups on the ``neuron`` device under torchrun.
+
+* Accelerate recognises ``neuron`` (``neuron_compile/device/_accelerate_hooks.py``): the facts about
+  accelerate's source that the one patched function relies on are checked here, so an accelerate
+  release that changes them fails by name; AWS's ``torch_neuronx``, where importable, keeps
+  accelerate's own answer.
+* Two ranks (one torchrun launch): ``init_process_group("gloo")`` then DDP and FSDP2 on neuron tensors
+  against the same on CPU (gloo serves neuron tensors through host copies, ``device/distributed.py``),
+  then ``Accelerator()`` with no configuration: ``MULTI_NEURON``, two processes, ``neuron:<LOCAL_RANK>``,
+  and a prepared model trained with the parameters a single CPU process gets on the global batch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+accelerate = pytest.importorskip("accelerate", reason="accelerate is an optional extra (the Hugging Face tests)")
+
+from neuron_compile.device import _accelerate_hooks  # noqa: E402
+
+
+def test_accelerate_finds_the_device_through_the_one_function_we_patch():
+    from accelerate.utils import imports
+
+    assert getattr(imports.is_neuron_available, "_neuron_compile", False)
+    assert imports.is_neuron_available() is True
+    assert imports.get_torch_accelerator_backend() == ("neuron", torch.neuron)
+
+
+def test_the_facts_about_accelerate_the_patch_relies_on():
+    """Each assertion is one thing accelerate does today; if a release changes it, the patch must be revisited."""
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType, imports
+    from accelerate.utils.constants import TORCH_DISTRIBUTED_BACKENDS
+
+    original = inspect.getsource(imports.is_neuron_available.__wrapped__)
+    assert 'find_spec("torch_neuronx")' in original  # why it says False without AWS's package
+    backend = inspect.getsource(imports.get_torch_accelerator_backend)
+    assert '"neuron": is_neuron_available' in backend and "is_neuron_available()" in backend
+    prepare = inspect.getsource(PartialState._prepare_backend)
+    assert "get_torch_accelerator_backend()" in prepare and 'f"MULTI_{device_type.upper()}"' in prepare
+    assert TORCH_DISTRIBUTED_BACKENDS["neuron"] == "neuron"  # init_process_group("neuron"): ours
+    assert DistributedType("MULTI_NEURON") is DistributedType.MULTI_NEURON
+    set_device = inspect.getsource(PartialState.set_device)
+    assert 'device in ("hpu", "neuron")' in set_device and "device_module.current_device()" in set_device
+
+
+def test_aws_torch_neuronx_keeps_accelerates_own_answer(monkeypatch):
+    fake = types.SimpleNamespace(is_neuron_available=lambda check_device=False: ("accelerate's", check_device))
+    _accelerate_hooks.patch(fake)
+    real_find_spec = importlib.util.find_spec
+    assert fake.is_neuron_available() is True  # no torch_neuronx here: our device answers
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "torch_neuronx" else real_find_spec(name, *a))
+    assert fake.is_neuron_available(True) == ("accelerate's", True)
+
+
+def test_import_torch_imports_no_accelerate_and_patches_it_when_it_comes():
+    code = textwrap.dedent("""
+        import sys, torch
+        assert "accelerate" not in sys.modules and "jax" not in sys.modules
+        from accelerate.utils import imports
+        assert imports.is_neuron_available._neuron_compile
+        print("OK")
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "OK" in done.stdout, done.stderr[-3000:]
+
+
+WORKER = textwrap.dedent('''
+    import json, os, sys, traceback
+    import torch, torch.distributed as dist
+    import torch.nn.functional as F
+
+    out_dir = sys.argv[1]
+    rank = int(os.environ["RANK"])
+    results = {}
+
+
+    class MLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.fc2(torch.tanh(self.fc1(x)))
+
+
+    def batches(seed):
+        torch.manual_seed(seed)
+        return [(torch.randn(8, 8), torch.randn(8, 4)) for _ in range(3)]  # the global batch; rank r: half r
+
+
+    def train(model, device, shard=True):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses = []
+        for x, y in batches(7):
+            if shard:
+                x, y = x[4 * rank:4 * rank + 4], y[4 * rank:4 * rank + 4]
+            opt.zero_grad()
+            loss = F.mse_loss(model(x.to(device)), y.to(device))
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+
+    def params(model):
+        return [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu().reshape(-1).tolist()
+                for p in model.parameters()]
+
+
+    def gloo():
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        dist.init_process_group("gloo")
+        found = {"backend": dist.get_backend()}
+        device = torch.device("neuron", torch.neuron.current_device())
+        for kind in ("ddp", "fsdp2"):
+            for where in ("neuron", "cpu"):
+                torch.manual_seed(0)
+                model = MLP().to(device if where == "neuron" else "cpu")
+                if kind == "ddp":
+                    step_model = DDP(model)
+                else:
+                    mesh = init_device_mesh(where, (2,))
+                    for layer in (model.fc1, model.fc2, model):
+                        fully_shard(layer, mesh=mesh)
+                    step_model = model
+                losses = train(step_model, device if where == "neuron" else "cpu")
+                found[f"{kind}_{where}"] = [losses, params(model), str(next(model.parameters()).device)]
+        dist.destroy_process_group()
+        return found
+
+
+    def accelerate():
+        from accelerate import Accelerator
+        acc = Accelerator()
+        found = {"type": str(acc.distributed_type), "processes": acc.num_processes, "device": str(acc.device),
+                 "backend": dist.get_backend()}
+        torch.manual_seed(0)
+        model = MLP()
+        reference = MLP()
+        reference.load_state_dict(model.state_dict())
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, opt = acc.prepare(model, opt)
+        losses = []
+        for x, y in batches(7):
+            x, y = x[4 * rank:4 * rank + 4].to(acc.device), y[4 * rank:4 * rank + 4].to(acc.device)
+            opt.zero_grad()
+            loss = F.mse_loss(model(x), y)
+            acc.backward(loss)
+            opt.step()
+            losses.append(acc.gather(loss.detach()[None]).cpu().tolist())
+        found["losses"] = losses
+        found["params"] = params(acc.unwrap_model(model))
+        found["param_device"] = str(next(acc.unwrap_model(model).parameters()).device)
+        # one CPU process on the global batch: what DDP's averaged gradients must give
+        train(reference, "cpu", shard=False)
+        found["cpu_params"] = params(reference)
+        return found
+
+
+    for name in ("gloo", "accelerate"):
+        try:
+            results[name] = globals()[name]()
+        except Exception:
+            results[name] = {"exception": traceback.format_exc()}
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(results, f)
+''')
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ranks")
+    script = folder / "worker.py"
+    script.write_text(WORKER)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+               "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), str(script), str(folder)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("ACCELERATE_TORCH_DEVICE", None)
+    env["NEURON_DEVICE_COUNT"] = "2"  # one device per local rank (the README's torchrun recipe)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    results = []
+    for rank in (0, 1):
+        path = folder / f"rank{rank}.json"
+        assert path.exists(), f"rank {rank} wrote nothing (rc {done.returncode}):\n{done.stderr[-6000:]}"
+        results.append(json.loads(path.read_text()))
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["ddp", "fsdp2"])
+def test_a_gloo_group_trains_neuron_tensors_as_cpu_ones(two_ranks, kind):
+    for rank, result in enumerate(two_ranks):
+        found = result["gloo"]
+        assert "exception" not in found, f"rank {rank}:\n{found['exception']}"
+        assert found["backend"] == "gloo"
+        (losses, params, device), (cpu_losses, cpu_params, _) = found[f"{kind}_neuron"], found[f"{kind}_cpu"]
+        assert device == f"neuron:{rank}"  # each rank on neuron:<LOCAL_RANK>
+        assert_close(losses, cpu_losses, rtol=1e-5, atol=1e-6)
+        for p, q in zip(params, cpu_params):
+            assert_close(torch.tensor(p), torch.tensor(q), rtol=1e-5, atol=1e-6)
+    assert two_ranks[0]["gloo"][f"{kind}_neuron"][0] != two_ranks[1]["gloo"][f"{kind}_neuron"][0]
+
+
+@pytest.mark.slow
+def test_accelerate_runs_multi_process_on_neuron_under_torchrun(two_ranks):
+    for rank, result in enumerate(two_ranks):
+        found = result["accelerate"]
+        assert "exception" not in found, f"rank {rank}:\n{found['exception']}"
+        assert found["type"] == "DistributedType.MULTI_NEURON" and found["processes"] == 2
+        assert found["device"] == found["param_device"] == f"neuron:{rank}" and found["backend"] == "neuron"
+        for p, q in zip(found["params"], found["cpu_params"]):
+            assert_close(torch.tensor(p), torch.tensor(q), rtol=1e-5, atol=1e-6)
+    assert two_ranks[0]["accelerate"]["losses"] == two_ranks[1]["accelerate"]["losses"]  # gathered from both
