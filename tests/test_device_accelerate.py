@@ -6,7 +6,7 @@
   accelerate's own answer.
 * Two ranks (one torchrun launch): ``init_process_group("gloo")`` then DDP and FSDP2 on neuron tensors
   against the same on CPU (gloo serves neuron tensors through host copies, ``device/distributed.py``),
-  then ``Accelerator()`` with no configuration: ``MULTI_NEURON``, two processes, ``neuron:<LOCAL_RANK>``,
+  then ``Accelerator()`` with no configuration and no variable: ``MULTI_NEURON``, two processes, ``neuron:<LOCAL_RANK>``,
   and a prepared model trained with the parameters a single CPU process gets on the global batch.
 """
 
@@ -31,12 +31,58 @@ accelerate = pytest.importorskip("accelerate", reason="accelerate is an optional
 from neuron_compile.device import _accelerate_hooks  # noqa: E402
 
 
-def test_accelerate_finds_the_device_through_the_one_function_we_patch():
+def test_accelerate_finds_the_device_through_the_one_function_we_patch(monkeypatch):
     from accelerate.utils import imports
 
     assert getattr(imports.is_neuron_available, "_neuron_compile", False)
+    monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "neuron")
     assert imports.is_neuron_available() is True
     assert imports.get_torch_accelerator_backend() == ("neuron", torch.neuron)
+    # not named, one process: accelerate's own answer for this machine (no AWS package: no neuron), as
+    # before we were installed; under torchrun (WORLD_SIZE > 1) the device is found as CUDA would be
+    monkeypatch.delenv("ACCELERATE_TORCH_DEVICE")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert imports.is_neuron_available() is False
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert imports.is_neuron_available() is True
+    monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "cpu")
+    assert imports.is_neuron_available() is False
+
+
+_CPU_TRAINER = textwrap.dedent("""
+    import torch
+    from torch import nn
+    from transformers import Trainer, TrainingArguments
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(4, 1)
+
+        def forward(self, x, labels):
+            return {"loss": ((self.l(x).squeeze(-1) - labels) ** 2).mean()}
+
+    torch.manual_seed(0)
+    data = [{"x": torch.randn(4), "labels": torch.randn(())} for _ in range(8)]
+    model = M()
+    args = TrainingArguments(output_dir="OUT", report_to=[], max_steps=2, per_device_train_batch_size=4,
+                             save_strategy="no")
+    trainer = Trainer(model=model, args=args, train_dataset=data)
+    trainer.train()
+    print("DEVICES", args.device, trainer.accelerator.device, next(model.parameters()).device)
+""")
+
+
+@pytest.mark.slow
+def test_a_cpu_trainer_script_stays_on_cpu(tmp_path):
+    """Installing the package changes nothing for a script that does not ask for the device (before the
+    variable gated the patch, accelerate chose neuron and transformers CPU: MixedDeviceError in addmm)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("ACCELERATE_TORCH_DEVICE", None)
+    done = subprocess.run([sys.executable, "-c", _CPU_TRAINER.replace("OUT", str(tmp_path))], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "DEVICES cpu cpu cpu" in done.stdout, done.stdout
 
 
 def test_the_facts_about_accelerate_the_patch_relies_on():
@@ -61,6 +107,7 @@ def test_aws_torch_neuronx_keeps_accelerates_own_answer(monkeypatch):
     fake = types.SimpleNamespace(is_neuron_available=lambda check_device=False: ("accelerate's", check_device))
     _accelerate_hooks.patch(fake)
     real_find_spec = importlib.util.find_spec
+    monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "neuron")
     assert fake.is_neuron_available() is True  # no torch_neuronx here: our device answers
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: object() if name == "torch_neuronx" else real_find_spec(name, *a))
@@ -198,7 +245,7 @@ def two_ranks(tmp_path_factory):
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), str(script), str(folder)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    env.pop("ACCELERATE_TORCH_DEVICE", None)
+    env.pop("ACCELERATE_TORCH_DEVICE", None)  # under torchrun accelerate finds the device by itself
     env["NEURON_DEVICE_COUNT"] = "2"  # one device per local rank (the README's torchrun recipe)
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     results = []

@@ -10,7 +10,11 @@ Trainer fails with "ParallelismConfig total_size (2) does not match num_processe
 
 ``install()`` (run at ``import torch``: one entry on ``sys.meta_path``, nothing of accelerate
 imported) replaces that function in ``accelerate.utils.imports`` as soon as accelerate imports it:
-the replacement answers True when ``torch.neuron`` is this package's device, and defers to
+the replacement answers True when ``torch.neuron`` is this package's device and either the run
+is launched on several processes (``WORLD_SIZE`` > 1: torchrun; transformers then takes
+accelerate's device too) or the user named it (``ACCELERATE_TORCH_DEVICE=neuron``: on one process
+transformers' ``TrainingArguments`` reads that variable, and without it a CPU script stays on CPU,
+as before we were installed), and defers to
 accelerate's own check whenever ``torch_neuronx`` is importable, so a machine with AWS's stack
 is left exactly as it was. ``get_torch_accelerator_backend`` looks the function up in its module
 at every call, so that one module attribute is all that changes. Then, under torchrun:
@@ -19,8 +23,8 @@ at every call, so that one module attribute is all that changes. Then, under tor
     init_process_group("neuron")
     PartialState.set_device -> torch.device("neuron", torch.neuron.current_device())
 
-(``current_device()`` is the local rank under torchrun: ``module``). Single-process runs find the
-device too (``default_device`` is ``neuron``), so ``ACCELERATE_TORCH_DEVICE`` is no longer needed.
+(``current_device()`` is the local rank under torchrun where ``NEURON_DEVICE_COUNT`` gives each
+local rank a device, else ``neuron:0`` of each process's own client).
 ``tests/test_device_accelerate.py`` checks each of these facts about accelerate's source.
 """
 
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
+import os
 import sys
 
 TARGET = "accelerate.utils.imports"
@@ -37,6 +42,13 @@ FUNCTION = "is_neuron_available"
 def _ours() -> bool:
     import torch
 
+    named = os.environ.get("ACCELERATE_TORCH_DEVICE", "").strip()
+    launched = int(os.environ.get("WORLD_SIZE", "1") or 1) > 1  # torchrun: a device per rank, as with CUDA
+    if not (named == "neuron" or (launched and not named)):
+        # one process: transformers' TrainingArguments has a neuron check of its own (AWS's package again)
+        # and would keep a CPU script's model on CPU while accelerate moved its batches to neuron
+        # (MixedDeviceError); ACCELERATE_TORCH_DEVICE=neuron makes both choose neuron
+        return False
     module = getattr(torch, "neuron", None)
     return getattr(module, "__name__", "").startswith("neuron_compile.") and module.is_available()
 
