@@ -241,6 +241,11 @@ COMPLEX = {
     "isnan": lambda a, b: torch.isnan(a),
     "isfinite": lambda a, b: torch.isfinite(a / b),
     "view_as_real_copy": lambda a, b: torch.view_as_real_copy(a),
+    # a complex fill value: Torch-MLIR's importer takes no complex scalar, these lower through JAX
+    "fill_": lambda a, b: a.clone().fill_(1 - 2j),
+    "fill_tensor": lambda a, b: a.clone().fill_(b[0]),
+    "full_like": lambda a, b: torch.full_like(a, 2j),
+    "new_full": lambda a, b: a.new_full((2, 3), -1 + 1j),
 }
 
 
