@@ -278,3 +278,33 @@ def test_softmax_of_a_0d_tensor_forward_and_backward_match_cpu(fn, value, softma
     for out in outs:
         (out * 3).backward()
     assert_close(dev.grad.cpu(), cpu.grad, equal_nan=True)
+
+
+VIEW_COPIES = {  # the view-copy ops no decomposition table covers (PyTorch's test_view_ops.py)
+    "slice_copy": lambda x: torch.ops.aten.slice_copy(x, 1, 1, 4, 2),
+    "slice_copy_empty": lambda x: torch.ops.aten.slice_copy(x, 1, 2, 2),
+    "select_copy": lambda x: torch.select_copy(x, 2, 1),
+    "split_copy": lambda x: torch.split_copy(x, 3, 1),
+    "detach_copy": lambda x: torch.detach_copy(x),
+}
+
+
+@pytest.mark.parametrize("name", VIEW_COPIES)
+def test_view_copies_of_a_channels_last_tensor_are_contiguous_like_cpu(name):
+    x = torch.randn(2, 4, 3, 3).to(memory_format=torch.channels_last)
+    want, got = VIEW_COPIES[name](x), VIEW_COPIES[name](x.to("neuron"))
+    for w, g in zip(*[(t,) if isinstance(t, torch.Tensor) else t for t in (want, got)]):
+        assert g.device.type == "neuron" and g.stride() == w.stride()
+        assert_close(g.cpu(), w)
+
+
+def test_view_copies_with_out_write_the_out_tensors_like_cpu():
+    x = torch.randn(4)
+    outs = [torch.empty(2, device="neuron"), torch.empty(2, device="neuron")]
+    torch.split_copy(x.to("neuron"), 2, out=outs)
+    for out, want in zip(outs, torch.split_copy(x, 2)):
+        assert_close(out.cpu(), want)
+    a = torch.randn(3, 5)
+    out = torch.empty(3, device="neuron")
+    torch.select_copy(a.to("neuron"), 1, 4, out=out)
+    assert_close(out.cpu(), a[:, 4])

@@ -241,6 +241,11 @@ COMPLEX = {
     "isnan": lambda a, b: torch.isnan(a),
     "isfinite": lambda a, b: torch.isfinite(a / b),
     "view_as_real_copy": lambda a, b: torch.view_as_real_copy(a),
+    # a complex fill value: Torch-MLIR's importer takes no complex scalar, these lower through JAX
+    "fill_": lambda a, b: a.clone().fill_(1 - 2j),
+    "fill_tensor": lambda a, b: a.clone().fill_(b[0]),
+    "full_like": lambda a, b: torch.full_like(a, 2j),
+    "new_full": lambda a, b: a.new_full((2, 3), -1 + 1j),
 }
 
 
@@ -342,3 +347,11 @@ def test_fractional_max_pooling_and_its_gradient_as_on_cpu(name):
     fn(ref, samples)[0].square().sum().backward()
     fn(dev, N(samples))[0].square().sum().backward()
     assert_close(dev.grad.cpu(), ref.grad)
+
+
+@pytest.mark.parametrize("shape", [(2, 0, 3), (0, 5), (4, 0)], ids=str)
+def test_zero_size_results_have_cpus_strides(shape):
+    # torch's empty device tensor strided a zero-size dim 0 ((2, 0, 3): (0, 3, 1)); CPU: (3, 3, 1)
+    x = torch.randn(shape)
+    for fn in (lambda t: t + 1, lambda t: t.clone(), lambda t: torch.empty_like(t)):
+        assert fn(N(x)).stride() == fn(x).stride()

@@ -90,3 +90,17 @@ def test_cpu_and_neuron_twins_are_matched_by_name():
     assert torch_suites.generic_id("f.py::TestOptimRenewedPRIVATEUSE1::test_step_neuron_float32") == \
         torch_suites.generic_id("f.py::TestOptimRenewedCPU::test_step_cpu_float32")
     assert torch_suites.cause("RuntimeError: size 12 at 0x7f00ab") == "RuntimeError: size # at <address>"
+
+
+def test_a_fused_test_skipped_by_pytorchs_optim_db_is_a_pytorch_rule(tmp_path):
+    # test_optim.py skips its fused tests on a device missing from the optimizer's supports_fused_on
+    # (a fixed list in PyTorch's optim_db): left out of the score, as onlyCPU is
+    def write(device, outcome, message=""):
+        test = f"test_optim.py::TestOptimRenewed{device.upper()}::test_fused_matches_forloop_Adam_{device}_float32"
+        (tmp_path / f"test_optim.py.{device}.jsonl").write_text(
+            json.dumps({"event": "result", "id": test, "outcome": outcome, "message": message}) + "\n")
+
+    write("cpu", "passed")
+    write("neuron", "skipped", "Skipped: neuron:0 is not supported for fused on Adam")
+    summary = torch_suites.compare(tmp_path, ["test_optim.py"])["test_optim.py"]
+    assert summary["cpu_passed"] == 0 and summary["skipped_by_pytorch_rules"] == 1 and not summary["causes"]

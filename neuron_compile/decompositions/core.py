@@ -376,6 +376,35 @@ def _narrow_copy(x, dim: int, start: int, length: int):
     return aten.clone.default(aten.slice.Tensor(x, dim, start, start + length))
 
 
+def _copy_of(view):
+    """A contiguous copy of a view (the ``*_copy`` ops return one, whatever the input's layout)."""
+    if view.numel() == 0:  # an empty slice does not lower; its value is a constant
+        view = _zeros(view.shape, view.dtype, view.device)
+    return aten.clone.default(view, memory_format=torch.contiguous_format)
+
+
+# the view-copy ops no table decomposes (PyTorch's test_view_ops.py: slice_copy of a channels-last
+# tensor, split_copy with out=): Torch-MLIR does not legalize them; each is its view, copied
+@_ours(aten.slice_copy.Tensor)
+def _slice_copy(x, dim: int = 0, start=None, end=None, step: int = 1):
+    return _copy_of(aten.slice.Tensor(x, dim, start, end, step))
+
+
+@_ours(aten.select_copy.int)
+def _select_copy(x, dim: int, index: int):
+    return _copy_of(aten.select.int(x, dim, index))
+
+
+@_ours(aten.split_copy.Tensor)
+def _split_copy(x, split_size: int, dim: int = 0):
+    return [_copy_of(v) for v in aten.split.Tensor(x, split_size, dim)]
+
+
+@_ours(aten.detach_copy.default)
+def _detach_copy(x):
+    return _copy_of(aten.alias.default(x))
+
+
 @_ours(aten.roll)
 def _roll(x, shifts, dims=()):
     # torch-mlir's roll lowering fails on a shift of 0 (a no-op: a copy); other shifts keep it

@@ -94,7 +94,15 @@ def backward_on_calling_thread() -> None:
 def empty_tensor(shape, dtype: torch.dtype) -> torch.Tensor:
     """A contiguous tensor on ``neuron:0`` with no data (its storage is ours to fill; other devices'
     tensors are made by ``addressed_tensor``)."""
-    return torch._C._acc.create_empty_tensor(list(shape), dtype)
+    tensor = torch._C._acc.create_empty_tensor(list(shape), dtype)
+    if 0 in shape and len(shape) > 1:  # it strides a zero-size dim 0 (2x0x3: (0, 3, 1)); CPU's: (3, 3, 1)
+        strides, step = [], 1
+        for size in reversed(tuple(shape)):
+            strides.append(step)
+            step *= max(size, 1)
+        meta_redispatch(torch.ops.aten.set_.source_Storage_storage_offset, tensor, tensor.untyped_storage(), 0,
+                        list(shape), strides[::-1])
+    return tensor
 
 
 def meta_redispatch(op, *args, **kwargs):

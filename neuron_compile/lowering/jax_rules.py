@@ -59,7 +59,7 @@ def _np_dtype(dtype: torch.dtype):
 _ELEMENT_NAME = {
     torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.bfloat16: "bfloat16",
     torch.int64: "int64", torch.int32: "int32", torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8",
-    torch.uint64: "uint64", torch.uint32: "uint32", torch.bool: "bool",
+    torch.uint64: "uint64", torch.uint32: "uint32", torch.uint16: "uint16", torch.bool: "bool",
     torch.complex64: "complex64", torch.complex128: "complex128",
 }
 
@@ -166,7 +166,7 @@ def _register_complex_rules():
         RULES[getattr(aten, {"negative": "neg", "sign": "sgn"}.get(name, name))] = unary(name)
 
 
-@rule(aten.clone, aten.alias, aten.lift_fresh_copy, always=False)
+@rule(aten.clone, torch.ops.prims.clone, aten.alias, aten.lift_fresh_copy, always=False)
 def _identity(out, x, **kwargs):
     return x
 
@@ -290,6 +290,17 @@ def _where(out, condition, a, b):
     import jax.numpy as jnp
 
     return jnp.where(condition, a, b)
+
+
+@rule(aten.full_like, aten.full, aten.fill, aten.scalar_tensor, aten.new_full, always=False)
+def _full(out, *args, **kwargs):
+    # a complex fill value (``x.fill_(1 + 2j)``): Torch-MLIR's importer takes no complex scalar
+    import jax.numpy as jnp
+
+    value = args[1] if len(args) > 1 else args[0]
+    if hasattr(value, "shape"):  # fill.Tensor: a 0-d tensor
+        value = jnp.asarray(value).reshape(())
+    return jnp.full(tuple(out.shape), value, dtype=_np_dtype(out.dtype))
 
 
 @rule(aten.sum, always=False)

@@ -80,9 +80,13 @@ def jax_nodes(gm: torch.fx.GraphModule, kernel_rule=None) -> set[torch.fx.Node]:
         packet, tensors = _packet(node), _tensors(node)
         if any(t.dtype not in _ELEMENT_NAME for t in tensors):
             continue  # complex32: JAX has no such type; Torch-MLIR names the op as usual
-        if packet in ALWAYS or (packet in RULES and any(t.is_complex() for t in tensors)):
+        if packet in ALWAYS or (packet in RULES and any(t.is_complex() or t.dtype in _NOT_IMPORTED for t in tensors)):
             chosen.add(node)
     return chosen
+
+
+# element types Torch-MLIR's importer has no type for (a ``view(torch.uint16)``): through JAX, as complex
+_NOT_IMPORTED = (torch.uint16, torch.uint64)
 
 
 # --------------------------------------------------------------------------- partition and splice
@@ -234,7 +238,7 @@ def _outputs(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
 _ELEMENT = {
     torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",
     torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "ui8",
-    torch.uint64: "ui64", torch.uint32: "ui32", torch.bool: "i1",
+    torch.uint64: "ui64", torch.uint32: "ui32", torch.uint16: "ui16", torch.bool: "i1",
     torch.complex64: "complex<f32>", torch.complex128: "complex<f64>",
 }
 
