@@ -96,12 +96,9 @@ def empty_tensor(shape, dtype: torch.dtype) -> torch.Tensor:
     tensors are made by ``addressed_tensor``)."""
     tensor = torch._C._acc.create_empty_tensor(list(shape), dtype)
     if 0 in shape and len(shape) > 1:  # it strides a zero-size dim 0 (2x0x3: (0, 3, 1)); CPU's: (3, 3, 1)
-        strides, step = [], 1
-        for size in reversed(tuple(shape)):
-            strides.append(step)
-            step *= max(size, 1)
+        strides = torch.empty(tuple(shape), device="meta").stride()
         meta_redispatch(torch.ops.aten.set_.source_Storage_storage_offset, tensor, tensor.untyped_storage(), 0,
-                        list(shape), strides[::-1])
+                        list(shape), list(strides))
     return tensor
 
 
