@@ -1,6 +1,10 @@
 """Shared fixtures: every test gets a fresh Dynamo state and counters, and no test touches ~/.cache."""
 
+import json
 import os
+import socket
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -35,3 +39,40 @@ def fresh_cache(tmp_path, monkeypatch):
     path = tmp_path / "cache"
     monkeypatch.setenv("NEURON_COMPILE_CACHE_DIR", str(path))
     return path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch_two_ranks(folder, worker: str, args=(), env=None, timeout=600, ranks=(0, 1)) -> list[dict]:
+    """Write ``worker`` to ``folder/worker.py`` and run it on 2 ranks under torchrun (gloo's address
+    127.0.0.1, a free port; ``worker.py FOLDER *args``); each rank writes ``FOLDER/rank<R>.json``,
+    returned for ``ranks``. ``env``: variables set (a None value removes one)."""
+    script = folder / "worker.py"
+    script.write_text(worker)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+               "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), str(script), str(folder),
+               *map(str, args)]
+    environ = dict(os.environ, OMP_NUM_THREADS="1")
+    for name, value in (env or {}).items():
+        if value is None:
+            environ.pop(name, None)
+        else:
+            environ[name] = value
+    done = subprocess.run(command, env=environ, capture_output=True, text=True, timeout=timeout)
+    results = []
+    for rank in ranks:
+        path = folder / f"rank{rank}.json"
+        assert path.exists(), f"rank {rank} wrote nothing (rc {done.returncode}):\n{done.stderr[-6000:]}"
+        results.append(json.loads(path.read_text()))
+    return results
+
+
+@pytest.fixture(scope="session")
+def launch_two_ranks():
+    """``launch_two_ranks(folder, worker_source, args=(), env=None, timeout=600, ranks=(0, 1))``: one
+    torchrun launch of 2 ranks, their JSON results (``_launch_two_ranks``)."""
+    return _launch_two_ranks

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -231,29 +229,12 @@ WORKER = textwrap.dedent('''
 ''')
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("ranks")
-    script = folder / "worker.py"
-    script.write_text(WORKER)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-               "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), str(script), str(folder)]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env.pop("ACCELERATE_TORCH_DEVICE", None)  # under torchrun accelerate finds the device by itself
-    env["NEURON_DEVICE_COUNT"] = "2"  # one device per local rank (the README's torchrun recipe)
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    results = []
-    for rank in (0, 1):
-        path = folder / f"rank{rank}.json"
-        assert path.exists(), f"rank {rank} wrote nothing (rc {done.returncode}):\n{done.stderr[-6000:]}"
-        results.append(json.loads(path.read_text()))
-    return results
+def two_ranks(tmp_path_factory, launch_two_ranks):
+    return launch_two_ranks(tmp_path_factory.mktemp("ranks"), WORKER, env={
+        "ACCELERATE_TORCH_DEVICE": None,  # under torchrun accelerate finds the device by itself
+        "NEURON_DEVICE_COUNT": "2",  # one device per local rank (the README's torchrun recipe)
+    })
 
 
 @pytest.mark.slow

@@ -16,11 +16,6 @@ DTensor's dispatch).
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -172,29 +167,10 @@ WORKER = textwrap.dedent('''
 SCENARIOS = "ddp,fsdp2,fsdp2_no_device_named,ddp_compiled,groups,timeout"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory):
+def two_ranks(tmp_path_factory, launch_two_ranks):
     """Both ranks' results (one torchrun launch of every scenario)."""
-    folder = tmp_path_factory.mktemp("ranks")
-    script = folder / "worker.py"
-    script.write_text(WORKER)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-               "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), str(script), str(folder),
-               SCENARIOS]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    results = []
-    for rank in (0, 1):
-        path = folder / f"rank{rank}.json"
-        assert path.exists(), f"rank {rank} wrote nothing (rc {done.returncode}):\n{done.stderr[-6000:]}"
-        results.append(json.loads(path.read_text()))
-    return results
+    return launch_two_ranks(tmp_path_factory.mktemp("ranks"), WORKER, args=(SCENARIOS,))
 
 
 def _check_training(results, name):

@@ -15,9 +15,6 @@ the graph, the collective and the rank, instead of hanging.
 
 from __future__ import annotations
 
-import json
-import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -273,35 +270,17 @@ WORKER = textwrap.dedent('''
 ''')
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _launch(folder, scenarios: str, timeout_s: float, ranks=(0, 1)) -> list[dict]:
-    script = folder / "worker.py"
-    script.write_text(WORKER)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-               "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), str(script), str(folder),
-               scenarios, str(timeout_s)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", NEURON_COMPILE_DUMP_DIR=str(folder / "dump"),
-               NEURON_COMPILE_CACHE_DIR=str(folder / "cache"))
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    results = []
-    for rank in ranks:
-        path = folder / f"rank{rank}.json"
-        assert path.exists(), f"rank {rank} wrote nothing (rc {done.returncode}):\n{done.stderr[-6000:]}"
-        results.append(json.loads(path.read_text()))
-    return results
+def _launch(launch_two_ranks, folder, scenarios: str, timeout_s: float, ranks=(0, 1)) -> list[dict]:
+    return launch_two_ranks(folder, WORKER, args=(scenarios, timeout_s), timeout=300, ranks=ranks, env={
+        "NEURON_COMPILE_DUMP_DIR": str(folder / "dump"), "NEURON_COMPILE_CACHE_DIR": str(folder / "cache")})
 
 
 @pytest.fixture(scope="module")
-def parallel(tmp_path_factory):
+def parallel(tmp_path_factory, launch_two_ranks):
     """Both ranks' results: one torchrun launch runs every training scenario (starting two processes
     that import torch and jax is most of its time)."""
     folder = tmp_path_factory.mktemp("ranks")
-    return folder, _launch(folder, "tp,tp_eager_collectives,simple_fsdp,all_reduce_fn,collectives_fn,"
+    return folder, _launch(launch_two_ranks, folder, "tp,tp_eager_collectives,simple_fsdp,all_reduce_fn,collectives_fn,"
                                    "ddp,fsdp2,ddp_python_reducer", 60)
 
 
@@ -429,9 +408,9 @@ def test_ddp_python_reducer_under_compiled_autograd_trains_as_eager(parallel):
         assert sum(r["collectives"].get("compiled", 0) for r in run["reports"]) > 0, run["reports"]
 
 
-def test_a_collective_a_peer_never_joins_raises_naming_it(tmp_path):
+def test_a_collective_a_peer_never_joins_raises_naming_it(tmp_path, launch_two_ranks):
     # only rank 0's word counts: rank 1, left sleeping, is ended by the coordinator once rank 0 is gone
-    results = _launch(tmp_path, "stuck", 2, ranks=(0,))
+    results = _launch(launch_two_ranks, tmp_path, "stuck", 2, ranks=(0,))
     found = results[0]["stuck"]
     assert "exception" not in found, found["exception"]
     error = found["error"]
