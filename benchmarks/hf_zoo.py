@@ -211,6 +211,30 @@ def _generate_verdict(got, want) -> tuple[str, str]:
     return "mismatch", f"lengths differ: device {tuple(a.shape)}, CPU {tuple(b.shape)}"
 
 
+def _train_step(model, kwargs, seed: int | None = 0, forward=None):
+    """One training step's (loss, logits, {name: grad}), detached; ``forward`` calls the model (a compiled
+    one), ``seed`` seeds the step's random draws (None: not reseeded)."""
+    import torch
+
+    model.zero_grad(set_to_none=True)
+    if seed is not None:
+        torch.manual_seed(seed)
+    out = (model if forward is None else forward)(**kwargs)
+    out.loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out.loss.detach(), out.logits.detach(), grads
+
+
+def _assert_step_matches(loss, logits, grads, ref_loss, ref_logits, ref_grads) -> None:
+    import torch
+
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+    assert grads.keys() == ref_grads.keys(), f"gradients for {sorted(set(ref_grads) ^ set(grads))[:5]} differ"
+    for name, g in ref_grads.items():
+        torch.testing.assert_close(grads[name], g, rtol=1e-3, atol=1e-4, msg=lambda m, name=name: f"{name}: {m}")
+
+
 def device_worker(arch: str) -> dict:
     """One architecture on the ``neuron`` device: the tiny model saved, then loaded twice with
     ``from_pretrained`` (on CPU, and with ``device_map="neuron"``); logits, greedy ``generate`` with a
@@ -313,38 +337,20 @@ def device_worker(arch: str) -> dict:
     dev.train()
     start = time.perf_counter()
     try:
-        cpu.zero_grad(set_to_none=True)
-        torch.manual_seed(0)
-        out = cpu(**kwargs)
-        out.loss.backward()
-        ref_loss, ref_logits = out.loss.detach(), out.logits.detach()
-        ref_grads = {n: p.grad.clone() for n, p in cpu.named_parameters() if p.grad is not None}
+        ref_loss, ref_logits, ref_grads = _train_step(cpu, kwargs)
     except Exception as exc:  # noqa: BLE001
         result["training"], result["training_error"] = "does-not-build", _eager_error(exc)
         return result
     try:
-        dev.zero_grad(set_to_none=True)
-        torch.manual_seed(0)  # random ops on neuron draw CPU's numbers
-        out = dev(**on_dev)
-        out.loss.backward()
-        loss, logits = out.loss.detach().cpu(), out.logits.detach().cpu()
-        grads = {n: p.grad.cpu() for n, p in dev.named_parameters() if p.grad is not None}
-        torch.testing.assert_close(loss, ref_loss, rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
-        assert grads.keys() == ref_grads.keys(), f"gradients for {sorted(set(ref_grads) ^ set(grads))[:5]} differ"
-        for name, g in ref_grads.items():
-            torch.testing.assert_close(grads[name], g, rtol=1e-3, atol=1e-4, msg=lambda m, name=name: f"{name}: {m}")
+        loss, logits, grads = _train_step(dev, on_dev)  # seeded: random ops on neuron draw CPU's numbers
+        loss, logits, grads = loss.cpu(), logits.cpu(), {n: g.cpu() for n, g in grads.items()}
+        _assert_step_matches(loss, logits, grads, ref_loss, ref_logits, ref_grads)
         result["training"] = "pass"
     except AssertionError as exc:
         result["training"], result["training_error"] = "mismatch", " ".join(str(exc).split())[:300]
         try:
-            m64 = copy.deepcopy(cpu).double()
-            m64.zero_grad(set_to_none=True)
-            torch.manual_seed(0)
-            o64 = m64(**kwargs)
-            o64.loss.backward()
-            ref64 = {"loss": o64.loss.detach(), "logits": o64.logits.detach()}
-            ref64.update({n: p.grad for n, p in m64.named_parameters() if p.grad is not None})
+            loss64, logits64, ref64 = _train_step(copy.deepcopy(cpu).double(), kwargs)
+            ref64.update(loss=loss64, logits=logits64)
             got_all = dict(grads, loss=loss, logits=logits)
             _float64_verdict(result, "training", got_all, dict(ref_grads, loss=ref_loss, logits=ref_logits), ref64)
         except Exception as e:  # noqa: BLE001
@@ -407,12 +413,7 @@ def worker(arch: str, fallback: str) -> dict:
     model.train()
     start = time.perf_counter()
     try:
-        model.zero_grad(set_to_none=True)
-        torch.manual_seed(0)
-        out = model(**kwargs)
-        out.loss.backward()
-        ref_loss, ref_logits = out.loss.detach(), out.logits.detach()
-        ref_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        ref_loss, ref_logits, ref_grads = _train_step(model, kwargs)
         torch.manual_seed(12345)
         with torch.no_grad():
             random_draws = not torch.equal(model(**kwargs).logits, ref_logits)
@@ -436,28 +437,17 @@ def worker(arch: str, fallback: str) -> dict:
         result["training_seconds"] = round(time.perf_counter() - start, 1)
         return result
     try:
-        model.zero_grad(set_to_none=True)
         torch._dynamo.reset()
-        out = torch.compile(model, backend="neuron", options=options)(**kwargs)
-        out.loss.backward()
-        torch.testing.assert_close(out.loss.detach(), ref_loss, rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(out.logits.detach(), ref_logits, rtol=1e-4, atol=1e-4)
-        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-        assert grads.keys() == ref_grads.keys(), f"gradients for {sorted(set(ref_grads) ^ set(grads))[:5]} differ"
-        for name, g in ref_grads.items():
-            torch.testing.assert_close(grads[name], g, rtol=1e-3, atol=1e-4, msg=lambda m, name=name: f"{name}: {m}")
+        compiled = torch.compile(model, backend="neuron", options=options)
+        loss, logits, grads = _train_step(model, kwargs, seed=None, forward=compiled)
+        _assert_step_matches(loss, logits, grads, ref_loss, ref_logits, ref_grads)
         result["training"] = "pass"
     except AssertionError as exc:
         result["training"], result["training_error"] = "mismatch", " ".join(str(exc).split())[:300]
         try:
-            m64 = copy.deepcopy(model).double()
-            m64.zero_grad(set_to_none=True)
-            o64 = m64(**kwargs)
-            o64.loss.backward()
-            ref64 = {"loss": o64.loss.detach(), "logits": o64.logits.detach()}
-            ref64.update({n: p.grad for n, p in m64.named_parameters() if p.grad is not None})
-            got_all = {"loss": out.loss.detach(), "logits": out.logits.detach()}
-            got_all.update({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+            loss64, logits64, ref64 = _train_step(copy.deepcopy(model).double(), kwargs, seed=None)
+            ref64.update(loss=loss64, logits=logits64)
+            got_all = dict(grads, loss=loss, logits=logits)
             _float64_verdict(result, "training", got_all, dict(ref_grads, loss=ref_loss, logits=ref_logits), ref64)
         except Exception as e:  # noqa: BLE001
             result["training_float64"] = f"no float64 run: {type(e).__name__}"
