@@ -146,6 +146,23 @@ def test_under_torchrun_with_a_device_per_local_rank_the_current_device_is_the_l
         torch.neuron.set_device(1)   # what transformers does with LOCAL_RANK
         x = torch.arange(4.0).to(torch.device("neuron", 1)) * 2
         assert x.device == torch.device("neuron", 1) and x.cpu().tolist() == [0.0, 2.0, 4.0, 6.0]
+
+        # no index names the current device, as on CUDA, on every path that moves data there (torch's C++
+        # asked the Python device guard, which answers 0: x.to("neuron") was labelled neuron:0, its next op raised)
+        c = torch.arange(3.0)
+        moved = {
+            "to": c.to("neuron"), "to(device)": c.to(torch.device("neuron")),
+            "to(device=, dtype=)": c.to(device="neuron", dtype=torch.float64), "neuron()": c.neuron(),
+            "tensor": torch.tensor([0.0, 1.0, 2.0], device="neuron"), "as_tensor": torch.as_tensor(c, device="neuron"),
+            "asarray": torch.asarray(c, device="neuron"), "Module.to": torch.nn.Linear(3, 3).to("neuron").weight[0],
+            "new_tensor": x.new_tensor([0.0, 1.0, 2.0]), "zeros": torch.zeros(3, device="neuron"),
+        }
+        for name, t in moved.items():
+            assert t.device == torch.device("neuron", 1), (name, t.device)
+            assert (t + x[:3].to(t.dtype)).device.index == 1, name   # the next op runs (it raised)
+        assert c.to("neuron:0").device.index == 0   # a named index stays what it names
+        torch.neuron.set_device(0)
+        assert c.to("neuron").device.index == 0 and x.new_tensor([1.0]).device.index == 1  # new_tensor: x's device
         print("OK")
     """, {"NEURON_DEVICE_COUNT": "2", "LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "1"})
     assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-4000:]

@@ -36,7 +36,7 @@ def register() -> None:
 
     if _registered:  # the first `import torch` of the process ran our entry point, which registered
         return
-    from . import _accelerate_hooks, _torch_hooks, distributed, module, storage
+    from . import _accelerate_hooks, _torch_hooks, distributed, indices, module, storage
 
     if torch._C._get_privateuse1_backend_name() not in ("privateuseone", _torch_hooks.NAME):
         return  # another backend owns PrivateUse1 in this process: leave it alone
@@ -52,7 +52,19 @@ def register() -> None:
     _torch_hooks.route_default_compiler(_default_compiler)
     _torch_hooks.route_accelerator_to(module)
     _accelerate_hooks.install()  # accelerate finds this device under torchrun (patched when it imports)
+    if _several_devices():
+        indices.index_less_moves_follow_current()  # x.to("neuron") lands on the current device
     _registered = True
+
+
+def _several_devices() -> bool:
+    """Whether ``NEURON_DEVICE_COUNT`` asks for more than one device (a bad value is an error at first use)."""
+    from runtime.devices import local_device_count
+
+    try:
+        return local_device_count() > 1
+    except ValueError:
+        return False
 
 
 def _fallback(op, *args, **kwargs):
