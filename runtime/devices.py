@@ -1,10 +1,10 @@
 """How many ``neuron`` devices this process has: cheap (no jax), read by the device module at ``import torch``
 and by the executor when it makes its PJRT client (one CPU PJRT device per ``neuron`` index).
 
-    NEURON_DEVICE_COUNT   set it (1 to 64); under torchrun, set it to the local world size for one
-                          device per local rank (neuron:<LOCAL_RANK>, as one GPU each)
-    otherwise             1 (not yet one per local rank by default: torch.compile of DDP on neuron:1
-                          failed with a PJRT buffer on device 1 reaching an executable on device 0)
+    NEURON_DEVICE_COUNT   set it (1 to 64)
+    LOCAL_WORLD_SIZE      otherwise, under torchrun: one device per local rank, so each rank works on
+                          neuron:<LOCAL_RANK>, as each uses its own GPU (its own PJRT client, in its process)
+    otherwise             1
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ MAX_DEVICES = 64
 
 
 def local_device_count() -> int:
-    for name in (ENV,):
+    for name in (ENV, "LOCAL_WORLD_SIZE"):
         value = os.environ.get(name, "").strip()
         if not value:
             continue

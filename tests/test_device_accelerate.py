@@ -233,7 +233,7 @@ WORKER = textwrap.dedent('''
 def two_ranks(tmp_path_factory, launch_two_ranks):
     return launch_two_ranks(tmp_path_factory.mktemp("ranks"), WORKER, env={
         "ACCELERATE_TORCH_DEVICE": None,  # under torchrun accelerate finds the device by itself
-        "NEURON_DEVICE_COUNT": "2",  # one device per local rank (the README's torchrun recipe)
+        "NEURON_DEVICE_COUNT": None,  # by default one device per local rank (torchrun's LOCAL_WORLD_SIZE)
     })
 
 

@@ -204,7 +204,7 @@ def test_a_cpu_fsdp2_script_naming_no_device_trains_on_the_accelerator_as_on_cud
     moves the CPU parameters there with ``param.data = param.to(device)``: that used to raise
     "incompatible tensor type" (installing the package broke CPU FSDP2 scripts)."""
     _check_training(two_ranks, "fsdp2_no_device_named")
-    assert [r["fsdp2_no_device_named"]["neuron_device"] for r in two_ranks] == ["neuron:0"] * 2
+    assert [r["fsdp2_no_device_named"]["neuron_device"] for r in two_ranks] == ["neuron:0", "neuron:1"]  # one device per local rank
 
 
 @pytest.mark.slow

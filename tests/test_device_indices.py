@@ -1,7 +1,7 @@
 """Several ``neuron`` devices per process, as CUDA has several GPUs: ``neuron:i`` on PJRT device ``i``.
 
-``torch.neuron.device_count()`` is ``NEURON_DEVICE_COUNT``, else 1 (not yet one per torchrun local
-rank by default: see ``runtime/devices.py``). The checks that need two devices run in a fresh interpreter
+``torch.neuron.device_count()`` is ``NEURON_DEVICE_COUNT``, else torchrun's ``LOCAL_WORLD_SIZE`` (one
+device per local rank), else 1 (``runtime/devices.py``). The checks that need two devices run in a fresh interpreter
 (the PJRT client takes its device count when it starts).
 """
 
@@ -28,8 +28,8 @@ def test_the_count_follows_the_variable_then_torchrun_then_one(monkeypatch):
     monkeypatch.delenv("NEURON_DEVICE_COUNT", raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     assert local_device_count() == 1 == torch.neuron.device_count()
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    assert torch.neuron.device_count() == 1 == torch.accelerator.device_count()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # under torchrun: one device per local rank
+    assert torch.neuron.device_count() == 4 == torch.accelerator.device_count()
     monkeypatch.setenv("NEURON_DEVICE_COUNT", "3")
     assert torch.neuron.device_count() == 3
     monkeypatch.setenv("NEURON_DEVICE_COUNT", "zero")

@@ -58,7 +58,7 @@ def register() -> None:
 
 
 def _several_devices() -> bool:
-    """Whether ``NEURON_DEVICE_COUNT`` asks for more than one device (a bad value is an error at first use)."""
+    """Whether this process has several devices (``runtime/devices.py``) (a bad value is an error at first use)."""
     from runtime.devices import local_device_count
 
     try:

@@ -23,8 +23,8 @@ at every call, so that one module attribute is all that changes. Then, under tor
     init_process_group("neuron")
     PartialState.set_device -> torch.device("neuron", torch.neuron.current_device())
 
-(``current_device()`` is the local rank under torchrun where ``NEURON_DEVICE_COUNT`` gives each
-local rank a device, else ``neuron:0`` of each process's own client).
+(``current_device()`` is the local rank under torchrun: by default each process has one device per
+local rank, ``runtime/devices.py``).
 ``tests/test_device_accelerate.py`` checks each of these facts about accelerate's source.
 """
 

@@ -12,7 +12,8 @@ from . import _torch_hooks
 
 
 def device_count() -> int:
-    """The neuron devices of this process: ``NEURON_DEVICE_COUNT``, else 1 (``runtime/devices.py``).
+    """The neuron devices of this process: ``NEURON_DEVICE_COUNT``, else torchrun's ``LOCAL_WORLD_SIZE``, else 1
+    (``runtime/devices.py``).
     ``neuron:i`` lives on PJRT device ``i``."""
     from runtime.devices import local_device_count
 
@@ -45,7 +46,7 @@ def check_index(index: int) -> int:
         names = ", ".join(f"neuron:{i}" for i in range(min(count, 4))) + (", ..." if count > 4 else "")
         raise RuntimeError(f"neuron device {index} is out of range: this process has {count} neuron "
                            f"device{'s' if count != 1 else ''} ({names}); NEURON_DEVICE_COUNT sets how many "
-                           "(under torchrun: the local world size, for one device per local rank)")
+                           "(by default, under torchrun: the local world size, one device per local rank)")
     return index
 
 
@@ -76,7 +77,7 @@ def index_less_moves_follow_current() -> None:
     the Python guard of ``torch/csrc/acc`` answers 0 whatever the current device (its ``setDevice`` is a
     no-op): ``x.to("neuron")`` with ``neuron:1`` current made a ``neuron:0`` tensor, and the next op on a
     ``neuron:1`` tensor raised. These Python entry points name the index before C++ sees the device.
-    Installed only when ``NEURON_DEVICE_COUNT`` > 1 (with one device, index 0 is right): a process with one
+    Installed only when the process has several devices (with one device, index 0 is right): a process with one
     device keeps torch's own functions. Under ``torch.compile`` the wrappers of ``torch.tensor``,
     ``as_tensor`` and ``asarray`` are a graph break (``Tensor.to`` is traced by name)."""
     if getattr(torch.Tensor.to, "_neuron_index", False):
