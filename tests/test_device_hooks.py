@@ -276,3 +276,16 @@ def test_dlpack_ext_dev_makes_a_tensor_on_any_neuron_index_and_set_keeps_it():
     # the autograd engine's device workers: one per index the Python guard reports (fixed at 1)
     assert torch._C._is_multithreading_enabled() is False  # _seed turned it off for this thread
     torch._C._set_multithreading_enabled(True)
+
+
+def test_device_context_constructors_are_torchs_set_of_functions():
+    """``_index_less`` evaluates ``torch.utils._device._device_constructors()`` before it wraps ``torch.tensor``,
+    so that ``with torch.device("meta")`` still gives the originals its device (transformers asks
+    ``torch.tensor([]).device`` to learn the context's device)."""
+    from torch.utils._device import DeviceContext, _device_constructors
+
+    constructors = _device_constructors()
+    assert isinstance(constructors, set) and {torch.empty, torch.zeros}.issubset(constructors)
+    assert "__torch_function__" in vars(DeviceContext)
+    with torch.device("meta"):
+        assert torch.tensor([]).device.type == "meta"

@@ -161,6 +161,8 @@ def test_under_torchrun_with_a_device_per_local_rank_the_current_device_is_the_l
             assert t.device == torch.device("neuron", 1), (name, t.device)
             assert (t + x[:3].to(t.dtype)).device.index == 1, name   # the next op runs (it raised)
         assert c.to("neuron:0").device.index == 0   # a named index stays what it names
+        with torch.device("meta"):   # a device context still reaches torch.tensor (transformers reads it so)
+            assert torch.tensor([]).device.type == "meta" and torch.as_tensor([1.0]).device.type == "meta"
         torch.neuron.set_device(0)
         assert c.to("neuron").device.index == 0 and x.new_tensor([1.0]).device.index == 1  # new_tensor: x's device
         print("OK")

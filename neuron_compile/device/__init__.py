@@ -36,7 +36,7 @@ def register() -> None:
 
     if _registered:  # the first `import torch` of the process ran our entry point, which registered
         return
-    from . import _accelerate_hooks, _torch_hooks, distributed, indices, module, storage
+    from . import _accelerate_hooks, _index_less, _torch_hooks, distributed, module, storage
 
     if torch._C._get_privateuse1_backend_name() not in ("privateuseone", _torch_hooks.NAME):
         return  # another backend owns PrivateUse1 in this process: leave it alone
@@ -53,7 +53,7 @@ def register() -> None:
     _torch_hooks.route_accelerator_to(module)
     _accelerate_hooks.install()  # accelerate finds this device under torchrun (patched when it imports)
     if _several_devices():
-        indices.index_less_moves_follow_current()  # x.to("neuron") lands on the current device
+        _index_less.index_less_moves_follow_current()  # x.to("neuron") lands on the current device
     _registered = True
 
 
