@@ -47,13 +47,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch_two_ranks(folder, worker: str, args=(), env=None, timeout=600, ranks=(0, 1)) -> list[dict]:
+def _launch_two_ranks(folder, worker: str, args=(), env=None, timeout=600, ranks=(0, 1), nproc=2) -> list[dict]:
     """Write ``worker`` to ``folder/worker.py`` and run it on 2 ranks under torchrun (gloo's address
     127.0.0.1, a free port; ``worker.py FOLDER *args``); each rank writes ``FOLDER/rank<R>.json``,
-    returned for ``ranks``. ``env``: variables set (a None value removes one)."""
+    returned for ``ranks``. ``env``: variables set (a None value removes one); ``nproc``: ranks to launch."""
     script = folder / "worker.py"
     script.write_text(worker)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
                "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), str(script), str(folder),
                *map(str, args)]
     environ = dict(os.environ, OMP_NUM_THREADS="1")
