@@ -31,8 +31,8 @@ import torch.fx
 from runtime.artifact import Artifact, portable_stablehlo
 from runtime.cache import ArtifactCache, CacheResult, CompileCache, MemoryCache
 from runtime.cache_key import CacheKey
-from runtime.executor import (PersistentBuffers, XlaExecutable, input_converter, platform_description, replicas_of,
-                              result_converter)
+from runtime.executor import (DistributedBridge, PersistentBuffers, XlaExecutable, input_converter,
+                              platform_description, replicas_of, result_converter)
 
 from .cache_key import fx_cache_key, input_signature, output_signature, stablehlo_cache_key
 from .dump import GraphDump, pass_file_name
@@ -160,6 +160,12 @@ class Executable:
     signature: list | None = field(repr=False, default=None)
 
     def __post_init__(self):
+        if self.xla is not None and self.xla.target is not None and self.plan.device != "cpu":
+            # collectives over a device's tensors: their buffers cross to the distributed client and back
+            bridge = DistributedBridge(self.xla.target, self.plan.device)
+            self.buffers = PersistentBuffers(bridge.to_buffer)
+            self._results = tuple(bridge.result(where) for where in self.plan.xla_devices)
+            return
         if self.xla is not None and self.xla.target is not None:
             # an executable with collectives: its buffers live on the distributed client
             self.buffers = PersistentBuffers(self.xla.to_buffer)

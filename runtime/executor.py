@@ -223,6 +223,37 @@ def result_converter(device: str, where: str):
     return adapter.to_host if where == "cpu" else adapter.to_tensor
 
 
+class DistributedBridge:
+    """How an executable with collectives (on the distributed client, ``collectives.py``) takes and gives a
+    device's tensors: a tensor's own buffer on the local client crosses to the distributed client's device
+    through DLPack, and each result crosses back to the local device the inputs were on. Both clients are
+    PJRT CPU clients of this process, so each crossing aliases the same host memory: no copy, no host
+    transfer (a CPU input or output still crosses through the device's transfer API, counted)."""
+
+    __slots__ = ("target", "adapter", "index")
+
+    def __init__(self, target, device: str):
+        self.target, self.adapter, self.index = target, _adapter(device), 0
+
+    def to_buffer(self, tensor: torch.Tensor):
+        if tensor.device.type == "cpu":
+            return dlpack_buffer(tensor, self.target.device)
+        self.index = tensor.device.index or 0  # the results go back where the inputs are
+        return _across(self.adapter.to_buffer(tensor), self.target.device)
+
+    def result(self, where: str):
+        def convert(array):
+            local = _across(array, _device(self.index))
+            return self.adapter.to_host(local) if where == "cpu" else self.adapter.to_tensor(local)
+
+        return convert
+
+
+def _across(array, device):
+    """``array`` as a buffer on ``device`` of another PJRT CPU client: the same memory, through DLPack."""
+    return _jax.dlpack_managed_tensor_to_buffer(_jax.buffer_to_dlpack_managed_tensor(array), device, None, None, 1)
+
+
 def dlpack_buffer(tensor: torch.Tensor, device):
     """A PJRT buffer on ``device`` sharing a CPU tensor's memory where PJRT can."""
     if tensor.requires_grad:

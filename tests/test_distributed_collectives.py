@@ -75,20 +75,27 @@ WORKER = textwrap.dedent('''
         return t.detach().reshape(-1).tolist()
 
 
-    def train(model, step_model, step=None):
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        losses, grads = [], []
+    def train(model, step_model, step=None, device="cpu"):
+        from neuron_compile.device.opkernel import COUNTS
+        # foreach=False: on a device (neuron, CUDA) SGD's default foreach kernel refuses a mix of DTensor and
+        # plain parameters (a tensor-parallel model's unsharded layers); CPU runs the same per-tensor loop
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, foreach=False)
+        losses, grads, host_copies = [], [], []
         for x, y in batches():
+            x, y = x.to(device), y.to(device)
             opt.zero_grad()
+            copies = COUNTS["host_copies"]
             if step is None:
                 loss = F.mse_loss(step_model(x), y)
                 loss.backward()
             else:
                 loss = step(x, y)
+            host_copies.append(COUNTS["host_copies"] - copies)  # forward and backward, collectives included
             grads.append([local(p.grad) for p in model.parameters()])
             opt.step()
             losses.append(loss.item())
-        return {"losses": losses, "grads": grads, "params": [local(p) for p in model.parameters()]}
+        return {"losses": losses, "grads": grads, "params": [local(p) for p in model.parameters()],
+                "host_copies": host_copies}
 
 
     def reports_since(before):
@@ -112,6 +119,17 @@ WORKER = textwrap.dedent('''
         model = parallelize_module(mlp(), mesh, {"blocks.0.linear": ColwiseParallel(),
                                                  "blocks.1.linear": RowwiseParallel()})
         return model, torch.compile(model, backend="neuron", options=options) if compiled else model
+
+
+    def tp_neuron(compiled):
+        """Tensor parallel on neuron tensors (a neuron mesh, each rank on neuron:<LOCAL_RANK>): compiled, the
+        all_reduces run inside the executable on buffers that cross to the distributed client and back."""
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+        mesh = init_device_mesh("neuron", (world,))
+        model = parallelize_module(mlp().to("neuron"), mesh, {"blocks.0.linear": ColwiseParallel(),
+                                                              "blocks.1.linear": RowwiseParallel()})
+        return model, torch.compile(model, backend="neuron") if compiled else model
 
 
     def tp_eager_collectives(compiled):
@@ -257,7 +275,7 @@ WORKER = textwrap.dedent('''
                 results[name] = (globals()[name]() if name == "stuck"
                                  else {"eager": all_reduce_fn(False), "compiled": all_reduce_fn(True)})
             else:
-                results[name] = both(globals()[name])
+                results[name] = both(globals()[name], **({"device": "neuron"} if name.endswith("_neuron") else {}))
         except Exception:
             results[name] = {"exception": traceback.format_exc()}
         results.setdefault("seconds", {})[name] = round(time.time() - start, 2)
@@ -280,7 +298,7 @@ def parallel(tmp_path_factory, launch_two_ranks):
     """Both ranks' results: one torchrun launch runs every training scenario (starting two processes
     that import torch and jax is most of its time)."""
     folder = tmp_path_factory.mktemp("ranks")
-    return folder, _launch(launch_two_ranks, folder, "tp,tp_eager_collectives,simple_fsdp,all_reduce_fn,collectives_fn,"
+    return folder, _launch(launch_two_ranks, folder, "tp,tp_neuron,tp_eager_collectives,simple_fsdp,all_reduce_fn,collectives_fn,"
                                    "ddp,fsdp2,ddp_python_reducer", 60)
 
 
@@ -319,6 +337,22 @@ def test_tensor_parallel_trains_as_eager_with_its_all_reduce_in_the_executable(p
         assert forward[0]["collectives"] == {"compiled": 2}
         assert forward[0]["fallback"] == {}
         assert not any(r["graph"].startswith(forward[0]["graph"] + ".p") for r in run["reports"])
+
+
+def test_tensor_parallel_on_neuron_tensors_runs_its_collectives_in_the_executable_with_no_host_copy(parallel):
+    """The same model on a neuron mesh, each rank on neuron:<LOCAL_RANK>: compiled, the forward is one executable
+    with the all_reduce inside (the device buffers cross to the distributed client through DLPack, the same
+    memory), and a step copies nothing to or from the host, where the eager step stages every collective
+    through the host; the training equals eager on neuron and the CPU-tensor run."""
+    folder, results = parallel
+    _same_training(results, "tp_neuron")
+    for result in results:
+        run = _ran([result], "tp_neuron")[0]
+        assert [r["collectives"] for r in _graphs(run, "forward")] == [{"compiled": 2}], run["reports"]
+        assert len(_graphs(run, "backward")) == 1  # (the all_reduce's backward is the identity: none there)
+        assert run["compiled"]["host_copies"] == [0, 0, 0]
+        assert all(copies > 0 for copies in run["eager"]["host_copies"])
+        assert_close(run["compiled"]["losses"], result["tp"]["compiled"]["losses"], rtol=1e-5, atol=1e-6)
 
 
 def test_tensor_parallel_forward_stablehlo_holds_the_all_reduce(parallel):

@@ -120,8 +120,8 @@ def _why_not_compiled(node: torch.fx.Node, name: str, world: int) -> str | None:
     if not isinstance(x, torch.fx.Node) or not isinstance(out, torch.Tensor):
         return "its input is not one tensor"
     value = x.meta.get("val")
-    if value.device.type != "cpu":
-        return f"its tensors are on {value.device} (compiled collectives serve CPU tensors)"
+    if value.device.type != "cpu" and value.device.type not in _devices_with_buffers():
+        return f"its tensors are on {value.device} (no PJRT buffers behind them)"
     if value.dtype == torch.bool or value.is_complex():
         return f"XLA has no reduction of {value.dtype} here"
     ranks = group_ranks(node.args[-1])
@@ -144,6 +144,14 @@ def _why_not_compiled(node: torch.fx.Node, name: str, world: int) -> str | None:
         if rows % world:
             return f"{rows} rows do not split into {world} equal parts"
     return None
+
+
+def _devices_with_buffers():
+    """Devices whose tensors are PJRT buffers of this process (``runtime.executor.DEVICE_ADAPTERS``): their
+    collectives compile too, the buffers crossing to the distributed client (``DistributedBridge``)."""
+    from runtime.executor import DEVICE_ADAPTERS
+
+    return DEVICE_ADAPTERS
 
 
 def collective_names(gm: torch.fx.GraphModule) -> list[str]:
