@@ -54,11 +54,17 @@ trainer = trl.SFTTrainer(model=model_dir, args=config, train_dataset=datasets.Da
 trainer.train()
 trainer.save_model(folder + "/final")
 rank = int(os.environ.get("RANK", "0"))
+collectives = {}  # how the compiled graphs' collectives ran: compiled into the executable, or eagerly
+if world > 1:
+    import neuron_compile
+    for report in neuron_compile.compile_reports():
+        for how, count in (report.as_dict().get("collectives") or {}).items():
+            collectives[how] = collectives.get(how, 0) + count
 with open(f"{folder}/rank{rank}.json", "w") as f:
     json.dump({"logs": [[h["loss"], h["grad_norm"]] for h in trainer.state.log_history if "loss" in h],
                "device": str(next(trainer.model.parameters()).device),
                "distributed_type": str(trainer.accelerator.distributed_type),
-               "compile_backend": str(trainer.args.torch_compile_backend)}, f)
+               "compile_backend": str(trainer.args.torch_compile_backend), "collectives": collectives}, f)
 '''
 
 
@@ -104,6 +110,10 @@ def _check_losses(neuron, cpu):
 def test_trl_sft_with_tensor_parallel_trains_on_neuron_as_one_cpu_process(runs):
     _, neuron, cpu = runs
     _check_losses(neuron, cpu)
+    for result in neuron:
+        # the tensor-parallel graphs' collectives (over the whole world) ran inside the executables, none
+        # eagerly through the host (a 2-D mesh's subgroups still run eagerly: README)
+        assert result["collectives"].get("compiled", 0) > 0 and not result["collectives"].get("eager"), result
 
 
 @pytest.mark.slow
