@@ -19,7 +19,9 @@ graph):
 
 Graphs without collectives keep the process's own local client
 (``executor._client``); buffers of the two clients are not mixed: a tensor
-reaches a distributed executable through DLPack on this client's device.
+reaches a distributed executable through DLPack on this client's device (a
+device's tensor from its local-client buffer, and its results back the same
+way: ``executor.DistributedBridge``, the same host memory).
 
 Failure: every run of a distributed executable is waited on with the group's
 timeout. A peer that never joins, raises or dies makes the run raise
