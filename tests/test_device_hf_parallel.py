@@ -11,6 +11,8 @@ What the script states beyond the CUDA recipe: ``device_map=None`` (TRL sets it 
 and transformers refuses tensor parallelism with a device map) and ``bf16=False`` (TRL's default is bf16, and
 transformers checks bf16 support on neuron through AWS's package only; float32 also keeps the CPU comparison
 exact).
+
+Also diffusers' tensor-parallel Flux (``enable_parallelism``) on neuron, eager and compiled, against CPU.
 """
 
 from __future__ import annotations
@@ -142,3 +144,52 @@ def test_trl_sft_with_tensor_parallel_and_fsdp_on_four_ranks_trains_as_one_cpu_p
     with torch.no_grad():
         logits = [AutoModelForCausalLM.from_pretrained(root / side / "final")(ids).logits for side in ("neuron", "cpu")]
     assert_close(logits[0], logits[1], rtol=1e-5, atol=1e-5)
+
+
+FLUX_TP = '''
+import json, os, sys
+import torch, torch.distributed as dist
+from diffusers import FluxTransformer2DModel
+from diffusers.models._modeling_parallel import TensorParallelConfig
+import neuron_compile
+
+dist.init_process_group("neuron")
+rank = dist.get_rank()
+torch.manual_seed(0)
+kw = dict(patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
+          joint_attention_dim=32, pooled_projection_dim=32, axes_dims_rope=(4, 4, 8))
+reference = FluxTransformer2DModel(**kw).eval()
+g = torch.Generator().manual_seed(1)
+inputs = dict(hidden_states=torch.randn(1, 16, 4, generator=g), encoder_hidden_states=torch.randn(1, 8, 32, generator=g),
+              pooled_projections=torch.randn(1, 32, generator=g), timestep=torch.tensor([0.5]),
+              img_ids=torch.randn(16, 3, generator=g), txt_ids=torch.zeros(8, 3))
+model = FluxTransformer2DModel(**kw).eval()
+model.load_state_dict(reference.state_dict())
+model.to("neuron")
+model.enable_parallelism(config=TensorParallelConfig(tp_degree=2))
+on_device = {k: v.to("neuron") for k, v in inputs.items()}
+with torch.no_grad():
+    expected = reference(**inputs).sample
+    eager = model(**on_device).sample.cpu()
+    compiled = torch.compile(model, backend="neuron")(**on_device).sample.cpu()
+collectives = {}
+for report in neuron_compile.compile_reports():
+    for how, count in (report.as_dict().get("collectives") or {}).items():
+        collectives[how] = collectives.get(how, 0) + count
+with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
+    json.dump({"expected": expected.tolist(), "eager": eager.tolist(), "compiled": compiled.tolist(),
+               "collectives": collectives}, f)
+'''
+
+
+@pytest.mark.slow
+def test_diffusers_tensor_parallel_flux_on_neuron_matches_cpu_with_its_collectives_compiled(tmp_path, launch_two_ranks):
+    """Diffusers' ``enable_parallelism(TensorParallelConfig(tp_degree=2))`` on a Flux transformer moved to neuron
+    (its mesh on neuron), eager and compiled, against the unsharded model on CPU; compiled, its collectives run
+    inside the executables (none eagerly through the host)."""
+    pytest.importorskip("diffusers", reason="diffusers is a test extra (the Hugging Face tests)")
+    for result in launch_two_ranks(tmp_path, FLUX_TP, timeout=600):
+        expected = torch.tensor(result["expected"])
+        assert_close(torch.tensor(result["eager"]), expected, rtol=1e-5, atol=1e-5)
+        assert_close(torch.tensor(result["compiled"]), expected, rtol=1e-5, atol=1e-5)
+        assert result["collectives"].get("compiled", 0) > 0 and not result["collectives"].get("eager"), result
