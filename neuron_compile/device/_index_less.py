@@ -34,8 +34,8 @@ def index_less_moves_follow_current() -> None:
     no-op): ``x.to("neuron")`` with ``neuron:1`` current made a ``neuron:0`` tensor, and the next op on a
     ``neuron:1`` tensor raised. These Python entry points name the index before C++ sees the device.
     Installed only when the process has several devices (with one device, index 0 is right): a process with one
-    device keeps torch's own functions. Under ``torch.compile`` the wrappers of ``torch.tensor``,
-    ``as_tensor`` and ``asarray`` are a graph break (``Tensor.to`` is traced by name)."""
+    device keeps torch's own functions. Dynamo traces through them with no graph break (checked: a compiled
+    function calling ``torch.tensor``, ``as_tensor`` and ``new_tensor`` stays one frame)."""
     if getattr(torch.Tensor.to, "_neuron_index", False):
         return
     # torch.device("meta") as a context manager (a TorchFunctionMode) gives a constructor its device when
