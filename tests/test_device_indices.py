@@ -163,6 +163,11 @@ def test_under_torchrun_with_a_device_per_local_rank_the_current_device_is_the_l
         assert c.to("neuron:0").device.index == 0   # a named index stays what it names
         with torch.device("meta"):   # a device context still reaches torch.tensor (transformers reads it so)
             assert torch.tensor([]).device.type == "meta" and torch.as_tensor([1.0]).device.type == "meta"
+        import torch._dynamo.testing
+        counter = torch._dynamo.testing.CompileCounter()   # Dynamo traces through the wrappers: one frame
+        traced = torch.compile(lambda t: t * torch.tensor(2.0, device="neuron") + t.new_tensor([1.0, 2.0, 3.0]),
+                               backend=counter)(torch.ones(3, device="neuron"))
+        assert counter.frame_count == 1 and traced.device.index == 1 and traced.cpu().tolist() == [3.0, 4.0, 5.0]
         torch.neuron.set_device(0)
         assert c.to("neuron").device.index == 0 and x.new_tensor([1.0]).device.index == 1  # new_tensor: x's device
         print("OK")
