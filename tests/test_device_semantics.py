@@ -333,6 +333,11 @@ FRACTIONAL = {
         x, 2, output_size=(3, 3, 2), return_indices=True, _random_samples=s), (2, 3, 7, 6, 5), (2, 3, 3)),
     "3d_one_window": (lambda x, s: torch.nn.functional.fractional_max_pool3d(
         x, 2, output_size=(1, 3, 2), return_indices=True, _random_samples=s), (2, 3, 7, 6, 5), (2, 3, 3)),
+    # an unbatched input with two sample rows (module_db's no_batch_dim inputs): ATen reads the first row
+    "3d_unbatched_more_samples": (lambda x, s: torch.nn.functional.fractional_max_pool3d(
+        x, 2, output_ratio=0.5, return_indices=True, _random_samples=s), (4, 5, 5, 5), (2, 4, 3)),
+    "2d_unbatched_more_samples": (lambda x, s: torch.nn.functional.fractional_max_pool2d(
+        x, 2, output_size=(3, 3), return_indices=True, _random_samples=s), (3, 7, 7), (2, 3, 2)),
 }
 
 
