@@ -360,3 +360,19 @@ def test_zero_size_results_have_cpus_strides(shape):
     x = torch.randn(shape)
     for fn in (lambda t: t + 1, lambda t: t.clone(), lambda t: torch.empty_like(t)):
         assert fn(N(x)).stride() == fn(x).stride()
+
+
+def test_second_derivatives_through_zero_gradients_as_on_cpu():
+    # abs's (sgn's) double backward is an efficient zero tensor: CPU's is a ZeroTensor without data to copy
+    x = torch.randn(2, 3, dtype=torch.float64)
+    got = []
+    for t in (x.clone(), N(x)):
+        t.requires_grad_(True)
+        g, = torch.autograd.grad(torch.nn.functional.softsign(t).pow(2).sum(), t, create_graph=True)
+        gg, = torch.autograd.grad(g.sum(), t)
+        got.append((g.detach().cpu(), gg.cpu()))
+    assert_close(got[1], got[0])
+    assert torch.autograd.gradgradcheck(torch.nn.Softsign(), (N(x).requires_grad_(True),))
+    zeros = torch._efficientzerotensor((2, 3), dtype=torch.float32, device="neuron")
+    assert zeros.device.type == "neuron"
+    assert_close(zeros.cpu(), torch.zeros(2, 3))
