@@ -224,25 +224,37 @@ def write_table(summary: dict, out: Path, command: str) -> None:
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "files": summary}, indent=1) + "\n")
     total_cpu = sum(s["cpu_passed"] for s in summary.values())
     total_dev = sum(s["neuron_passed_of_cpu_passing"] for s in summary.values())
+    total_run = sum(s["cpu_passed"] - s["outcomes"].get("not run", 0) for s in summary.values())
+    partial = total_run < total_cpu
     lines = [
         "# PyTorch's device-generic test files on `neuron`",
         "",
-        f"torch {meta['torch']}, {meta['machine']}, {meta['date']}. Rerun: `{command}`.",
+        f"torch {meta['torch']}, {meta['machine']}, {meta['date']}. Rerun: `{command}`, then `--table`.",
         "Of the tests that pass on CPU, how many pass on `neuron` (a skip on `neuron` only is not a pass,",
         "unless PyTorch's own device rules make it: `onlyCPU`, `onlyNativeDeviceTypes`, those are left out;",
         "crashes and hangs are counted apart and each costs one test, never the run).",
+    ]
+    if partial:
+        lines += ["", "**This run is partial**: \"not run\" is a CPU-passing test the `neuron` run had not reached "
+                  "(`--resume` goes on from the records); the share over the tests that did run is the column that "
+                  "says so."]
+    lines += [
         "",
-        "| file | CPU collected | CPU passed | neuron passed (of those) | share | failed | skipped on neuron only | crashes | hangs | skipped by PyTorch's device rules |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| file | CPU collected | CPU passed | neuron run (of those) | neuron passed | share | share of those run "
+        "| failed | skipped on neuron only | crashes | hangs | skipped by PyTorch's device rules |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for file, s in summary.items():
         o = s["outcomes"]
-        share = s["neuron_passed_of_cpu_passing"] / s["cpu_passed"] if s["cpu_passed"] else 0.0
-        lines.append(f"| {file} | {s['cpu_collected']} | {s['cpu_passed']} | {s['neuron_passed_of_cpu_passing']} | "
-                     f"{share:.1%} | {o.get('failed', 0) + o.get('error', 0)} | {o.get('skipped', 0)} | "
-                     f"{s['crashes']} | {s['hangs']} | {s['skipped_by_pytorch_rules']} |")
+        run = s["cpu_passed"] - o.get("not run", 0)
+        passed = s["neuron_passed_of_cpu_passing"]
+        share = passed / s["cpu_passed"] if s["cpu_passed"] else 0.0
+        lines.append(f"| {file} | {s['cpu_collected']} | {s['cpu_passed']} | {run} | {passed} | {share:.1%} | "
+                     f"{passed / run if run else 0.0:.1%} | {o.get('failed', 0) + o.get('error', 0)} | "
+                     f"{o.get('skipped', 0)} | {s['crashes']} | {s['hangs']} | {s['skipped_by_pytorch_rules']} |")
     if total_cpu:
-        lines.append(f"| **all** | | {total_cpu} | {total_dev} | {total_dev / total_cpu:.1%} | | | "
+        lines.append(f"| **all** | | {total_cpu} | {total_run} | {total_dev} | {total_dev / total_cpu:.1%} | "
+                     f"{total_dev / total_run if total_run else 0.0:.1%} | | | "
                      f"{sum(s['crashes'] for s in summary.values())} | {sum(s['hangs'] for s in summary.values())} | |")
     for file, s in summary.items():
         if s["crashed_or_hung"]:
@@ -254,6 +266,14 @@ def write_table(summary: dict, out: Path, command: str) -> None:
                 examples = ", ".join(f"`{t}`" for t in tests[:3]) + (" ..." if len(tests) > 3 else "")
                 lines.append(f"| {len(tests)} | {key.replace('|', '/')} | {examples} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def _last_command(out: Path) -> str | None:
+    try:
+        command = json.loads(out.with_suffix(".json").read_text())["meta"]["command"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return None if "--table" in command.split() else command
 
 
 def main(argv=None) -> int:
@@ -275,7 +295,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     files = [f for f in args.files.split(",") if f]
     samples = {name: int(k) for name, _, k in (part.partition("=") for part in args.sample.split(",") if part)}
+    # the run's command for the Rerun line: ``--table`` keeps the one the records came from (in the last table)
     command = "python benchmarks/torch_suites.py " + " ".join(a for a in (argv or sys.argv[1:]) if a != "--resume")
+    if args.table:
+        command = _last_command(args.out) or "python benchmarks/torch_suites.py --tests-dir DIR"
     if not args.table:
         if args.tests_dir is None or not all((Path(args.tests_dir) / f).exists() for f in files):
             parser.error(f"--tests-dir must hold {', '.join(files)} (PyTorch's test/ folder at v2.13.0)")

@@ -320,7 +320,11 @@ FLOAT_CASES = {
     "pow": (lambda x, y, v: torch.pow(x.abs(), v), 4),
     "clamp": (lambda x, y, v: x.clamp(min=v - 1), 4),
     "rsub": (lambda x, y, v: v - x, 0),  # rsub.Tensor gets a wrapped number: a 0-d input
-    "lerp": (lambda x, y, v: torch.lerp(x, y, v), 4),
+    # lerp's Scalar weight is a 0-d full_like in torch's decomposition (Adafactor's weight changes every
+    # step: a compile per step and parameter shape, its foreach test ran past 300 s)
+    "lerp": (lambda x, y, v: torch.lerp(x, y, v), 0),
+    "lerp_": (lambda x, y, v: x.clone().lerp_(y, v), 0),
+    "foreach_lerp": (lambda x, y, v: torch.stack(torch._foreach_lerp([x, y], [y, x], [v, v / 2])), 0),
     "full": (lambda x, y, v: torch.full((3, 1), v, device=x.device) * x, 4),
     "leaky_relu": (lambda x, y, v: torch.nn.functional.leaky_relu(x, v), 4),
 }

@@ -333,6 +333,11 @@ FRACTIONAL = {
         x, 2, output_size=(3, 3, 2), return_indices=True, _random_samples=s), (2, 3, 7, 6, 5), (2, 3, 3)),
     "3d_one_window": (lambda x, s: torch.nn.functional.fractional_max_pool3d(
         x, 2, output_size=(1, 3, 2), return_indices=True, _random_samples=s), (2, 3, 7, 6, 5), (2, 3, 3)),
+    # an unbatched input with two sample rows (module_db's no_batch_dim inputs): ATen reads the first row
+    "3d_unbatched_more_samples": (lambda x, s: torch.nn.functional.fractional_max_pool3d(
+        x, 2, output_ratio=0.5, return_indices=True, _random_samples=s), (4, 5, 5, 5), (2, 4, 3)),
+    "2d_unbatched_more_samples": (lambda x, s: torch.nn.functional.fractional_max_pool2d(
+        x, 2, output_size=(3, 3), return_indices=True, _random_samples=s), (3, 7, 7), (2, 3, 2)),
 }
 
 
@@ -355,3 +360,19 @@ def test_zero_size_results_have_cpus_strides(shape):
     x = torch.randn(shape)
     for fn in (lambda t: t + 1, lambda t: t.clone(), lambda t: torch.empty_like(t)):
         assert fn(N(x)).stride() == fn(x).stride()
+
+
+def test_second_derivatives_through_zero_gradients_as_on_cpu():
+    # abs's (sgn's) double backward is an efficient zero tensor: CPU's is a ZeroTensor without data to copy
+    x = torch.randn(2, 3, dtype=torch.float64)
+    got = []
+    for t in (x.clone(), N(x)):
+        t.requires_grad_(True)
+        g, = torch.autograd.grad(torch.nn.functional.softsign(t).pow(2).sum(), t, create_graph=True)
+        gg, = torch.autograd.grad(g.sum(), t)
+        got.append((g.detach().cpu(), gg.cpu()))
+    assert_close(got[1], got[0])
+    assert torch.autograd.gradgradcheck(torch.nn.Softsign(), (N(x).requires_grad_(True),))
+    zeros = torch._efficientzerotensor((2, 3), dtype=torch.float32, device="neuron")
+    assert zeros.device.type == "neuron"
+    assert_close(zeros.cpu(), torch.zeros(2, 3))

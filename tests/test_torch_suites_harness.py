@@ -81,7 +81,7 @@ def test_crashes_and_hangs_are_counted_apart_and_lose_no_other_test(tmp_path):
     assert sorted(t.split("::")[-1] for t in summary["crashed_or_hung"]) == [
         "test_crashes_on_neuron_neuron", "test_hangs_on_neuron_neuron"]
     table = out.with_suffix(".md").read_text()
-    assert "| test_fake.py | 7 | 6 | 2 | 33.3% | 1 | 1 | 1 | 1 | 1 |" in table, table
+    assert "| test_fake.py | 7 | 6 | 6 | 2 | 33.3% | 33.3% | 1 | 1 | 1 | 1 | 1 |" in table, table
 
 
 def test_cpu_and_neuron_twins_are_matched_by_name():
@@ -104,3 +104,24 @@ def test_a_fused_test_skipped_by_pytorchs_optim_db_is_a_pytorch_rule(tmp_path):
     write("neuron", "skipped", "Skipped: neuron:0 is not supported for fused on Adam")
     summary = torch_suites.compare(tmp_path, ["test_optim.py"])["test_optim.py"]
     assert summary["cpu_passed"] == 0 and summary["skipped_by_pytorch_rules"] == 1 and not summary["causes"]
+
+
+def test_table_of_a_partial_run_keeps_the_runs_command(tmp_path):
+    # --table rebuilds from the records: its Rerun line is the run's command (from the last table), not
+    # "--table"; tests the neuron run has not reached are "not run", and the share over those run is shown
+    raw, out = tmp_path / "raw", tmp_path / "table"
+    raw.mkdir()
+    for device in ("cpu", "neuron"):
+        tests = ("a", "b", "c", "d") if device == "cpu" else ("a", "b", "c")
+        records = [{"event": "result", "id": f"t.py::TestX{device.upper()}::test_{n}_{device}",
+                    "outcome": "failed" if (device, n) == ("neuron", "c") else "passed"} for n in tests]
+        (raw / f"t.py.{device}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    run = "python benchmarks/torch_suites.py --tests-dir DIR --timeout 300"
+    out.with_suffix(".json").write_text(json.dumps({"meta": {"command": run}, "files": {}}))
+    torch_suites.main(["--table", "--files", "t.py", "--raw", str(raw), "--out", str(out)])
+    table = out.with_suffix(".md").read_text()
+    assert f"Rerun: `{run}`, then `--table`" in table and "**This run is partial**" in table, table
+    assert "| t.py | 4 | 4 | 3 | 2 | 50.0% | 66.7% | 1 | 0 | 0 | 0 | 0 |" in table, table
+    assert json.loads(out.with_suffix(".json").read_text())["meta"]["command"] == run
+    torch_suites.main(["--table", "--files", "t.py", "--raw", str(raw), "--out", str(out)])  # and again
+    assert f"Rerun: `{run}`, then `--table`" in out.with_suffix(".md").read_text()

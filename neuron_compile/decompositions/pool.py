@@ -320,7 +320,8 @@ def _fractional_max_pool(d):
         batched = x.dim() == d + 2
         xb = x if batched else x.unsqueeze(0)
         lead, size = list(xb.shape[:2]), list(xb.shape[2:])
-        samples = random_samples.to(x.dtype)
+        # ATen reads sample [n][c] for batch n: an unbatched input with more sample rows uses the first
+        samples = random_samples[:lead[0]].to(x.dtype)
         sample_of = [1, 0] if d == 2 else [0, 1, 2]
         flat, plane = None, 1
         for j in reversed(range(d)):

@@ -172,6 +172,13 @@ def _empty_strided(op, size, stride, dtype=None, layout=None, device=None, pin_m
     return new_tensor(tuple(size), _dtype(dtype), stride=tuple(stride), addressed=True, index=device_index(device))
 
 
+@kernel(aten._efficientzerotensor.default)
+def _zero_tensor(op, size, dtype=None, layout=None, device=None, pin_memory=None):
+    # autograd's zero gradients (gradgradcheck's): CPU's is a ZeroTensor, which has no data to copy over;
+    # plain zeros here (the ZeroTensor is an optimization: its values are the same)
+    return torch.zeros(size, dtype=_dtype(dtype), device=torch.device("neuron", device_index(device)))
+
+
 # --- moving data -----------------------------------------------------------------------------
 
 @kernel(aten.copy_.default)

@@ -356,6 +356,12 @@ def _float_sites(gm, other, first: list, second: list):
                     or not isinstance(out, torch.Tensor) or val.dtype != out.dtype or not val.is_floating_point()):
                 return None
             continue
+        if node.target is aten.full_like.default:  # a 0-d tensor of the value (lerp's Scalar weight)
+            like, out = node.args[0].meta.get("val"), node.meta.get("val")
+            if (position != 1 or not isinstance(like, torch.Tensor) or like.dim() != 0
+                    or not isinstance(out, torch.Tensor) or out.dim() != 0 or not out.is_floating_point()):
+                return None
+            continue
         operand = node.args[1 - position] if position in (0, 1) and len(node.args) >= 2 else None
         val = operand.meta.get("val") if isinstance(operand, torch.fx.Node) else None
         if node.target not in _SCALAR_SITES or not isinstance(val, torch.Tensor) or not val.is_floating_point():
@@ -372,7 +378,8 @@ def _floats_to_inputs(gm, sites) -> list:
     made: dict = {}
     inputs = []
     for node, position, k in sites:
-        operand = node.args[1] if position == "alpha" else node.args[1 - position]
+        full = node.target is aten.full_like.default
+        operand = node if full else node.args[1] if position == "alpha" else node.args[1 - position]
         dtype = operand.meta["val"].dtype
         if (k, dtype) not in made:
             with graph.inserting_after(last):
@@ -380,6 +387,10 @@ def _floats_to_inputs(gm, sites) -> list:
             placeholder.meta["val"] = operand.meta["val"].new_empty((), dtype=dtype)
             made[(k, dtype)] = last = placeholder
             inputs.append(("float", k, dtype))
+        if full:  # the 0-d tensor of the value is the input itself
+            node.replace_all_uses_with(made[(k, dtype)])
+            graph.erase_node(node)
+            continue
         if position == "alpha":
             with graph.inserting_before(node):
                 scaled = graph.call_function(aten.mul.Tensor, (operand, made[(k, dtype)]))
