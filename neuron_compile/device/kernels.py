@@ -23,7 +23,7 @@ import sys
 
 import torch
 
-from . import _torch_hooks, ops
+from . import _torch_hooks, lengths, ops
 from . import storage as _storage
 from .storage import device_index, new_tensor
 
@@ -164,7 +164,8 @@ def _empty(op, size, dtype=None, layout=None, device=None, pin_memory=None, memo
     if memory_format not in (None, torch.contiguous_format, torch.preserve_format):
         stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
         return new_tensor(size, _dtype(dtype), stride=stride, addressed=True, index=index)
-    return new_tensor(size, _dtype(dtype), addressed=True, index=index)
+    padded = lengths.empty_padded(size, _dtype(dtype), index)  # at a length that keeps changing: its bucket
+    return padded if padded is not None else new_tensor(size, _dtype(dtype), addressed=True, index=index)
 
 
 @kernel(aten.empty_strided.default)
