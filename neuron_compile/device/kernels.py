@@ -149,7 +149,15 @@ def _is_view(op) -> bool:
 
 
 def _view(op, *args, **kwargs):
-    return _torch_hooks.meta_redispatch(op, *args, **kwargs)
+    try:
+        return _torch_hooks.meta_redispatch(op, *args, **kwargs)
+    except RuntimeError:
+        # a bucketed result padded along an inner dim has the bucket's strides, which a view CPU's
+        # contiguous result allows may not: that view of a dense copy (lengths.dense_copy)
+        dense = lengths.dense_copy(args[0]) if args and isinstance(args[0], torch.Tensor) else None
+        if dense is None:
+            raise
+        return _torch_hooks.meta_redispatch(op, dense, *args[1:], **kwargs)
 
 
 # --- factories -------------------------------------------------------------------------------

@@ -1,13 +1,14 @@
-"""Lengths that grow: an eager op seen at many sizes of a dim compiles once per 128-bucket of it.
+"""Lengths that grow: an eager op seen at a growing length compiles once per 128-bucket of it.
 
 A sampling loop without a KV cache runs the model on a sequence one token longer each step, so every
 op of the forward meets a new length each time. Exact shapes would compile each op once per length;
 here the compiled path's shape bucketing (``capture.bucketing``) serves the eager op instead:
 
     sighting   every signature miss records, per op and shape-free signature (dtypes, ranks, storages,
-               scalars), the sizes each dim of each tensor had. A dim seen at ``MIN_SIZES`` sizes or
-               more is dynamic (two sizes stay exact: a last smaller batch, two layer widths); a
-               Parameter's dims never are. The first sightings compile at exact shapes, as before
+               scalars), the sizes each dim of each tensor had. A dim is a growing length at size n
+               when it had n - 1 and n - 2 before (``_growing``) and n is no size of the op's first
+               sighting (widths, heads); a Parameter's dims never are. Sizes that merely differ (layer
+               widths, a last smaller batch) and the first lengths compile at exact shapes, as before
     family     the op traced once on fake tensors whose dynamic dims are size symbols, then the padding
                analysis (``bucketing.analyze``): which reductions, contractions, cats and indexing need
                masks or true sizes. An op it cannot prove exact keeps exact shapes (``refused``)
@@ -19,9 +20,15 @@ here the compiled path's shape bucketing (``capture.bucketing``) serves the eage
                at the same bucket shape and compiles nothing new. Values past the true sizes are
                never read as values: every consumer is bucketed or reads the true view.
 
-Factories made on the host at many sizes (``arange(t)`` of a position embedding) are padded alike.
-``NEURON_COMPILE_DEVICE_LENGTHS=0`` turns it off. Kernels are kept in memory only (a new process traces
-each bucket again; the artifact cache still spares the XLA compile).
+``torch.empty`` at a growing leading length (``contiguous()``'s, an ``out=``'s) and ``arange(t, out=)``
+(a position embedding's) give the true part of a bucket as well; in-place and ``out=`` ops writing such
+a storage run bucketed. ``NEURON_COMPILE_DEVICE_LENGTHS=0`` turns it off. Kernels are kept in memory
+only (a new process traces each bucket again; the artifact cache still spares the XLA compile).
+
+What differs from CPU: a bucketed result padded along an inner dim (attention scores ``(b, h, t, t)``)
+has the bucket's strides, so it is not ``is_contiguous()``; a ``view`` its strides do not allow is
+taken of a dense copy (``dense_copy``: no aliasing). Its storage holds the bucket (``nbytes``,
+``set_(storage)`` see the bucket's size).
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ log = logging.getLogger("neuron_compile")
 MIN_SIZES = 3
 OPS = None  # ``ops`` (which imports this module) sets itself here: the dispatcher this module calls back
 COUNTS.setdefault("bucketed_ops", 0)  # kernels compiled at a bucket (each once per op, bucket, layout)
+_OP_SIZES: dict = {}  # (op, tensor leaf, rank, dim) -> the sizes seen
 _SEEN: dict = {}  # shape-free signature -> per tensor leaf, per dim: the sizes seen
 _FAMILIES: dict = {}  # (shape-free signature, dynamic dims, floats) -> Family, or a refusal reason (str)
 _STATE = threading.local()
@@ -78,7 +86,16 @@ def _written(op, args, kwargs, leaves):
         return False
     tensor = leaves.tensors[positions[0]]
     data = getattr(tensor.untyped_storage(), "_neuron", None)
-    return positions[0] if data is not None and data in _PADDED and tensor.storage_offset() == 0 else False
+    if data is not None and (data in _PADDED and tensor.storage_offset() == 0 or _fresh(tensor, data)):
+        return positions[0]
+    return False
+
+
+def _fresh(tensor, data) -> bool:
+    """``tensor`` is a new ``empty``'s whole storage, held by nothing else (``clone``'s and
+    ``contiguous()``'s result before its ``copy_``): it may move onto a bucket's storage."""
+    return (data.buffer is None and tensor.storage_offset() == 0 and tensor.numel() == data.numel
+            and tensor.is_contiguous() and torch._C._storage_Use_Count(tensor.untyped_storage()._cdata) <= 2)
 
 
 def _eligible(op, leaves) -> bool:
@@ -100,6 +117,13 @@ def _shapeless(op, leaves):
         else:
             key.append(part)
     return tuple(key), shapes
+
+
+def _growing(sizes: set, n: int) -> bool:
+    """A dim at size ``n`` is a length that grows: it has had the ``MIN_SIZES - 1`` sizes just below
+    (a sampling loop's one token at a time); sizes that merely differ (layer widths, a last smaller
+    batch, shapes a test sweeps) stay exact."""
+    return n > MIN_SIZES and all(n - k in sizes for k in range(1, MIN_SIZES))
 
 
 def kernel_for(op, args, kwargs, leaves):
@@ -124,9 +148,11 @@ def kernel_for(op, args, kwargs, leaves):
         parameter = isinstance(leaves.tensors[position], torch.nn.Parameter)
         for d, n in enumerate(shape):
             sizes = per_dim[d]
-            if len(sizes) < 64:
-                sizes.add(n)
-            if len(sizes) >= MIN_SIZES and n > 1 and n not in first and not parameter:
+            sizes.add(n)
+            # the op's sizes at this argument and dim, whatever storages and layouts held the tensor
+            across = _OP_SIZES.setdefault((op, position, len(shape), d), set())
+            across.add(n)
+            if _growing(across, n) and n not in first and not parameter:
                 dims.append(d)
         dynamic.append(tuple(dims))
         family_shapes.append(tuple(None if d in dims else n for d, n in enumerate(shape)))
@@ -254,6 +280,23 @@ class Family:
             self._holds[sizes] = ok
         return ok
 
+    def _adopt(self, leaves) -> bool:
+        """Move a fresh written tensor onto a bucket's storage (its true part, the bucket's strides)."""
+        from ..capture.bucket_padding import padded_size
+        from . import _torch_hooks
+
+        tensor = leaves.tensors[self.written]
+        data = tensor.untyped_storage()._neuron
+        if data in _PADDED or not _fresh(tensor, data):
+            return False
+        _, _, bucket_env = self._envs(leaves)
+        shape = tuple(padded_size(a, bucket_env) for a in self.analysis.input_layouts[self.written])
+        if shape == tuple(tensor.shape):
+            return False
+        bucket = _padded_tensor(tensor.shape, shape, tensor.dtype, None, leaves.index or 0, addressed=True)
+        _torch_hooks.place(tensor, bucket.untyped_storage(), 0, tensor.shape, bucket.stride())
+        return True
+
     def _writable(self, leaves) -> bool:
         """The written tensor (if any) at its bucket shape is its storage's whole buffer."""
         if self.written is None:
@@ -276,6 +319,8 @@ class Family:
     def __call__(self, op, args, kwargs, leaves):
         from ..capture.bucket_padding import padded_size
 
+        if self.written is not None and active() and self.fits(leaves) and self._adopt(leaves):
+            return OPS.dispatch(op, args, kwargs)  # its written tensor is now a bucket's: a new signature
         if not active() or not self.fits(leaves) or not self._writable(leaves):  # exact shapes here
             key = tuple(leaves.parts)
             kernel = self.exact.get(key)
@@ -393,34 +438,7 @@ def _padded_tensor(real, shape, dtype, buffer, index: int, addressed: bool = Fal
     return tensor
 
 
-# --- factories made on the host ----------------------------------------------------------------
-
-_FACTORY_SEEN: dict = {}
-
-
-def factory_result(op, kwargs, value: torch.Tensor, index: int):
-    """``value`` (a factory's CPU result) on the device; at a size its op has made at ``MIN_SIZES`` sizes
-    or more, padded to the bucket (zeros past the true sizes), as a bucketed op's result is."""
-    from ..capture.bucket_sizes import round_up
-    from ..capture.options import Options
-
-    if not active() or value.dim() == 0 or not value.numel() or not _buckets():
-        return None
-    key = (op, value.dtype, value.dim(), tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
-    per_dim = _FACTORY_SEEN.setdefault(key, [set() for _ in range(value.dim())])
-    for d, n in enumerate(value.shape):
-        if len(per_dim[d]) < 64:
-            per_dim[d].add(n)
-    if not any(len(sizes) >= MIN_SIZES for sizes in per_dim):
-        return None
-    buckets = Options.resolve().buckets
-    shape = tuple(round_up(n, buckets) if len(per_dim[d]) >= MIN_SIZES and n > 1 else n
-                  for d, n in enumerate(value.shape))
-    host = torch.zeros(shape, dtype=value.dtype)
-    host[tuple(slice(0, n) for n in value.shape)] = value
-    COUNTS["host_copies"] += 1
-    return _padded_tensor(value.shape, shape, value.dtype, _storage.host_to_buffer(host, index), index)
-
+# --- factories at a growing length ---------------------------------------------------------------
 
 def _bucket_shape(key, shape, table: dict):
     """``shape`` with its lengths (dims seen at ``MIN_SIZES`` sizes, none of the first sighting's) at
@@ -435,12 +453,12 @@ def _bucket_shape(key, shape, table: dict):
         return None
     first, per_dim = seen
     for sizes, n in zip(per_dim, shape):
-        if len(sizes) < 64:
-            sizes.add(n)
-    buckets = _buckets()
-    padded = tuple(round_up(n, buckets) if len(sizes) >= MIN_SIZES and n > 1 and n not in first else n
-                   for sizes, n in zip(per_dim, shape))
-    return padded if padded != tuple(shape) else None
+        sizes.add(n)
+    # the leading dim larger than 1 only: the result stays contiguous, as CPU's (a view of it works)
+    d = next((d for d, n in enumerate(shape) if n > 1), None)
+    if d is None or not _growing(per_dim[d], shape[d]) or shape[d] in first:
+        return None
+    return tuple(shape[:d]) + (round_up(shape[d], _buckets()),) + tuple(shape[d + 1:])
 
 
 _EMPTY_SEEN: dict = {}
@@ -487,3 +505,14 @@ def _host_arange(op, args, kwargs, leaves):
                                                                  leaves.index or 0))
     _torch_hooks.place(out, padded.untyped_storage(), 0, (n,), (1,))
     return out
+
+
+def dense_copy(tensor: torch.Tensor):
+    """A contiguous copy at the true sizes of a tensor whose storage is a bucket's, or None: a view CPU's
+    contiguous result allows and the bucket's strides do not (a dim padded inside another) is taken of
+    it. Unlike CPU's view it does not alias the tensor: writes through it stay in the copy."""
+    data = getattr(tensor.untyped_storage(), "_neuron", None) if tensor.device.type == "neuron" else None
+    if data is None or data not in _PADDED:
+        return None
+    with exact():
+        return OPS.dispatch(torch.ops.aten.clone.default, (tensor,), {"memory_format": torch.contiguous_format})

@@ -187,10 +187,6 @@ def _factory_on_host(op, args, kwargs):
     if "device" in kwargs:
         kwargs["device"] = torch.device("cpu")
     result = op(*args, **kwargs)
-    if isinstance(result, torch.Tensor):  # arange(t) at a length that keeps changing: padded to its bucket
-        padded = _lengths.factory_result(op, kwargs, result, index)
-        if padded is not None:
-            return padded
     return tree_map(lambda v: from_host(v, index) if isinstance(v, torch.Tensor) else v, result)
 
 
