@@ -935,8 +935,10 @@ def report(res: dict, args) -> str:
               f"The section-3 GPT-2 in eval mode, no KV cache, batch 1, a 4-token prompt, {args.sample_tokens} "
               "tokens one at a time: the model on the whole sequence, the last position's logits / 0.8, softmax, "
               "`multinomial` (CPU's generator on both devices: the same draws), `cat`; one thread each side. "
-              "Each new length is a new signature for most ops of the forward (issue 38's target, at most one "
-              "executable per op per 128-bucket, is not met yet).", ""]
+              "An op whose dim grows (it had the two lengths below) runs padded to the 128-bucket "
+              "(`neuron_compile/device/lengths.py`): the first tokens compile at exact shapes, then each "
+              "bucketed op once; what still compiles per token is an op the padding analysis refuses or a "
+              "length equal to one of the model's widths (exact there).", ""]
     rows = []
     cpu = g.get("CPU eager") if isinstance(g, dict) else None
     for name, cell in (g.items() if isinstance(g, dict) else []):

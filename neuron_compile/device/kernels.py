@@ -23,7 +23,7 @@ import sys
 
 import torch
 
-from . import _torch_hooks, ops
+from . import _torch_hooks, lengths, ops
 from . import storage as _storage
 from .storage import device_index, new_tensor
 
@@ -149,7 +149,15 @@ def _is_view(op) -> bool:
 
 
 def _view(op, *args, **kwargs):
-    return _torch_hooks.meta_redispatch(op, *args, **kwargs)
+    try:
+        return _torch_hooks.meta_redispatch(op, *args, **kwargs)
+    except RuntimeError:
+        # a bucketed result padded along an inner dim has the bucket's strides, which a view CPU's
+        # contiguous result allows may not: that view of a dense copy (lengths.dense_copy)
+        dense = lengths.dense_copy(args[0]) if args and isinstance(args[0], torch.Tensor) else None
+        if dense is None:
+            raise
+        return _torch_hooks.meta_redispatch(op, dense, *args[1:], **kwargs)
 
 
 # --- factories -------------------------------------------------------------------------------
@@ -164,7 +172,8 @@ def _empty(op, size, dtype=None, layout=None, device=None, pin_memory=None, memo
     if memory_format not in (None, torch.contiguous_format, torch.preserve_format):
         stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
         return new_tensor(size, _dtype(dtype), stride=stride, addressed=True, index=index)
-    return new_tensor(size, _dtype(dtype), addressed=True, index=index)
+    padded = lengths.empty_padded(size, _dtype(dtype), index)  # at a length that keeps changing: its bucket
+    return padded if padded is not None else new_tensor(size, _dtype(dtype), addressed=True, index=index)
 
 
 @kernel(aten.empty_strided.default)

@@ -45,7 +45,7 @@ class Leaves:
     """The tensors of one call, in argument order, and the storages they read."""
 
     __slots__ = ("tensors", "datas", "slots", "host", "parts", "device_seen", "mixed", "floats", "two_dtypes",
-                 "retypes", "offsets", "index")
+                 "retypes", "offsets", "index", "sizes")
 
     def __init__(self):
         self.tensors: list[torch.Tensor] = []
@@ -61,6 +61,7 @@ class Leaves:
         # views read at a run-time offset (the executable's ("offset", k) inputs): [part index, tensor, offset]
         self.offsets: list = []
         self.index = None  # the neuron device index of the first neuron tensor (where the op runs)
+        self.sizes = None  # a bucketed kernel's true sizes (``lengths``): a buffer, its ("sizes",) input
 
     def visit(self, value):
         if isinstance(value, torch.Tensor):
@@ -98,6 +99,8 @@ class Leaves:
                     buffer = data.buffer
                     offset = value.storage_offset()
                     stride = value.stride()
+                    if 1 in value.shape:  # a size-1 dim's stride addresses nothing (a view's may hold a length)
+                        stride = tuple(0 if n == 1 else st for n, st in zip(value.shape, stride))
                     # a view of fewer elements than its storage may sit anywhere in it: its offset is an
                     # input of the executable, not part of the signature (pin_written: unless the op writes
                     # through it). Offset 0 too, so that a loop's first slice shares the kernel of the rest
@@ -248,6 +251,8 @@ class OpKernel:
                 params.append(_storage.host_to_buffer(leaves.host[index], device))
             elif kind == "offset":
                 params.append(_scalar_buffer(leaves.offsets[index][2], torch.int64, device))
+            elif kind == "sizes":
+                params.append(leaves.sizes)
             else:
                 params.append(_scalar_buffer(leaves.floats[index], entry[2], device))
         return run_executable(self.executable, params, device)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 import threading
 import warnings
 
@@ -42,6 +43,7 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
 from . import _torch_hooks
+from . import lengths as _lengths
 from . import storage as _storage
 from .opkernel import COUNTS, Leaves, OpKernel, check_same_device, leaves_of
 from .storage import new_tensor
@@ -50,6 +52,7 @@ log = logging.getLogger("neuron_compile")
 aten = torch.ops.aten
 
 _KERNELS: dict = {}
+_lengths.OPS = sys.modules[__name__]
 _LOCK = threading.RLock()
 _WARNED: set[str] = set()
 # ops whose output shapes depend on data, learned as they fail to trace: they run on the host
@@ -81,6 +84,8 @@ def dispatch(op, args, kwargs):
         return run_on_host(op, args, kwargs)
     with _LOCK:
         kernel = _KERNELS.get(key)
+        if kernel is None and _lengths.active():  # a dim that keeps changing size: one kernel per bucket
+            kernel = _lengths.kernel_for(op, args, kwargs, leaves)
         if kernel is None:
             kernel = _build(op, args, kwargs, leaves)
             if kernel is None:  # the op runs on the host (data-dependent shapes, or fallback="eager")
@@ -102,7 +107,8 @@ def retype(data, dtype: torch.dtype) -> None:
         _storage.retype(data, dtype)
         return
     flat = new_tensor(data.buffer.shape, data.dtype, data.buffer, index=data.buffer.device.id).reshape(-1)
-    buffer = _storage.data_of(dispatch(aten.view_copy.dtype, (flat, dtype), {})).buffer
+    with _lengths.exact():
+        buffer = _storage.data_of(dispatch(aten.view_copy.dtype, (flat, dtype), {})).buffer
     data.dtype, data.numel = dtype, nbytes // dtype.itemsize
     data.set(buffer)
 
@@ -303,8 +309,9 @@ class ExecutorAdapter:
         buffer = _storage.own_buffer(tensor, _storage.data_of(tensor))
         if buffer is not None:
             return buffer
-        # a view, or a storage never written: its elements, computed on the device
-        dense = dispatch(torch.ops.aten.clone.default, (tensor.detach(),), {"memory_format": torch.contiguous_format})
+        # a view, or a storage never written: its elements, computed on the device (at its own shape)
+        with _lengths.exact():
+            dense = dispatch(torch.ops.aten.clone.default, (tensor.detach(),), {"memory_format": torch.contiguous_format})
         if not dense.numel():
             return _storage.host_to_buffer(torch.empty(tensor.shape, dtype=tensor.dtype), tensor.device.index)
         return _storage.data_of(dense).buffer

@@ -147,10 +147,12 @@ def _replace_tensors(args, kwargs, fn, floats=None):
 
 
 def trace_op(op, args, kwargs, leaves, written_positions: list[int], bake_floats: bool = False,
-             wide: bool = False) -> Traced:
+             wide: bool = False, padded: dict | None = None, body=None) -> Traced:
     """``wide``: decompose with every decomposition torch registers too (under ours), for an op whose own
     graph did not lower: eager ops reach us as backend ops (``upsample_bilinear2d``,
-    ``hardshrink_backward``...) that a compiled graph never holds."""
+    ``hardshrink_backward``...) that a compiled graph never holds. ``padded`` (leaf -> shape) and ``body``
+    (``lengths``): those leaves are read at bucket sizes and ``body(views, sizes)`` computes the results
+    in place of the op, ``sizes`` a last int64 input of the graph (the true sizes)."""
     try:
         resized = out_resizes(op, args, kwargs, leaves, written_positions)
     except NotImplementedError as exc:
@@ -202,6 +204,9 @@ def trace_op(op, args, kwargs, leaves, written_positions: list[int], bake_floats
             continue
         leaf_source.append(("slot", slot_input[slot], part))
 
+    if body is not None:
+        inputs.append(("sizes", 0))
+        example.append(torch.empty((len(body.symbols),), dtype=torch.int64))
     written_slots = []
     for position in written_positions:
         source = leaf_source[position]
@@ -218,7 +223,7 @@ def trace_op(op, args, kwargs, leaves, written_positions: list[int], bake_floats
     def run(*bases):
         # a written storage read through as_strided views is worked on as a flat copy: functionalization
         # can write through one as_strided view of a tensor, not through a view of a view
-        work = {}
+        work, work_shapes = {}, {}
         for index in written_slots:
             if index in slot_views:
                 work[index] = aten.clone.default(bases[index].reshape(-1))
@@ -229,7 +234,12 @@ def trace_op(op, args, kwargs, leaves, written_positions: list[int], bake_floats
                 continue
             index, part = source[1], source[2]
             base = bases[index]
-            if index in work:
+            if padded and len(views) in padded and index in work:  # written: a bucket's whole storage
+                views.append(work[index].view(padded[len(views)]))
+                work_shapes[index] = padded[len(views) - 1]
+            elif padded and len(views) in padded:
+                views.append(_padded_view(base, part, padded[len(views)], bases, source, offset_slice))
+            elif index in work:
                 flat = work[index]
                 views.append(flat.view(base.shape) if len(part) == 3 else
                              aten.as_strided.default(flat, part[1], part[2], part[3]))
@@ -244,7 +254,7 @@ def trace_op(op, args, kwargs, leaves, written_positions: list[int], bake_floats
                 flat = base.reshape(-1) if base.dim() != 1 else base
                 views.append(aten.as_strided.default(flat, part[1], part[2], part[3]))
         new_args, new_kwargs = _replace_tensors(args, kwargs, lambda i: views[i], structure["floats"])
-        result = REWRITES.get(op, op)(*new_args, **new_kwargs)
+        result = (body(views, bases[-1]) if body is not None else REWRITES.get(op, op)(*new_args, **new_kwargs))
         fresh_values = []
         structure["returns"] = _describe(result, views, fresh_values)
         if strides is None or len(strides) != len(fresh_values):
@@ -255,11 +265,12 @@ def trace_op(op, args, kwargs, leaves, written_positions: list[int], bake_floats
         # a result CPU lays out in another order (channels_last) comes out of the graph in memory order
         fresh_values = [v if order is None else v.permute(order).contiguous()
                         for v, (_, order) in zip(fresh_values, layouts)]
-        written = tuple(work[i].view(bases[i].shape) if i in work else bases[i] for i in written_slots)
+        written = tuple(work[i].view(work_shapes.get(i, bases[i].shape)) if i in work else bases[i]
+                        for i in written_slots)
         return tuple(fresh_values) + written
 
     table = _wide_table() if wide else decomposition_table()
-    strides = fresh_strides(op, args, kwargs, leaves)
+    strides = fresh_strides(op, args, kwargs, leaves) if body is None else None
 
     def trace(floats):
         structure["floats"] = floats
@@ -304,6 +315,26 @@ def trace_op(op, args, kwargs, leaves, written_positions: list[int], bake_floats
         gm = trace(None)
     return Traced(gm, inputs, structure["fresh"], [inputs[i][1] for i in written_slots], structure["returns"],
                   by_value=by_value)
+
+
+def _padded_view(base, part, shape, bases, source, offset_slice):
+    """A tensor argument at its bucket ``shape`` (``lengths``): its true elements where the tensor has them,
+    anything past them (zeros where the storage ends first; the bucketed graph masks what it reads)."""
+    if len(part) == 3:  # the whole buffer, at its true sizes: zeros after its end along each dim
+        pads = []
+        for size, want in zip(reversed(part[1]), reversed(shape)):
+            pads += [0, want - size]
+        return aten.constant_pad_nd.default(base, pads, 0) if any(pads) else base
+    stride = part[2]
+    extent = storage_extent(shape, stride)
+    flat = base.reshape(-1)
+    if part[3] == RUNTIME:  # room for the bucket's extent from any offset the true view may have
+        flat = aten.constant_pad_nd.default(flat, [0, extent], 0)
+        piece = offset_slice(flat, bases[source[3]], extent)
+        return aten.as_strided.default(piece, shape, stride, 0)
+    if extent + part[3] > flat.numel():
+        flat = aten.constant_pad_nd.default(flat, [0, extent + part[3] - flat.numel()], 0)
+    return aten.as_strided.default(flat, shape, stride, part[3])
 
 
 # ops whose second operand may be a 0-d tensor in place of a Python scalar, with the same result

@@ -1,0 +1,518 @@
+"""Lengths that grow: an eager op seen at a growing length compiles once per 128-bucket of it.
+
+A sampling loop without a KV cache runs the model on a sequence one token longer each step, so every
+op of the forward meets a new length each time. Exact shapes would compile each op once per length;
+here the compiled path's shape bucketing (``capture.bucketing``) serves the eager op instead:
+
+    sighting   every signature miss records, per op and shape-free signature (dtypes, ranks, storages,
+               scalars), the sizes each dim of each tensor had. A dim is a growing length at size n
+               when it had n - 1 and n - 2 before (``_growing``) and n is no size of the op's first
+               sighting (widths, heads); a Parameter's dims never are. Sizes that merely differ (layer
+               widths, a last smaller batch) and the first lengths compile at exact shapes, as before
+    family     the op traced once on fake tensors whose dynamic dims are size symbols, then the padding
+               analysis (``bucketing.analyze``): which reductions, contractions, cats and indexing need
+               masks or true sizes. An op it cannot prove exact keeps exact shapes (``refused``)
+    kernel     per bucket of the symbols (and the inputs' strides and buffer shapes): the storages'
+               views read at bucket sizes (``trace._padded_view``), the analysis' rewrites applied at
+               the bucket (``BucketInterpreter``), the true sizes a small int64 input, compiled once
+    results    each result's storage holds the bucket-shaped buffer; the tensor is its true-size part
+               (``x[:, :t]`` of the bucket: the bucket's strides), so the next op of the loop reads it
+               at the same bucket shape and compiles nothing new. Values past the true sizes are
+               never read as values: every consumer is bucketed or reads the true view.
+
+``torch.empty`` at a growing leading length (``contiguous()``'s, an ``out=``'s) and ``arange(t, out=)``
+(a position embedding's) give the true part of a bucket as well; in-place and ``out=`` ops writing such
+a storage run bucketed. ``NEURON_COMPILE_DEVICE_LENGTHS=0`` turns it off. Kernels are kept in memory
+only (a new process traces each bucket again; the artifact cache still spares the XLA compile).
+
+What differs from CPU: a bucketed result padded along an inner dim (attention scores ``(b, h, t, t)``)
+has the bucket's strides, so it is not ``is_contiguous()``; a ``view`` its strides do not allow is
+taken of a dense copy (``dense_copy``: no aliasing). Its storage holds the bucket (``nbytes``,
+``set_(storage)`` see the bucket's size).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import weakref
+
+import torch
+
+from . import storage as _storage
+from .opkernel import COUNTS, rebuild
+from .trace import RUNTIME, _replace_tensors
+
+log = logging.getLogger("neuron_compile")
+
+MIN_SIZES = 3
+OPS = None  # ``ops`` (which imports this module) sets itself here: the dispatcher this module calls back
+COUNTS.setdefault("bucketed_ops", 0)  # kernels compiled at a bucket (each once per op, bucket, layout)
+_OP_SIZES: dict = {}  # (op, tensor leaf, rank, dim) -> the sizes seen
+_SEEN: dict = {}  # shape-free signature -> per tensor leaf, per dim: the sizes seen
+_FAMILIES: dict = {}  # (shape-free signature, dynamic dims, floats) -> Family, or a refusal reason (str)
+_STATE = threading.local()
+
+
+def active() -> bool:
+    return os.environ.get("NEURON_COMPILE_DEVICE_LENGTHS", "1") != "0" and not getattr(_STATE, "exact", 0)
+
+
+@contextlib.contextmanager
+def exact():
+    """Ops dispatched inside give exact-shape results (a caller that reads the result's buffer itself)."""
+    _STATE.exact = getattr(_STATE, "exact", 0) + 1
+    try:
+        yield
+    finally:
+        _STATE.exact -= 1
+
+
+def refused() -> dict:
+    """Ops kept at exact shapes though their sizes vary: op name -> the analysis' reason."""
+    return {str(key[0][0]): value for key, value in _FAMILIES.items() if isinstance(value, str)}
+
+
+def _written(op, args, kwargs, leaves):
+    """The one leaf an in-place or ``out=`` op writes, when its storage is a bucket's (``_PADDED``: nothing
+    real lies past the true sizes, so the op may write the whole bucket); None if it writes none; False
+    where it cannot run bucketed."""
+    if not OPS._writes(op):
+        return None
+    positions = OPS._written_positions(op, args, kwargs)
+    if len(positions) != 1:
+        return False
+    tensor = leaves.tensors[positions[0]]
+    data = getattr(tensor.untyped_storage(), "_neuron", None)
+    if data is not None and (data in _PADDED and tensor.storage_offset() == 0 or _fresh(tensor, data)):
+        return positions[0]
+    return False
+
+
+def _fresh(tensor, data) -> bool:
+    """``tensor`` is a new ``empty``'s whole storage, held by nothing else (``clone``'s and
+    ``contiguous()``'s result before its ``copy_``): it may move onto a bucket's storage."""
+    return (data.buffer is None and tensor.storage_offset() == 0 and tensor.numel() == data.numel
+            and tensor.is_contiguous() and torch._C._storage_Use_Count(tensor.untyped_storage()._cdata) <= 2)
+
+
+def _eligible(op, leaves) -> bool:
+    return not (op in OPS._HOST_OPS or leaves.mixed is not None or leaves.two_dtypes
+                or torch.Tag.nondeterministic_seeded in op.tags or torch.Tag.dynamic_output_shape in op.tags
+                or torch.Tag.data_dependent_output in op.tags)
+
+
+def _shapeless(op, leaves):
+    """(the signature without sizes, strides and buffer shapes; per tensor leaf its sizes), or None."""
+    key, shapes = [op], []
+    for part in leaves.parts:
+        if isinstance(part, tuple) and part and isinstance(part[0], torch.dtype):
+            key.append(("t", part[0], len(part[1]), part[-1] if len(part) == 3 else (part[3], part[4])))
+            shapes.append(tuple(part[1]))
+        elif isinstance(part, tuple) and part and part[0] == "host":
+            key.append(part)
+            shapes.append(())
+        else:
+            key.append(part)
+    return tuple(key), shapes
+
+
+def _growing(sizes: set, n: int) -> bool:
+    """A dim at size ``n`` is a length that grows: it has had the ``MIN_SIZES - 1`` sizes just below
+    (a sampling loop's one token at a time); sizes that merely differ (layer widths, a last smaller
+    batch, shapes a test sweeps) stay exact."""
+    return n > MIN_SIZES and all(n - k in sizes for k in range(1, MIN_SIZES))
+
+
+def kernel_for(op, args, kwargs, leaves):
+    """Called on a signature miss: the op's bucketed kernel family when some dim of it varies, else None
+    (the op compiles at exact shapes)."""
+    if op in _ARANGE_OUTS:
+        return _arange_kernel(op, args, kwargs, leaves)
+    if not _eligible(op, leaves) or not _buckets():
+        return None
+    written = _written(op, args, kwargs, leaves)
+    if written is False:
+        return None
+    key, shapes = _shapeless(op, leaves)
+    seen = _SEEN.get(key)
+    if seen is None:  # the sizes of a first sighting stay exact (widths, heads) wherever they recur
+        _SEEN[key] = ({n for shape in shapes for n in shape}, [[{n} for n in shape] for shape in shapes])
+        return None
+    first, per_leaf = seen
+    dynamic, family_shapes = [], []
+    for position, (per_dim, shape) in enumerate(zip(per_leaf, shapes)):
+        dims = []
+        parameter = isinstance(leaves.tensors[position], torch.nn.Parameter)
+        for d, n in enumerate(shape):
+            sizes = per_dim[d]
+            sizes.add(n)
+            # the op's sizes at this argument and dim, whatever storages and layouts held the tensor
+            across = _OP_SIZES.setdefault((op, position, len(shape), d), set())
+            across.add(n)
+            if _growing(across, n) and n not in first and not parameter:
+                dims.append(d)
+        dynamic.append(tuple(dims))
+        family_shapes.append(tuple(None if d in dims else n for d, n in enumerate(shape)))
+    if not any(dynamic):
+        return None
+    family_key = (key, tuple(family_shapes), tuple(map(repr, leaves.floats)))
+    family = _FAMILIES.get(family_key)
+    if family is None:
+        family = _FAMILIES[family_key] = _analyze(op, args, kwargs, leaves, dynamic, written)
+    if isinstance(family, str):
+        return None
+    return family if family.fits(leaves) else None
+
+
+def _analyze(op, args, kwargs, leaves, dynamic, written=None):
+    """A Family for ``op`` with ``dynamic`` dims symbolic, or the reason it keeps exact shapes."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    from ..capture.bucketing import analyze
+    from ..capture.options import Options
+    from ..decompositions import decomposition_table
+    from ._torch_hooks import plain_dispatch
+
+    options = Options.resolve()
+    try:
+        shape_env = ShapeEnv()
+        mode = FakeTensorMode(shape_env=shape_env)
+        fakes = []
+        for tensor, dims in zip(leaves.tensors, dynamic):
+            context = StatelessSymbolicContext(dynamic_sizes=[
+                DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(tensor.dim())])
+            fakes.append(mode.from_tensor(torch.empty(tensor.shape, dtype=tensor.dtype), symbolic_context=context))
+
+        def run(*tensors):
+            if written is not None:  # the new contents of the written tensor, functionally
+                tensors = list(tensors)
+                tensors[written] = tensors[written].clone()
+            new_args, new_kwargs = _replace_tensors(args, kwargs, lambda i: tensors[i])
+            result = op(*new_args, **new_kwargs)
+            return result if written is None else tensors[written]
+
+        with plain_dispatch(), mode:
+            fn = run if written is None else torch.func.functionalize(run, remove="mutations_and_views")
+            gm = make_fx(fn, decomposition_table=decomposition_table(), tracing_mode="real")(*fakes)
+        analysis = analyze(gm, buckets=options.buckets)
+    except Exception as exc:  # noqa: BLE001 - a trace that fails keeps exact shapes, never the call
+        return _refuse(op, f"the symbolic trace failed ({type(exc).__name__}: {str(exc)[:200]})")
+    if not analysis.ok:
+        return _refuse(op, analysis.reason)
+    if analysis.position_inputs or analysis.position_outputs or analysis.value_symbols:
+        return _refuse(op, "the analysis needs checks at each call")
+    if any(dim is None for _, dim in analysis.bindings.values()):
+        return _refuse(op, "a size symbol no tensor dim gives")
+    for layout in analysis.output_layouts:
+        if not isinstance(layout, tuple) or any(len(atoms) > 1 for atoms in layout):
+            return _refuse(op, f"an output layout it cannot keep as a view ({layout})")
+    sym_dims = [(size.node.expr, leaf, d) for leaf, fake in enumerate(fakes) for d, size in enumerate(fake.shape)
+                if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol]
+    log.debug("neuron: %s runs bucketed from now on (symbols %s)", op, analysis.symbols)
+    family = Family(op, gm, analysis, options, [g.expr for g in shape_env.guards], sym_dims)
+    family.written = written
+    return family
+
+
+def _refuse(op, reason: str) -> str:
+    log.debug("neuron: %s keeps exact shapes: %s", op, reason)
+    return reason
+
+
+class Family:
+    """One op's bucketed kernels: a kernel per bucket (and per the inputs' strides and buffer shapes)."""
+
+    __slots__ = ("op", "gm", "analysis", "options", "guards", "sym_dims", "bind", "kernels", "exact", "_holds",
+                 "written")
+
+    def __init__(self, op, gm, analysis, options, guards, sym_dims):
+        self.op, self.gm, self.analysis, self.options, self.guards = op, gm, analysis, options, guards
+        self.sym_dims = sym_dims  # (symbol, leaf, dim) of every symbolic size of the trace
+        self.written = None  # the leaf an in-place op writes (its storage a bucket's), or None
+        self.bind = [analysis.bindings[s] for s in analysis.symbols]  # symbol -> (leaf, dim)
+        self.kernels: dict = {}
+        self.exact: dict = {}  # signature -> kernel, for calls the family does not fit
+        self._holds: dict = {}
+
+    def _envs(self, leaves):
+        from ..capture.bucket_sizes import buckets_within
+
+        analysis = self.analysis
+        true = tuple(leaves.tensors[leaf].shape[dim] for leaf, dim in self.bind)
+        true_env = dict(zip(analysis.symbols, true))
+        bucket_env = buckets_within(true_env, analysis.symbols, self.options.buckets, analysis.admits,
+                                    analysis.multiples)
+        return true, true_env, bucket_env
+
+    def fits(self, leaves) -> bool:
+        """The graph traced for the family holds at these sizes and at their bucket (its guards)."""
+        sizes = tuple(leaves.tensors[leaf].shape[d] for _, leaf, d in self.sym_dims)
+        ok = self._holds.get(sizes)
+        if ok is None:
+            true, true_env, bucket_env = self._envs(leaves)
+            from ..capture.bucket_sizes import sym_to_value
+
+            try:
+                from ..capture.bucket_sizes import round_up
+
+                # every symbol of the trace at its size here (one size per symbol), and at its bucket
+                full: dict = {}
+                ok = True
+                for symbol, leaf, d in self.sym_dims:
+                    n = leaves.tensors[leaf].shape[d]
+                    ok = ok and full.setdefault(symbol, n) == n
+                by_size = {true_env[x]: bucket_env[x] for x in self.analysis.symbols}
+                full_bucket = {x: by_size.get(n, round_up(n, self.options.buckets)) for x, n in full.items()}
+                # a guard on a symbol the trace replaced (Eq(s0, s1) unifying two sizes) is in the sizes
+                ok = ok and all(bool(sym_to_value(g, env)) for g in self.guards if g.free_symbols <= full.keys()
+                                for env in (full, full_bucket))
+                if ok and self.analysis.checks:
+                    from ..capture.bucket_padding import check_sizes
+
+                    check_sizes(self.analysis.checks, true_env, bucket_env)  # raises where one fails
+            except Exception:  # noqa: BLE001 - a guard we cannot evaluate: exact shapes
+                ok = False
+            self._holds[sizes] = ok
+        return ok
+
+    def _adopt(self, leaves) -> bool:
+        """Move a fresh written tensor onto a bucket's storage (its true part, the bucket's strides)."""
+        from ..capture.bucket_padding import padded_size
+        from . import _torch_hooks
+
+        tensor = leaves.tensors[self.written]
+        data = tensor.untyped_storage()._neuron
+        if data in _PADDED or not _fresh(tensor, data):
+            return False
+        _, _, bucket_env = self._envs(leaves)
+        shape = tuple(padded_size(a, bucket_env) for a in self.analysis.input_layouts[self.written])
+        if shape == tuple(tensor.shape):
+            return False
+        bucket = _padded_tensor(tensor.shape, shape, tensor.dtype, None, leaves.index or 0, addressed=True)
+        _torch_hooks.place(tensor, bucket.untyped_storage(), 0, tensor.shape, bucket.stride())
+        return True
+
+    def _writable(self, leaves) -> bool:
+        """The written tensor (if any) at its bucket shape is its storage's whole buffer."""
+        if self.written is None:
+            return True
+        from ..capture.bucket_padding import padded_size
+
+        tensor = leaves.tensors[self.written]
+        data = tensor.untyped_storage()._neuron
+        if data not in _PADDED:
+            return False
+        _, _, bucket_env = self._envs(leaves)
+        shape = tuple(padded_size(a, bucket_env) for a in self.analysis.input_layouts[self.written])
+        numel = 1
+        for n in shape:
+            numel *= n
+        return (numel == data.numel and tensor.storage_offset() == 0 and all(
+            n == 1 or st == want for n, st, want in zip(tensor.shape, tensor.stride(),
+                                                        _storage.contiguous_strides(shape))))
+
+    def __call__(self, op, args, kwargs, leaves):
+        from ..capture.bucket_padding import padded_size
+
+        if self.written is not None and active() and self.fits(leaves) and self._adopt(leaves):
+            return OPS.dispatch(op, args, kwargs)  # its written tensor is now a bucket's: a new signature
+        if not active() or not self.fits(leaves) or not self._writable(leaves):  # exact shapes here
+            key = tuple(leaves.parts)
+            kernel = self.exact.get(key)
+            if kernel is None:
+                with OPS._LOCK:
+                    kernel = self.exact[key] = OPS._build(op, args, kwargs, leaves)
+            if kernel is None:
+                return OPS.run_on_host(op, args, kwargs)
+            return kernel(leaves) if kernel.__class__.__name__ == "OpKernel" else kernel(op, args, kwargs, leaves)
+        true, true_env, bucket_env = self._envs(leaves)
+        layouts = self.analysis.input_layouts
+        shapes = tuple(tuple(padded_size(a, bucket_env) for a in layouts[p]) if p in layouts else None
+                       for p in range(len(leaves.tensors)))
+        # a whole buffer's part is its buffer's shape; a view's, without its sizes, its strides and buffer
+        key = (shapes, tuple(p if len(p) == 3 else p[:1] + p[2:] for p in leaves.parts
+                             if isinstance(p, tuple) and p and isinstance(p[0], torch.dtype)))
+        kernel = self.kernels.get(key)
+        if kernel is None:
+            with OPS._LOCK:
+                kernel = self.kernels.get(key)
+                if kernel is None:
+                    kernel = self.kernels[key] = self._compile(op, args, kwargs, leaves, shapes, bucket_env)
+        index = leaves.index or 0
+        leaves.sizes = _sizes_buffer(true, index)
+        results = kernel._slow(leaves)
+        fresh = []
+        for (shape, dtype, _), layout, buffer in zip(kernel.fresh, self.analysis.output_layouts, results):
+            real = tuple(int(padded_size(a, true_env)) for a in layout)
+            fresh.append(_padded_tensor(real, shape, dtype, buffer, index))
+        for slot, buffer in zip(kernel.written, results[len(kernel.fresh):]):
+            if buffer is not None:
+                leaves.datas[slot].set(buffer)
+        return rebuild(kernel.returns, fresh, leaves.tensors)
+
+    def _compile(self, op, args, kwargs, leaves, shapes, bucket_env):
+        from torch.fx.experimental.proxy_tensor import make_fx  # noqa: F401 - trace_op's
+
+        from ..capture.bucket_padding import BucketInterpreter
+        from .trace import trace_op
+
+        interpreter = BucketInterpreter(self.gm, self.analysis, bucket_env)
+
+        written = self.written
+
+        def body(views, sizes):
+            out = interpreter.run_with_true_sizes(sizes, *views)
+            if written is not None:  # the written tensor's new contents, into its storage
+                views[written].copy_(out[0] if isinstance(out, (tuple, list)) else out)
+                return views[written]
+            return tuple(out) if isinstance(out, (tuple, list)) else out
+
+        body.symbols = self.analysis.symbols
+        padded = {p: shape for p, shape in enumerate(shapes) if shape is not None and shape != tuple(leaves.tensors[p].shape)}
+        traced = trace_op(op, args, kwargs, leaves, [] if written is None else [written], padded=padded, body=body)
+        if any(kind != "fresh" for kind in _kinds(traced.returns)) and written is None:
+            raise NotImplementedError(f"{op}: a bucketed op that returns an argument")
+        kernel = OPS._compile(op, traced, self.options)
+        if kernel is None:
+            raise NotImplementedError(f"{op}: its bucketed graph does not lower")
+        COUNTS["bucketed_ops"] += 1
+        return kernel
+
+
+def _kinds(returns):
+    kind, value = returns
+    if kind in ("tuple", "list"):
+        for r in value:
+            yield from _kinds(r)
+    elif kind != "const":
+        yield kind
+
+
+def _buckets():
+    from ..capture.options import Options
+
+    return Options.resolve().buckets
+
+
+_SIZES: dict = {}
+
+
+def _sizes_buffer(true: tuple, index: int):
+    key = (true, index)
+    buffer = _SIZES.get(key)
+    if buffer is None:
+        if len(_SIZES) > 512:
+            _SIZES.clear()
+        buffer = _SIZES[key] = _storage.host_to_buffer(torch.tensor(true, dtype=torch.int64), index)
+    return buffer
+
+
+_PADDED = weakref.WeakKeyDictionary()  # storages (Data) holding a bucket: -> the bucket's shape
+
+
+def _padded_tensor(real, shape, dtype, buffer, index: int, addressed: bool = False) -> torch.Tensor:
+    """A neuron tensor of sizes ``real``: the leading part of a storage holding ``buffer`` of ``shape``
+    (a factory's result is ``addressed``)."""
+    from . import _torch_hooks
+
+    real, shape = tuple(real), tuple(shape)
+    if real == shape:
+        return _storage.new_tensor(shape, dtype, buffer, index=index, addressed=addressed)
+    stride = _storage.contiguous_strides(shape)
+    numel = 1
+    for n in shape:
+        numel *= n
+    if index or addressed:
+        tensor = _torch_hooks.addressed_tensor(real, stride, 0, numel * dtype.itemsize, dtype, index)
+    else:
+        tensor = _torch_hooks.empty_tensor((numel,), dtype)
+        _torch_hooks.meta_redispatch(torch.ops.aten.set_.source_Storage_storage_offset, tensor,
+                                     tensor.untyped_storage(), 0, real, stride)
+    data = tensor.untyped_storage()._neuron = _storage.Data(dtype, numel, buffer)
+    _PADDED[data] = shape
+    return tensor
+
+
+# --- factories at a growing length ---------------------------------------------------------------
+
+def _bucket_shape(key, shape, table: dict):
+    """``shape`` with its lengths (dims seen at ``MIN_SIZES`` sizes, none of the first sighting's) at
+    their buckets, or None where it has none; ``table`` records the sightings under ``key``."""
+    from ..capture.bucket_sizes import round_up
+
+    if not active() or not shape or not _buckets():
+        return None
+    seen = table.get(key)
+    if seen is None:
+        table[key] = (set(shape), [{n} for n in shape])
+        return None
+    first, per_dim = seen
+    for sizes, n in zip(per_dim, shape):
+        sizes.add(n)
+    # the leading dim larger than 1 only: the result stays contiguous, as CPU's (a view of it works)
+    d = next((d for d, n in enumerate(shape) if n > 1), None)
+    if d is None or not _growing(per_dim[d], shape[d]) or shape[d] in first:
+        return None
+    return tuple(shape[:d]) + (round_up(shape[d], _buckets()),) + tuple(shape[d + 1:])
+
+
+_EMPTY_SEEN: dict = {}
+
+
+def empty_padded(size, dtype, index: int):
+    """``torch.empty(size)`` on the device at a length that keeps changing: the leading part of a bucket
+    (an ``out=`` or in-place op then writes it bucketed)."""
+    size = tuple(size)
+    shape = _bucket_shape((dtype, len(size)), size, _EMPTY_SEEN)
+    return None if shape is None else _padded_tensor(size, shape, dtype, None, index, addressed=True)
+
+
+_ARANGE_OUTS = {torch.ops.aten.arange.out, torch.ops.aten.arange.start_out}
+_ARANGE_SEEN: dict = {}
+
+
+def _arange_kernel(op, args, kwargs, leaves):
+    """``arange(t, out=...)`` into a fresh tensor at a length that keeps changing: made on the host into
+    the leading part of a bucket (its consumers then read it bucketed); None otherwise."""
+    out = kwargs.get("out")
+    if out is None or out.dim() != 1 or out.untyped_storage()._neuron.buffer is not None:
+        return None
+    shape = _bucket_shape((op, out.dtype), tuple(out.shape), _ARANGE_SEEN)
+    return None if shape is None else _host_arange
+
+
+def _host_arange(op, args, kwargs, leaves):
+    from . import _torch_hooks
+
+    out = kwargs["out"]
+    data = out.untyped_storage()._neuron
+    if out.dim() != 1 or data.buffer is not None:  # not a fresh vector: as any out= op
+        return OPS.run_on_host(op, args, kwargs)
+    values = op(*args, out=torch.empty(0, dtype=out.dtype))
+    from ..capture.bucket_sizes import round_up
+
+    n = out.shape[0]
+    padded = _padded_tensor((n,), (round_up(n, _buckets()),), out.dtype, None, leaves.index or 0, addressed=True)
+    host = torch.zeros(padded.untyped_storage()._neuron.numel, dtype=out.dtype)
+    host[:n] = values
+    COUNTS["host_copies"] += 1
+    padded.untyped_storage()._neuron.set(_storage.host_to_buffer(host.view(_PADDED[padded.untyped_storage()._neuron]),
+                                                                 leaves.index or 0))
+    _torch_hooks.place(out, padded.untyped_storage(), 0, (n,), (1,))
+    return out
+
+
+def dense_copy(tensor: torch.Tensor):
+    """A contiguous copy at the true sizes of a tensor whose storage is a bucket's, or None: a view CPU's
+    contiguous result allows and the bucket's strides do not (a dim padded inside another) is taken of
+    it. Unlike CPU's view it does not alias the tensor: writes through it stay in the copy."""
+    data = getattr(tensor.untyped_storage(), "_neuron", None) if tensor.device.type == "neuron" else None
+    if data is None or data not in _PADDED:
+        return None
+    with exact():
+        return OPS.dispatch(torch.ops.aten.clone.default, (tensor,), {"memory_format": torch.contiguous_format})

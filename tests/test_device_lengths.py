@@ -1,0 +1,132 @@
+"""Lengths that grow one token at a time compile once per 128-bucket, with CPU's results.
+
+A sampling loop without a KV cache (nanoGPT's ``sample.py``) runs the model on a sequence one token
+longer each step. An op whose dim keeps changing size runs padded to the bucket of that size
+(``neuron_compile/device/lengths.py``), so after the first few tokens a new token compiles nothing.
+Each test runs the same code on CPU and on ``neuron`` and compares; counts are asserted where they
+are the point.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.testing import assert_close
+
+from neuron_compile.device import lengths
+from neuron_compile.device import ops as device_ops
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+class _Block(torch.nn.Module):
+    """nanoGPT's block: causal self-attention through a ``tril`` buffer, then a GELU MLP."""
+
+    def __init__(self, width, heads, positions):
+        super().__init__()
+        self.heads = heads
+        self.ln_1, self.ln_2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
+        self.c_attn, self.c_proj = torch.nn.Linear(width, 3 * width), torch.nn.Linear(width, width)
+        self.fc, self.proj = torch.nn.Linear(width, 4 * width), torch.nn.Linear(4 * width, width)
+        self.register_buffer("bias", torch.tril(torch.ones(positions, positions)).view(1, 1, positions, positions))
+
+    def attention(self, x):
+        b, t, c = x.shape
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+        y = F.softmax(att, dim=-1) @ v
+        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+    def forward(self, x):
+        x = x + self.attention(self.ln_1(x))
+        return x + self.proj(F.gelu(self.fc(self.ln_2(x))))
+
+
+class _GPT(torch.nn.Module):
+    def __init__(self, vocab=50, width=48, heads=4, layers=2, positions=64):
+        super().__init__()
+        self.wte, self.wpe = torch.nn.Embedding(vocab, width), torch.nn.Embedding(positions, width)
+        self.blocks = torch.nn.ModuleList(_Block(width, heads, positions) for _ in range(layers))
+        self.ln_f = torch.nn.LayerNorm(width)
+        self.lm_head = torch.nn.Linear(width, vocab, bias=False)
+
+    def forward(self, idx):
+        pos = torch.arange(0, idx.size(1), dtype=torch.long, device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_f(x)[:, [-1], :])
+
+
+def _sample(device, tokens=40):
+    """nanoGPT sample.py's loop: logits of the last position over a temperature, softmax, multinomial
+    (CPU's generator on both devices: the same draws), cat. Returns the tokens and compiles per token."""
+    torch.manual_seed(0)
+    model = _GPT().eval().to(device)
+    idx = torch.randint(0, 50, (1, 4)).to(device)
+    compiles, snapshot = [], {}
+    with torch.no_grad():
+        for token in range(tokens):
+            if token == 13:  # each bucketed op's kernels so far
+                snapshot.update(_kernels())
+            before = device_ops.COUNTS["op_compiles"]
+            logits = model(idx)[:, -1, :] / 0.8
+            probs = F.softmax(logits, dim=-1)
+            idx = torch.cat((idx, torch.multinomial(probs, num_samples=1)), dim=1)
+            compiles.append(device_ops.COUNTS["op_compiles"] - before)
+    return idx.cpu(), compiles, snapshot
+
+
+def _kernels() -> dict:
+    return {id(f): (f.op, len(f.kernels)) for f in lengths._FAMILIES.values() if not isinstance(f, str)}
+
+
+def test_sampling_40_tokens_compiles_once_per_op_per_bucket():
+    expected, _, _ = _sample("cpu")
+    got, compiles, snapshot = _sample("neuron")
+    assert_close(got, expected, rtol=0, atol=0)  # the same tokens: padding never reaches a value
+    # exact shapes for the first lengths, then the bucketed kernels: after the first few tokens at
+    # most one op compiles per length (x[:, [-1], :]'s aten.index.Tensor); every other op runs one
+    # bucket's executable
+    assert all(c <= 1 for c in compiles[13:]), compiles
+    assert len(snapshot) > 10, "the forward did not run bucketed"
+    # from token 13 to 40 (lengths 17 to 43, one bucket) no bucketed op compiled another kernel
+    after = _kernels()
+    assert {k: v for k, v in after.items() if k in snapshot} == snapshot
+    assert all(n <= 1 for k, (_, n) in after.items() if k not in snapshot)
+
+
+def test_reductions_over_a_growing_dim_are_exact():
+    """Reductions, scans and normalizations over the padded dim see their identity in the padding."""
+
+    def run(x):
+        return (x.sum(1), x.mean(1), x.amax(1), x.softmax(1), x.log_softmax(1), x.cumsum(1), x.var(1),
+                x.argmax(1), torch.cat([x, x[:, :1]], 1), F.layer_norm(x.transpose(1, 2), (x.size(1),)))
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 4)
+    device_x = x.to("neuron")
+    per_length = []
+    for _ in range(25):  # the tensor grows on the device, one column a step (as a sampling loop's)
+        count = device_ops.COUNTS["op_compiles"]
+        got = run(device_x)
+        for a, b in zip(got, run(x)):
+            assert_close(a.cpu(), b)
+        per_length.append(device_ops.COUNTS["op_compiles"] - count)
+        column = torch.randn(3, 1, 4)
+        x, device_x = torch.cat([x, column], 1), torch.cat([device_x, column.to("neuron")], 1)
+    assert max(per_length[12:]) <= 1, per_length  # the test's own cat of a host column: once per length
+
+
+def test_an_op_that_moves_data_across_the_padding_keeps_exact_shapes():
+    """``flip`` along a growing dim cannot run padded (the padding would land first): it compiles per
+    length, with CPU's results, and says why."""
+    for t in range(5, 10):
+        x = torch.randn(2, t)
+        assert_close(x.to("neuron").flip(1).cpu(), x.flip(1))
+    assert "aten.flip.default" in lengths.refused()
