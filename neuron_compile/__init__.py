@@ -38,11 +38,17 @@ def __getattr__(name):
 
 
 def reset() -> None:
-    """Forget reports, zero the counters and empty the in-memory executable cache (not the disk)."""
+    """Forget reports, zero the counters and empty the in-memory executable cache (not the disk), and
+    the device's sightings of growing lengths with their bucketed kernels."""
+    import sys
+
     from .compiler import MEMORY
 
     _report.reset()
     MEMORY.clear()
+    lengths = sys.modules.get("neuron_compile.device.lengths")
+    if lengths is not None:  # loaded with the device's first op, not before
+        lengths.forget()
 
 
 def cache_stats(options=None) -> dict:

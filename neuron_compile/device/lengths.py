@@ -70,6 +70,13 @@ def exact():
         _STATE.exact -= 1
 
 
+def forget() -> None:
+    """Forget every sighting and bucketed kernel: sizes seen from now on start a new history (tensors
+    already on a bucket's storage keep it)."""
+    for table in (_OP_SIZES, _SEEN, _FAMILIES, _EMPTY_SEEN, _ARANGE_SEEN):
+        table.clear()
+
+
 def refused() -> dict:
     """Ops kept at exact shapes though their sizes vary: op name -> the analysis' reason."""
     return {str(key[0][0]): value for key, value in _FAMILIES.items() if isinstance(value, str)}
