@@ -130,3 +130,24 @@ def test_an_op_that_moves_data_across_the_padding_keeps_exact_shapes():
         x = torch.randn(2, t)
         assert_close(x.to("neuron").flip(1).cpu(), x.flip(1))
     assert "aten.flip.default" in lengths.refused()
+
+
+def test_a_view_the_bucket_strides_refuse_is_a_copy_and_writes_through_either_raise():
+    """``scores.view(-1)`` of attention scores padded along their inner dim is taken of a dense copy
+    (the bucket's strides refuse it): its values are CPU's, and a write to either tensor while both live
+    raises (on CPU they alias), naming the op; once the copy is gone the base takes writes again."""
+    torch.manual_seed(0)
+    for t in range(5, 12):  # a length that grows: the scores end up on a bucket's storage
+        q = torch.randn(1, 2, t, 8)
+        device_q = q.to("neuron")
+        scores, device_scores = q @ q.transpose(-2, -1), device_q @ device_q.transpose(-2, -1)
+    assert not device_scores.is_contiguous()  # the bucket's strides (documented)
+    flat = device_scores.view(-1)
+    assert_close(flat.cpu(), scores.view(-1))
+    with pytest.raises(RuntimeError, match=r"aten.add_.Tensor writes .* alias.*test_device_lengths.py"):
+        flat.add_(1)
+    with pytest.raises(RuntimeError, match=r"aten.mul_.Tensor .*NEURON_COMPILE_DEVICE_LENGTHS=0"):
+        device_scores.mul_(2)
+    del flat
+    device_scores.mul_(2)  # no copy lives: the write has nobody to miss it
+    assert_close(device_scores.cpu(), scores * 2)

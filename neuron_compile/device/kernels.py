@@ -99,6 +99,8 @@ def handle(op, *args, **kwargs):
     """The PrivateUse1 fallback: every op without a kernel registered for ``neuron``."""
     if _direct is None:
         register_direct_kernels()
+    if lengths._UNALIASED and ops._writes(op):  # a view copied from a bucket lives: no write may miss it
+        lengths.check_write(op, args, kwargs)
     fn = KERNELS.get(op)
     if fn is None:
         fn = KERNELS[op] = _view if _is_view(op) else _random if _is_random(op) else _compiled_for(op)

@@ -27,7 +27,8 @@ only (a new process traces each bucket again; the artifact cache still spares th
 
 What differs from CPU: a bucketed result padded along an inner dim (attention scores ``(b, h, t, t)``)
 has the bucket's strides, so it is not ``is_contiguous()``; a ``view`` its strides do not allow is
-taken of a dense copy (``dense_copy``: no aliasing). Its storage holds the bucket (``nbytes``,
+taken of a dense copy (``dense_copy``: no aliasing; a write to either while both live is an error
+naming the op, ``check_write``, never a value the other misses). Its storage holds the bucket (``nbytes``,
 ``set_(storage)`` see the bucket's size).
 """
 
@@ -514,12 +515,35 @@ def _host_arange(op, args, kwargs, leaves):
     return out
 
 
+_UNALIASED = weakref.WeakKeyDictionary()  # a bucket's storage and its dense copies: Data -> WeakSet of the others
+
+
 def dense_copy(tensor: torch.Tensor):
     """A contiguous copy at the true sizes of a tensor whose storage is a bucket's, or None: a view CPU's
     contiguous result allows and the bucket's strides do not (a dim padded inside another) is taken of
-    it. Unlike CPU's view it does not alias the tensor: writes through it stay in the copy."""
+    it. Unlike CPU's view it does not alias the tensor, so while both live a write to either is an
+    error (``check_write``), never a value the other silently misses."""
     data = getattr(tensor.untyped_storage(), "_neuron", None) if tensor.device.type == "neuron" else None
     if data is None or data not in _PADDED:
         return None
     with exact():
-        return OPS.dispatch(torch.ops.aten.clone.default, (tensor,), {"memory_format": torch.contiguous_format})
+        copy = OPS.dispatch(torch.ops.aten.clone.default, (tensor,), {"memory_format": torch.contiguous_format})
+    copied = copy.untyped_storage()._neuron
+    _UNALIASED.setdefault(data, weakref.WeakSet()).add(copied)
+    _UNALIASED.setdefault(copied, weakref.WeakSet()).add(data)
+    return copy
+
+
+def check_write(op, args, kwargs) -> None:
+    """Raise where ``op`` writes a storage that has a live dense copy (``dense_copy``), or is one: on CPU
+    the two would alias, so the other would see the write; here it would not."""
+    tensors = OPS._flat_tensors(args, kwargs)
+    for position in OPS._written_positions(op, args, kwargs):
+        data = getattr(tensors[position].untyped_storage(), "_neuron", None)
+        if data is not None and len(_UNALIASED.get(data, ())):
+            raise RuntimeError(
+                f"neuron: {op} writes a tensor that CPU would alias with a view of a bucketed tensor, and "
+                f"here it does not: the view (a .view() the bucket's strides do not allow) was taken of a "
+                f"copy, so the write would not reach the other. Called at {OPS.user_line()}. A bucketed "
+                f"tensor holds a length that kept growing (neuron_compile/device/lengths.py); take the "
+                f"view of .contiguous() or use .reshape(), or set NEURON_COMPILE_DEVICE_LENGTHS=0.")
