@@ -171,6 +171,30 @@ def test_results_keep_the_memory_format_cpu_gives_them(name):
     assert_close((got * 2).cpu(), want * 2)  # read back by the next op (a transpose of its buffer)
 
 
+PADS = [("reflection_pad2d", (2, 3, 4, 5)), ("replication_pad2d", (2, 3, 4, 5)),
+        ("reflection_pad3d", (2, 3, 4, 5, 6)), ("replication_pad3d", (2, 3, 4, 5, 6)),
+        ("reflection_pad3d", (3, 4, 5, 6)), ("replication_pad3d", (3, 4, 5, 6))]  # unbatched, 4-D channels_last
+
+
+@pytest.mark.parametrize("name,shape", PADS)
+def test_padding_keeps_the_layout_of_its_input_forward_and_backward_as_cpu(name, shape):
+    """CPU's reflection/replication pad kernels lay the result (and the input's grad) out as the input;
+    their Meta kernels say contiguous (torch's module tests check the memory format)."""
+    fmt = torch.channels_last_3d if len(shape) == 5 else torch.channels_last
+    x = torch.randn(shape).to(memory_format=fmt).requires_grad_()
+    device_x = N(x.detach()).requires_grad_()
+    pad = [1, 2] * (3 if name.endswith("3d") else 2)  # (left, right) per spatial dim
+    op = getattr(torch.ops.aten, name)
+    want, got = op(x, pad), op(device_x, pad)
+    assert got.stride() == want.stride() and got.is_contiguous(memory_format=fmt)
+    assert_close(got.cpu(), want)
+    grad = torch.randn_like(want)
+    want.backward(grad)
+    got.backward(N(grad))
+    assert device_x.grad.stride() == x.grad.stride()
+    assert_close(device_x.grad.cpu(), x.grad)
+
+
 def test_empty_like_keeps_the_layout():
     x = _channels_last(2, 3, 5, 6)
     got, want = torch.empty_like(N(x)), torch.empty_like(x)

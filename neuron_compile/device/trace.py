@@ -83,9 +83,31 @@ def fresh_strides(op, args, kwargs, leaves) -> list | None:
             fakes, result = _without_data(op, args, kwargs, leaves, "cpu")
             fresh: list = []
             _describe(result, fakes, fresh)
-            return [tuple(t.stride()) for t in fresh]
+            strides = [tuple(t.stride()) for t in fresh]
     except Exception:  # no Meta kernel (or one that cannot take this call): contiguous results, as before
         return None
+    source = _LAYOUT_OF_SELF.get(op)
+    if source is not None and len(strides) == 1:  # CPU's kernel lays the result out as ``self``, its Meta not
+        from torch._prims_common import suggest_memory_format
+
+        fmt = suggest_memory_format(leaves.tensors[source]) if source < len(leaves.tensors) else None
+        if fmt is not None and fmt != torch.contiguous_format:
+            strides = [torch.empty(fresh[0].shape, device="meta", memory_format=fmt).stride()]
+    return strides
+
+
+def _pads() -> dict:
+    """Ops whose CPU kernel gives the result ``self``'s memory format (``suggest_memory_format``) where
+    their Meta kernel gives a contiguous one: op -> the position of ``self`` among the call's tensors."""
+    aten = torch.ops.aten
+    table = {}
+    for name in ("reflection_pad2d", "reflection_pad3d", "replication_pad2d", "replication_pad3d"):
+        table[getattr(aten, name).default] = 0
+        table[getattr(aten, name + "_backward").default] = 1  # (grad_output, self, padding)
+    return table
+
+
+_LAYOUT_OF_SELF = _pads()
 
 
 def _from_memory_order(part, buffer_shape) -> list | None:
