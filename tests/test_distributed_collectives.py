@@ -121,6 +121,38 @@ WORKER = textwrap.dedent('''
         return model, torch.compile(model, backend="neuron", options=options) if compiled else model
 
 
+    def tp2d(compiled):
+        """Tensor parallel over the "tp" dim of a (dp, tp) mesh: its all_reduce runs in a subgroup."""
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+        mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+        model = parallelize_module(mlp(), mesh["tp"], {"blocks.0.linear": ColwiseParallel(),
+                                                       "blocks.1.linear": RowwiseParallel()})
+        return model, torch.compile(model, backend="neuron") if compiled else model
+
+
+    def mesh2d_fn():
+        """Every lowered collective over each dim of a (dp, tp) mesh, compiled against eager."""
+        import torch.distributed._functional_collectives as funcol
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+
+        def f(x):
+            out = []
+            for group in (mesh.get_group("tp"), mesh.get_group("dp")):
+                out += [funcol.all_reduce(x * 2, "avg", group) + 1, funcol.all_reduce(x, "max", group),
+                        funcol.all_gather_tensor(x, 0, group), funcol.reduce_scatter_tensor(x, "sum", 0, group),
+                        funcol.all_to_all_single(x, None, None, group), funcol.broadcast(x, 1, group)]
+            return out
+
+        x = torch.arange(16.0).reshape(4, 4) + rank * 10
+        before = len(neuron_compile.compile_reports())
+        out = {"eager": [t.tolist() for t in f(x)],
+               "compiled": [t.tolist() for t in torch.compile(f, backend="neuron")(x)]}
+        out["reports"] = reports_since(before)
+        return out
+
+
     def tp_neuron(compiled):
         """Tensor parallel on neuron tensors (a neuron mesh, each rank on neuron:<LOCAL_RANK>): compiled, the
         all_reduces run inside the executable on buffers that cross to the distributed client and back."""
@@ -269,8 +301,8 @@ WORKER = textwrap.dedent('''
                 model, step = ddp_python_reducer(True)
                 results[name] = {"eager": train(eager_model, eager_step), "compiled": train(model, None, step=step),
                                  "reports": reports_since(before)}
-            elif name == "collectives_fn":
-                results[name] = collectives_fn()
+            elif name in ("collectives_fn", "mesh2d_fn"):
+                results[name] = globals()[name]()
             elif name in ("all_reduce_fn", "stuck"):
                 results[name] = (globals()[name]() if name == "stuck"
                                  else {"eager": all_reduce_fn(False), "compiled": all_reduce_fn(True)})
@@ -300,6 +332,40 @@ def parallel(tmp_path_factory, launch_two_ranks):
     folder = tmp_path_factory.mktemp("ranks")
     return folder, _launch(launch_two_ranks, folder, "tp,tp_neuron,tp_eager_collectives,simple_fsdp,all_reduce_fn,collectives_fn,"
                                    "ddp,fsdp2,ddp_python_reducer", 60)
+
+
+@pytest.fixture(scope="module")
+def mesh2d(tmp_path_factory, launch_two_ranks):
+    """Four ranks, a 2 x 2 (dp, tp) mesh: collectives in subgroups."""
+    folder = tmp_path_factory.mktemp("mesh")
+    return launch_two_ranks(folder, WORKER, args=("tp2d,mesh2d_fn", 60), timeout=300, ranks=(0, 1, 2, 3), nproc=4,
+                            env={"NEURON_COMPILE_CACHE_DIR": str(folder / "cache")})
+
+
+def test_collectives_in_the_subgroups_of_a_2d_mesh_compile_and_match_eager(mesh2d):
+    """Each dim's groups ([[0, 1], [2, 3]] for tp, [[0, 2], [1, 3]] for dp) become the replica groups
+    of one executable over the four ranks: every collective compiled, none eager, values as eager's."""
+    for rank, run in enumerate(_ran(mesh2d, "mesh2d_fn")):
+        for got, want in zip(run["compiled"], run["eager"], strict=True):
+            assert_close(torch.tensor(got), torch.tensor(want))
+        (graph,) = _graphs(run, "inference")
+        assert graph["collectives"] == {"compiled": 24}, graph  # 12 collectives and their waits
+    # the tp all_gather joins ranks 0 and 1 (2 and 3), the dp one ranks 0 and 2 (1 and 3)
+    gathered = [run["compiled"][2] for run in _ran(mesh2d, "mesh2d_fn")]
+    assert gathered[0] == gathered[1] != gathered[2]
+
+
+def test_tensor_parallel_on_the_tp_dim_of_a_2d_mesh_trains_as_eager_compiled(mesh2d):
+    for rank, run in enumerate(_ran(mesh2d, "tp2d")):
+        eager, compiled = run["eager"], run["compiled"]
+        assert_close(compiled["losses"], eager["losses"], rtol=1e-5, atol=1e-6)
+        for p, q in zip(compiled["params"], eager["params"]):
+            assert_close(torch.tensor(p), torch.tensor(q), rtol=1e-5, atol=1e-6)
+        collectives = {}
+        for report in run["reports"]:
+            for how, n in (report.get("collectives") or {}).items():
+                collectives[how] = collectives.get(how, 0) + n
+        assert collectives.get("compiled") and not collectives.get("eager"), collectives
 
 
 def _ran(results, name) -> list[dict]:

@@ -11,8 +11,10 @@ them; every one is known here before any lowering is tried, whatever the
     the collective becomes a StableHLO collective in the graph's own
     module, which then runs as one executable of ``world`` replicas on a
     distributed PJRT CPU client (``runtime.collectives``); ``wait_tensor`` is
-    the identity. The lowerings, for a group of all ``W`` ranks (replica
-    ``i`` is rank ``i``):
+    the identity. Replica ``i`` is rank ``i``; a group is the world or a
+    subgroup (a DeviceMesh dim's), whose ``replica_groups`` list every rank's
+    group of that dim, gathered once from the ranks (``replica_groups``). The
+    lowerings, for groups of ``W`` ranks:
 
     ================================  =======================================================
     all_reduce(x, op)                 ``stablehlo.all_reduce`` (sum, product, min, max; avg is
@@ -29,11 +31,13 @@ them; every one is known here before any lowering is tried, whatever the
     on torch.distributed between compiled parts: issued as soon as its input
     exists, waited on just before its first use. This path serves what the
     compiled one can't, and says why in the compile report and ``explain``:
-    torch.distributed not initialized, a subgroup of the world (replica
-    groups need every group's layout), uneven all-to-all splits, a reduce op
-    or dtype XLA has no reduction for, device tensors, ``collectives="eager"``.
+    torch.distributed not initialized, groups that do not split the world
+    into equal parts, uneven all-to-all splits, a reduce op or dtype XLA has
+    no reduction for, tensors of a device without PJRT buffers,
+    ``collectives="eager"``.
 
-World size, rank and each group's ranks go into the cache key (``key_parts``).
+World size, rank, each group's ranks and the replica groups go into the
+cache key (``key_parts``).
 """
 
 from __future__ import annotations
@@ -78,6 +82,50 @@ def group_ranks(group_name: str) -> list[int]:
     return dist.get_process_group_ranks(_resolve_process_group(group_name))
 
 
+_PARTITIONS: dict = {}  # group name -> the replica groups of every rank (each in group-rank order), or why not
+
+
+def replica_groups(gm: torch.fx.GraphModule) -> dict:
+    """Each collective group of ``gm`` -> the replica groups the world splits into along it (a DeviceMesh
+    dim's groups: every rank's own group), or the reason it cannot be compiled.
+
+    A process knows only the ranks of its own groups, so the first graph that names a subgroup gathers
+    every rank's (one ``all_gather_object`` on the default group, then remembered per group name). Every
+    rank compiles the same graphs in the same order (the executable spans all ranks anyway), so all of
+    them gather at the same graph; a whole-world group needs no gather."""
+    names = list(dict.fromkeys(n.args[-1] for n in gm.graph.nodes
+                               if is_collective(n) and op_name(n) != "wait_tensor"))
+    world = _world()
+    missing = [g for g in names if g not in _PARTITIONS]
+    if missing and world is not None:
+        own = [group_ranks(g) for g in missing]
+        if all(len(ranks) == world[1] for ranks in own):
+            for name, ranks in zip(missing, own):
+                _PARTITIONS[name] = [ranks]
+        else:
+            import torch.distributed as dist
+            from torch._subclasses.fake_tensor import unset_fake_temporarily
+            from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+            gathered: list = [None] * world[1]
+            with disable_proxy_modes_tracing(), unset_fake_temporarily():  # a backend runs under fake tensors
+                dist.all_gather_object(gathered, own)
+            for i, name in enumerate(missing):
+                _PARTITIONS[name] = _partition([theirs[i] if i < len(theirs) else [] for theirs in gathered])
+    return {g: _PARTITIONS[g] for g in names if g in _PARTITIONS}
+
+
+def _partition(per_rank: list) -> list | str:
+    """The replica groups given each rank's own group at one collective, or why they are not a layout
+    XLA can take (every rank in exactly one group, all groups the same size)."""
+    groups = list(dict.fromkeys(tuple(ranks) for ranks in per_rank))
+    members = [r for group in groups for r in group]
+    if (any(rank not in ranks for rank, ranks in enumerate(per_rank)) or sorted(members) != list(range(len(per_rank)))
+            or len({len(group) for group in groups}) != 1):
+        return f"the ranks' groups {[list(g) for g in groups]} do not split the world into equal groups"
+    return [list(group) for group in groups]
+
+
 def _world() -> tuple[int, int] | None:
     import torch.distributed as dist
 
@@ -92,6 +140,8 @@ def _world() -> tuple[int, int] | None:
 def route(gm: torch.fx.GraphModule, mode: str = "compiled") -> dict[torch.fx.Node, str | None]:
     """Every collective node of ``gm`` -> None (compiled into the executable) or why it runs eagerly."""
     world = _world()
+    if world is not None and mode != "eager":
+        replica_groups(gm)  # every group's layout, from every rank (once per group)
     routes: dict[torch.fx.Node, str | None] = {}
     for node in gm.graph.nodes:
         name = op_name(node)
@@ -124,10 +174,10 @@ def _why_not_compiled(node: torch.fx.Node, name: str, world: int) -> str | None:
         return f"its tensors are on {value.device} (no PJRT buffers behind them)"
     if value.dtype == torch.bool or value.is_complex():
         return f"XLA has no reduction of {value.dtype} here"
-    ranks = group_ranks(node.args[-1])
-    if ranks != list(range(world)):
-        return (f"its group holds ranks {ranks} of a world of {world}: replica groups need the layout of "
-                f"every group")
+    layout = _PARTITIONS.get(node.args[-1], "its group's layout is unknown")
+    if isinstance(layout, str):
+        return layout
+    size = len(layout[0])
     if name in ("all_reduce", "reduce_scatter_tensor"):
         op = node.args[1]
         if op not in _REDUCERS:
@@ -141,8 +191,8 @@ def _why_not_compiled(node: torch.fx.Node, name: str, world: int) -> str | None:
         for splits in node.args[1:3]:
             if splits is not None and len(set(splits)) > 1:
                 return f"uneven splits {list(splits)}"
-        if rows % world:
-            return f"{rows} rows do not split into {world} equal parts"
+        if rows % size:
+            return f"{rows} rows do not split into {size} equal parts"
     return None
 
 
@@ -165,7 +215,9 @@ def key_parts(gm: torch.fx.GraphModule) -> dict:
     world = _world()
     if not groups or world is None:
         return {}
-    return {"distributed": {"rank": world[0], "world": world[1], "groups": {g: group_ranks(g) for g in groups}}}
+    layouts = replica_groups(gm)
+    return {"distributed": {"rank": world[0], "world": world[1],
+                            "groups": {g: [group_ranks(g), layouts.get(g)] for g in groups}}}
 
 
 # --------------------------------------------------------------------------- lowering
@@ -180,10 +232,8 @@ def lower_group(sub: torch.fx.GraphModule, type_of) -> str:
     """StableHLO text (a module with ``@main``) of a group of compiled collective nodes.
 
     ``type_of(value)`` spells a fake tensor's MLIR type. Every node here was
-    routed to the compiled path, so its group is the whole world.
+    routed to the compiled path, so its group's layout is known (``replica_groups``).
     """
-    world = _world()[1]
-    groups = f"replica_groups = dense<[[{', '.join(map(str, range(world)))}]]> : tensor<1x{world}xi64>"
     names: dict[torch.fx.Node, str] = {}
     args, body = [], []
     counter = itertools.count()
@@ -211,6 +261,10 @@ def lower_group(sub: torch.fx.GraphModule, type_of) -> str:
             names[node] = names[x]
             continue
         result = fresh()
+        layout = _PARTITIONS[node.args[-1]]
+        size = len(layout[0])  # the ranks of each group
+        rows = ", ".join("[" + ", ".join(map(str, group)) + "]" for group in layout)
+        groups = f"replica_groups = dense<[{rows}]> : tensor<{len(layout)}x{size}xi64>"
         if name in ("all_reduce", "reduce_scatter_tensor"):
             op = node.args[1]
             scalar = type_of(torch.empty((), dtype=x.meta["val"].dtype, device="meta"))
@@ -224,17 +278,17 @@ def lower_group(sub: torch.fx.GraphModule, type_of) -> str:
                         f"({tin}) -> {tout}")
             if op == "avg":
                 divisor = fresh()
-                body.append(f"    {divisor} = stablehlo.constant dense<{float(world)}> : {tout}")
+                body.append(f"    {divisor} = stablehlo.constant dense<{float(size)}> : {tout}")
                 body.append(f"    {result} = stablehlo.divide {reduced}, {divisor} : {tout}")
         elif name == "all_gather_into_tensor":
             body.append(f'    {result} = "stablehlo.all_gather"({names[x]}) {{all_gather_dim = 0 : i64, {groups}}} : '
                         f"({tin}) -> {tout}")
         elif name == "all_to_all_single":
             body.append(f'    {result} = "stablehlo.all_to_all"({names[x]}) {{split_dimension = 0 : i64, '
-                        f"concat_dimension = 0 : i64, split_count = {world} : i64, {groups}}} : ({tin}) -> {tout}")
+                        f"concat_dimension = 0 : i64, split_count = {size} : i64, {groups}}} : ({tin}) -> {tout}")
         elif name == "broadcast":
             shape = list(x.meta["val"].shape)
-            gathered_type = type_of(torch.empty([shape[0] * world, *shape[1:]], dtype=x.meta["val"].dtype,
+            gathered_type = type_of(torch.empty([shape[0] * size, *shape[1:]], dtype=x.meta["val"].dtype,
                                                   device="meta"))
             gathered, src = fresh(), node.args[1]
             body.append(f'    {gathered} = "stablehlo.all_gather"({names[x]}) {{all_gather_dim = 0 : i64, '
