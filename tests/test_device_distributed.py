@@ -69,12 +69,25 @@ WORKER = textwrap.dedent('''
     def ddp(device, compiled=False):
         from torch.nn.parallel import DistributedDataParallel as DDP
         torch.manual_seed(rank)  # the ranks start apart: DDP broadcasts rank 0's parameters
+        from neuron_compile.device.opkernel import COUNTS
         model = mlp().to(device)
         wrapped = DDP(model, process_group=cpu_group if device == "cpu" else None)
         if compiled:
             wrapped = torch.compile(wrapped, backend="neuron")
+        copies, on_device = COUNTS["host_copies"], COUNTS.get("device_collectives", 0)
         losses = train(model, wrapped, device)
-        return losses, [p.detach().cpu().reshape(-1).tolist() for p in model.parameters()]
+        counts = {"host_copies": COUNTS["host_copies"] - copies,
+                  "device_collectives": COUNTS.get("device_collectives", 0) - on_device}
+        return losses, [p.detach().cpu().reshape(-1).tolist() for p in model.parameters()], counts
+
+
+    def ddp_staged():
+        """The same neuron DDP run with its all-reduces staged through gloo (the device's off switch)."""
+        os.environ["NEURON_COMPILE_DEVICE_COLLECTIVES"] = "0"
+        try:
+            return ddp("neuron")
+        finally:
+            del os.environ["NEURON_COMPILE_DEVICE_COLLECTIVES"]
 
 
     def fsdp2(device):
@@ -164,7 +177,7 @@ WORKER = textwrap.dedent('''
     dist.destroy_process_group()
 ''')
 
-SCENARIOS = "ddp,fsdp2,fsdp2_no_device_named,ddp_compiled,groups,timeout"
+SCENARIOS = "ddp,ddp_staged,fsdp2,fsdp2_no_device_named,ddp_compiled,groups,timeout"
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +190,7 @@ def _check_training(results, name):
     for rank, result in enumerate(results):
         run = result[name]
         assert "exception" not in run, f"rank {rank}:\n{run['exception']}"
-        (losses, params), (cpu_losses, cpu_params) = run["neuron"], run["cpu"]
+        (losses, params, *_), (cpu_losses, cpu_params, *_) = run["neuron"], run["cpu"]
         assert_close(losses, cpu_losses, rtol=1e-5, atol=1e-6)
         for p, q in zip(params, cpu_params):
             assert_close(torch.tensor(p), torch.tensor(q), rtol=1e-5, atol=1e-6)
@@ -191,6 +204,20 @@ def _check_training(results, name):
 def test_ddp_on_neuron_trains_as_on_cpu(two_ranks):
     assert two_ranks[0]["world"] == "NeuronProcessGroup"  # init_process_group() with no backend named
     _check_training(two_ranks, "ddp")
+
+
+@pytest.mark.slow
+def test_ddp_all_reduces_neuron_gradients_with_xla_on_their_buffers_not_through_host_copies(two_ranks):
+    """DDP's bucket all-reduce of neuron gradients runs as XLA's all_reduce on the distributed client
+    (the buffers cross by DLPack): each saves the 2 host copies gloo's staging costs, with the same
+    parameters after training as the staged run (and as CPU: ``test_ddp_on_neuron_trains_as_on_cpu``)."""
+    for result in two_ranks:
+        _, params, device = result["ddp"]["neuron"]
+        staged_losses, staged_params, staged = result["ddp_staged"]
+        assert device["device_collectives"] >= 3 and staged["device_collectives"] == 0, (device, staged)
+        assert staged["host_copies"] - device["host_copies"] == 2 * device["device_collectives"], (device, staged)
+        for p, q in zip(params, staged_params):
+            assert_close(torch.tensor(p), torch.tensor(q), rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.slow

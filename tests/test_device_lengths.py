@@ -87,13 +87,16 @@ def _kernels() -> dict:
 
 
 def test_sampling_40_tokens_compiles_once_per_op_per_bucket():
+    # a length's sighting is recorded when its signature misses: exact kernels another test compiled
+    # in this process would hide some lengths (the counts below are the point)
+    device_ops._KERNELS.clear()
     expected, _, _ = _sample("cpu")
     got, compiles, snapshot = _sample("neuron")
     assert_close(got, expected, rtol=0, atol=0)  # the same tokens: padding never reaches a value
     # exact shapes for the first lengths, then the bucketed kernels: after the first few tokens at
     # most one op compiles per length (x[:, [-1], :]'s aten.index.Tensor); every other op runs one
     # bucket's executable
-    assert all(c <= 1 for c in compiles[13:]), (compiles, lengths.refused(), len(lengths._FAMILIES))
+    assert all(c <= 1 for c in compiles[13:]), (compiles, lengths.refused())
     assert len(snapshot) > 10, "the forward did not run bucketed"
     # from token 13 to 40 (lengths 17 to 43, one bucket) no bucketed op compiled another kernel
     after = _kernels()
@@ -108,11 +111,12 @@ def test_reductions_over_a_growing_dim_are_exact():
         return (x.sum(1), x.mean(1), x.amax(1), x.softmax(1), x.log_softmax(1), x.cumsum(1), x.var(1),
                 x.argmax(1), torch.cat([x, x[:, :1]], 1), F.layer_norm(x.transpose(1, 2), (x.size(1),)))
 
+    device_ops._KERNELS.clear()  # every length a signature miss (its sighting recorded), whatever ran before
     torch.manual_seed(0)
     x = torch.randn(3, 5, 4)
     device_x = x.to("neuron")
     per_length = []
-    for _ in range(25):  # the tensor grows on the device, one column a step (as a sampling loop's)
+    for _ in range(16):  # the tensor grows on the device, one column a step (as a sampling loop's)
         count = device_ops.COUNTS["op_compiles"]
         got = run(device_x)
         for a, b in zip(got, run(x)):
@@ -120,7 +124,7 @@ def test_reductions_over_a_growing_dim_are_exact():
         per_length.append(device_ops.COUNTS["op_compiles"] - count)
         column = torch.randn(3, 1, 4)
         x, device_x = torch.cat([x, column], 1), torch.cat([device_x, column.to("neuron")], 1)
-    assert max(per_length[12:]) <= 1, per_length  # the test's own cat of a host column: once per length
+    assert max(per_length[8:]) <= 1, per_length  # the test's own cat of a host column: once per length
 
 
 def test_an_op_that_moves_data_across_the_padding_keeps_exact_shapes():

@@ -285,6 +285,41 @@ def _hide_from_dynamo() -> None:
     _hidden = True
 
 
+_XLA_DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64})
+_XLA_REDUCTIONS = {}  # ReduceOp's RedOpType -> the lowering's name, filled on first use
+_ALL_REDUCES: dict = {}  # (shape, dtype, op, world) -> the XlaExecutable
+
+
+def _device_all_reduce(tensor, op: str, world: int) -> None:
+    """``tensor`` (a neuron tensor) reduced over every rank in place by an XLA ``all_reduce`` on the
+    distributed client: its buffer crosses there and back through DLPack (the same host memory), and the
+    result is written into it by a device copy. One executable per shape, dtype and op, compiled by every
+    rank at its first such collective (as every rank makes it: DDP's buckets come in the same order)."""
+    from runtime.executor import DistributedBridge, XlaExecutable
+
+    from ..lowering.collectives import all_reduce_module
+
+    key = (tuple(tensor.shape), tensor.dtype, op, world)
+    executable = _ALL_REDUCES.get(key)
+    if executable is None:
+        executable = XlaExecutable.compile(all_reduce_module(tensor.shape, tensor.dtype, op, world))
+        executable.what = f"allreduce ({op}) of a {tuple(tensor.shape)} {tensor.dtype} neuron tensor"
+        _ALL_REDUCES[key] = executable
+    bridge = DistributedBridge(executable.target, NAME)
+    source = tensor if tensor.is_contiguous() else tensor.contiguous()
+    (result,) = executable.run_buffers([bridge.to_buffer(source.detach())])
+    with torch.no_grad():
+        tensor.copy_(bridge.result(NAME)(result))
+    from .opkernel import COUNTS
+
+    COUNTS["device_collectives"] = COUNTS.get("device_collectives", 0) + 1
+
+
+def _fill_reductions() -> None:
+    ops = torch.distributed.ReduceOp
+    _XLA_REDUCTIONS.update({ops.SUM: "sum", ops.AVG: "avg", ops.MAX: "max", ops.MIN: "min", ops.PRODUCT: "product"})
+
+
 def _avg(opts) -> bool:
     return opts.reduceOp.op == torch.distributed.ReduceOp.AVG
 
@@ -308,6 +343,7 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
             self._gloo.options.group_name = group_name
         if global_ranks is not None:
             self._gloo.options.global_ranks_in_group = list(global_ranks)
+        self._global_ranks = None if global_ranks is None else list(global_ranks)
 
     # --- what torch asks of a group ----------------------------------------------------------
 
@@ -362,6 +398,26 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
         works, self._coalesced = self._coalesced or [], None
         return NeuronWork(self, "coalesced collectives", works, _Staging(), [])
 
+    def _on_device(self, tensors, opts) -> str | None:
+        """The reduction XLA runs itself on these tensors (``_device_all_reduce``), or None (gloo, staged):
+        neuron tensors of a dtype XLA reduces, in this whole-world group (the distributed client's
+        executables span every rank), with ``NEURON_COMPILE_DEVICE_COLLECTIVES`` not ``0``."""
+        import os
+
+        if (not tensors or self._coalesced is not None or os.environ.get("NEURON_COMPILE_DEVICE_COLLECTIVES") == "0"
+                or (self._global_ranks and self._global_ranks != list(range(self._size)))
+                or not torch.distributed.is_initialized() or self._size != torch.distributed.get_world_size()
+                or self._size < 2):
+            return None
+        if not _XLA_REDUCTIONS:
+            _fill_reductions()
+        op = _XLA_REDUCTIONS.get(opts.reduceOp.op)
+        for tensor in tensors:
+            if (not _is_neuron(tensor) or tensor.dtype not in _XLA_DTYPES or tensor.numel() == 0
+                    or (op == "avg" and not tensor.is_floating_point())):
+                return None
+        return op
+
     def _reduce_staging(self, opts) -> tuple:
         """A staging for a reduction; AVG (which gloo lacks) becomes SUM, divided by the size afterwards."""
         staging = _Staging()
@@ -374,6 +430,14 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
 
     def allreduce(self, tensors, opts=None):
         opts = opts or _torch_hooks.collective_options("Allreduce")
+        op = self._on_device(tensors, opts)
+        if op is not None:  # XLA's own all_reduce on the tensors' buffers: no host copy
+            try:
+                for tensor in tensors:
+                    _device_all_reduce(tensor, op, self._size)
+            except Exception as error:  # noqa: BLE001 - names the collective, the rank and the group
+                raise self._error("allreduce (XLA, on the device's buffers)", error) from error
+            return NeuronWork(self, "allreduce", [], _Staging(), tensors)
         staging, opts = self._reduce_staging(opts)
         return self._run("allreduce", lambda s: self._gloo.allreduce([s.read_write(t) for t in tensors], opts),
                          tensors, staging)

@@ -303,3 +303,24 @@ def lower_group(sub: torch.fx.GraphModule, type_of) -> str:
         names[node] = result
     return (f"module {{\n  func.func @main({', '.join(args)}) -> ({results}) {{\n" + "\n".join(body)
             + "\n  }\n}\n")
+
+
+def all_reduce_module(shape, dtype: torch.dtype, op: str, world: int) -> str:
+    """StableHLO text of one ``all_reduce`` over the whole world (replica ``i`` is rank ``i``): an eager
+    collective of the device's process group that XLA runs on the distributed client itself."""
+    from .splice import _ELEMENT
+
+    scalar = f"tensor<{_ELEMENT[dtype]}>"
+    tensor = f"tensor<{''.join(f'{d}x' for d in shape)}{_ELEMENT[dtype]}>"
+    groups = f"replica_groups = dense<[[{', '.join(map(str, range(world)))}]]> : tensor<1x{world}xi64>"
+    body = [f'    %r = "stablehlo.all_reduce"(%arg0) ({{\n      ^bb0(%lhs: {scalar}, %rhs: {scalar}):\n'
+            f"        %v = stablehlo.{_REDUCERS[op]} %lhs, %rhs : {scalar}\n        stablehlo.return %v : {scalar}\n"
+            f"    }}) {{{groups}}} : ({tensor}) -> {tensor}"]
+    result = "%r"
+    if op == "avg":
+        body += [f"    %n = stablehlo.constant dense<{float(world)}> : {tensor}",
+                 f"    %a = stablehlo.divide %r, %n : {tensor}"]
+        result = "%a"
+    return (f"module attributes {{mhlo.num_replicas = {world} : i32}} {{\n"
+            f"  func.func @main(%arg0: {tensor}) -> {tensor} {{\n" + "\n".join(body)
+            + f"\n    return {result} : {tensor}\n  }}\n}}\n")
