@@ -116,7 +116,7 @@ def test_reductions_over_a_growing_dim_are_exact():
     x = torch.randn(3, 5, 4)
     device_x = x.to("neuron")
     per_length = []
-    for _ in range(16):  # the tensor grows on the device, one column a step (as a sampling loop's)
+    for _ in range(25):  # the tensor grows on the device, one column a step (as a sampling loop's)
         count = device_ops.COUNTS["op_compiles"]
         got = run(device_x)
         for a, b in zip(got, run(x)):
@@ -124,7 +124,7 @@ def test_reductions_over_a_growing_dim_are_exact():
         per_length.append(device_ops.COUNTS["op_compiles"] - count)
         column = torch.randn(3, 1, 4)
         x, device_x = torch.cat([x, column], 1), torch.cat([device_x, column.to("neuron")], 1)
-    assert max(per_length[8:]) <= 1, per_length  # the test's own cat of a host column: once per length
+    assert max(per_length[12:]) <= 1, per_length  # the test's own cat of a host column: once per length
 
 
 def test_an_op_that_moves_data_across_the_padding_keeps_exact_shapes():
