@@ -140,6 +140,8 @@ def test_trl_sft_with_tensor_parallel_and_fsdp_on_four_ranks_trains_as_one_cpu_p
     root = tmp_path_factory.mktemp("tp_fsdp")
     _, neuron, cpu = _runs(root, launch_two_ranks, fsdp=2)
     _check_losses(neuron, cpu)
+    for result in neuron:  # the tp dim's collectives (a subgroup of the 2 x 2 mesh) ran in the executables
+        assert result["collectives"].get("compiled", 0) > 0 and not result["collectives"].get("eager"), result
     ids = torch.randint(3, 256, (2, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         logits = [AutoModelForCausalLM.from_pretrained(root / side / "final")(ids).logits for side in ("neuron", "cpu")]
