@@ -298,11 +298,12 @@ def _device_all_reduce(tensor, op: str, world: int) -> None:
     from runtime.executor import DistributedBridge, XlaExecutable
 
     from ..lowering.collectives import all_reduce_module
+    from ..lowering.splice import tensor_type
 
     key = (tuple(tensor.shape), tensor.dtype, op, world)
     executable = _ALL_REDUCES.get(key)
     if executable is None:
-        executable = XlaExecutable.compile(all_reduce_module(tensor.shape, tensor.dtype, op, world))
+        executable = XlaExecutable.compile(all_reduce_module(tensor, op, world, tensor_type))
         executable.what = f"allreduce ({op}) of a {tuple(tensor.shape)} {tensor.dtype} neuron tensor"
         _ALL_REDUCES[key] = executable
     bridge = DistributedBridge(executable.target, NAME)

@@ -305,13 +305,12 @@ def lower_group(sub: torch.fx.GraphModule, type_of) -> str:
             + "\n  }\n}\n")
 
 
-def all_reduce_module(shape, dtype: torch.dtype, op: str, world: int) -> str:
-    """StableHLO text of one ``all_reduce`` over the whole world (replica ``i`` is rank ``i``): an eager
-    collective of the device's process group that XLA runs on the distributed client itself."""
-    from .splice import _ELEMENT
-
-    scalar = f"tensor<{_ELEMENT[dtype]}>"
-    tensor = f"tensor<{''.join(f'{d}x' for d in shape)}{_ELEMENT[dtype]}>"
+def all_reduce_module(value: torch.Tensor, op: str, world: int, type_of) -> str:
+    """StableHLO text of one ``all_reduce`` of a tensor like ``value`` over the whole world (replica ``i``
+    is rank ``i``): an eager collective of the device's process group that XLA runs on the distributed
+    client itself. ``type_of`` spells a tensor's MLIR type (``splice.tensor_type``)."""
+    scalar = type_of(torch.empty((), dtype=value.dtype, device="meta"))
+    tensor = type_of(torch.empty(value.shape, dtype=value.dtype, device="meta"))
     groups = f"replica_groups = dense<[[{', '.join(map(str, range(world)))}]]> : tensor<1x{world}xi64>"
     body = [f'    %r = "stablehlo.all_reduce"(%arg0) ({{\n      ^bb0(%lhs: {scalar}, %rhs: {scalar}):\n'
             f"        %v = stablehlo.{_REDUCERS[op]} %lhs, %rhs : {scalar}\n        stablehlo.return %v : {scalar}\n"

@@ -148,11 +148,11 @@ def lower_spliced(gm: torch.fx.GraphModule, chosen: set[torch.fx.Node], lower_ml
         sub = getattr(parent, node.target)
         kind = "c" if node.target.startswith(_COLL) else "j" if node.target.startswith(_JAX) else "m"
         prefix = kind + str(len(parts)) + "_"
-        inputs = [_tensor_type(n.meta["val"]) for n in sub.graph.nodes if n.op == "placeholder"]
-        results = [_tensor_type(n.meta["val"]) for n in _outputs(sub)]
+        inputs = [tensor_type(n.meta["val"]) for n in sub.graph.nodes if n.op == "placeholder"]
+        results = [tensor_type(n.meta["val"]) for n in _outputs(sub)]
         if kind == "c":
             with stage():
-                module = ir.Module.parse(lower_group(sub, _tensor_type), ctx)
+                module = ir.Module.parse(lower_group(sub, tensor_type), ctx)
         elif kind == "j":
             with stage():
                 module = ir.Module.parse(lower_jax(sub, graph_name=f"{graph_name}.{prefix[:-1]}",
@@ -203,7 +203,7 @@ def _main_text(parent: torch.fx.GraphModule, parts: dict) -> str:
     for node in parent.graph.nodes:
         if node.op == "placeholder":
             names[node] = f"%arg{len(args)}"
-            types[node] = _tensor_type(node.meta["val"])
+            types[node] = tensor_type(node.meta["val"])
             args.append(f"{names[node]}: {types[node]}")
         elif node.op == "call_module":
             function, inputs, results = parts[node.target]
@@ -243,7 +243,8 @@ _ELEMENT = {
 }
 
 
-def _tensor_type(value) -> str:
+def tensor_type(value) -> str:
+    """The MLIR type of a tensor (or fake tensor): ``tensor<2x3xf32>``."""
     if not isinstance(value, torch.Tensor) or value.dtype not in _ELEMENT:
         raise NotImplementedError(f"a spliced graph passes a {value!r} between its parts; only tensors can")
     return f"tensor<{''.join(f'{d}x' for d in value.shape)}{_ELEMENT[value.dtype]}>"
