@@ -81,11 +81,11 @@ WORKER = textwrap.dedent('''
         return losses, [p.detach().cpu().reshape(-1).tolist() for p in model.parameters()], counts
 
 
-    def ddp_staged():
-        """The same neuron DDP run with its all-reduces staged through gloo (the device's off switch)."""
+    def staged(run):
+        """The same neuron run with its collectives staged through gloo (the device's off switch)."""
         os.environ["NEURON_COMPILE_DEVICE_COLLECTIVES"] = "0"
         try:
-            return ddp("neuron")
+            return run("neuron")
         finally:
             del os.environ["NEURON_COMPILE_DEVICE_COLLECTIVES"]
 
@@ -98,8 +98,12 @@ WORKER = textwrap.dedent('''
         mesh = DeviceMesh.from_group(cpu_group if device == "cpu" else dist.group.WORLD, device)
         for layer in (model.fc1, model.fc2, model):
             fully_shard(layer, mesh=mesh)
+        from neuron_compile.device.opkernel import COUNTS
+        copies, on_device = COUNTS["host_copies"], COUNTS.get("device_collectives", 0)
         losses = train(model, model, device)
-        return losses, [p.full_tensor().detach().cpu().reshape(-1).tolist() for p in model.parameters()]
+        counts = {"host_copies": COUNTS["host_copies"] - copies,
+                  "device_collectives": COUNTS.get("device_collectives", 0) - on_device}
+        return losses, [p.full_tensor().detach().cpu().reshape(-1).tolist() for p in model.parameters()], counts
 
 
     def fsdp2_no_device_named():
@@ -165,6 +169,8 @@ WORKER = textwrap.dedent('''
                 # the graphs our backend compiled from Dynamo (eager device ops report kind "eager")
                 results["compiled_graphs"] = [r.kind for r in neuron_compile.compile_reports()[before:]
                                               if r.kind != "eager"]
+            elif name in ("ddp_staged", "fsdp2_staged"):
+                results[name] = staged(ddp if name == "ddp_staged" else fsdp2)
             elif name == "fsdp2":
                 results[name] = {"neuron": fsdp2("neuron"), "cpu": fsdp2("cpu")}
             else:
@@ -177,7 +183,7 @@ WORKER = textwrap.dedent('''
     dist.destroy_process_group()
 ''')
 
-SCENARIOS = "ddp,ddp_staged,fsdp2,fsdp2_no_device_named,ddp_compiled,groups,timeout"
+SCENARIOS = "ddp,ddp_staged,fsdp2,fsdp2_staged,fsdp2_no_device_named,ddp_compiled,groups,timeout"
 
 
 @pytest.fixture(scope="module")
@@ -207,13 +213,15 @@ def test_ddp_on_neuron_trains_as_on_cpu(two_ranks):
 
 
 @pytest.mark.slow
-def test_ddp_all_reduces_neuron_gradients_with_xla_on_their_buffers_not_through_host_copies(two_ranks):
-    """DDP's bucket all-reduce of neuron gradients runs as XLA's all_reduce on the distributed client
-    (the buffers cross by DLPack): each saves the 2 host copies gloo's staging costs, with the same
-    parameters after training as the staged run (and as CPU: ``test_ddp_on_neuron_trains_as_on_cpu``)."""
+@pytest.mark.parametrize("name", ["ddp", "fsdp2"])
+def test_eager_collectives_on_neuron_tensors_run_with_xla_on_their_buffers_not_through_host_copies(two_ranks, name):
+    """DDP's bucket all-reduces, FSDP2's all-gathers and reduce-scatters of neuron tensors run as XLA's
+    collectives on the distributed client (the buffers cross by DLPack): each saves the 2 host copies
+    gloo's staging costs, with the same parameters after training as the staged run (and as CPU:
+    ``test_ddp_on_neuron_trains_as_on_cpu``, ``test_fsdp2_on_neuron_trains_as_on_cpu``)."""
     for result in two_ranks:
-        _, params, device = result["ddp"]["neuron"]
-        staged_losses, staged_params, staged = result["ddp_staged"]
+        _, params, device = result[name]["neuron"]
+        _, staged_params, staged = result[name + "_staged"]
         assert device["device_collectives"] >= 3 and staged["device_collectives"] == 0, (device, staged)
         assert staged["host_copies"] - device["host_copies"] == 2 * device["device_collectives"], (device, staged)
         for p, q in zip(params, staged_params):

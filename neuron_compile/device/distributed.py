@@ -1,4 +1,4 @@
-"""torch.distributed on neuron tensors: the ``neuron`` process-group backend, whose collectives stage through gloo.
+"""torch.distributed on neuron tensors: the ``neuron`` process-group backend, collectives through XLA or gloo.
 
 ``register()`` (run by the device's registration at ``import torch``) only
 names the backend: ``torch.distributed.Backend.register_backend("neuron", ...)``
@@ -11,8 +11,15 @@ backend of the ``neuron`` device. Nothing connects until
     dist.init_process_group("cpu:gloo,neuron:neuron")  # the same group again (see below)
 
 build a ``NeuronProcessGroup``: a Python ``ProcessGroup`` holding a
-``ProcessGroupGloo`` made from the same store, rank, size and timeout. Each
-collective copies the neuron tensors it reads to the host (one PJRT transfer
+``ProcessGroupGloo`` made from the same store, rank, size and timeout.
+
+In the whole-world group, an all-reduce, all-gather (into one tensor) or
+reduce-scatter (from one tensor) of neuron tensors runs as XLA's collective on
+the distributed PJRT client (``runtime/collectives.py``, the one compiled
+graphs' collectives use): each buffer crosses there and back through DLPack,
+the same host memory, and the result is written by a device copy
+(``_device_collective``; ``NEURON_COMPILE_DEVICE_COLLECTIVES=0`` turns it off).
+Every other collective copies the neuron tensors it reads to the host (one PJRT transfer
 per tensor), runs gloo's collective on the host copies, and returns a ``Work``
 whose ``wait(timeout)`` waits for gloo, then writes the results back into the
 neuron tensors in place (``tensor.copy_(host)``, one transfer per tensor). CPU
@@ -287,32 +294,40 @@ def _hide_from_dynamo() -> None:
 
 _XLA_DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64})
 _XLA_REDUCTIONS = {}  # ReduceOp's RedOpType -> the lowering's name, filled on first use
-_ALL_REDUCES: dict = {}  # (shape, dtype, op, world) -> the XlaExecutable
+_EXECUTABLES: dict = {}  # (kind, shapes, dtype, op, world) -> the XlaExecutable
 
 
-def _device_all_reduce(tensor, op: str, world: int) -> None:
-    """``tensor`` (a neuron tensor) reduced over every rank in place by an XLA ``all_reduce`` on the
-    distributed client: its buffer crosses there and back through DLPack (the same host memory), and the
-    result is written into it by a device copy. One executable per shape, dtype and op, compiled by every
-    rank at its first such collective (as every rank makes it: DDP's buckets come in the same order)."""
+def _device_collective(kind: str, source, output, op: str | None, world: int) -> None:
+    """XLA's ``kind`` collective (``all_reduce``, ``all_gather``, ``reduce_scatter`` along dim 0) of the
+    neuron tensor ``source`` over every rank on the distributed client, written into the neuron tensor
+    ``output`` (``source`` itself for an all-reduce): the buffer crosses there and back through DLPack
+    (the same host memory) and the result is written by a device copy, no host copy. One executable per
+    kind, shapes, dtype and op, compiled by every rank at its first such collective (every rank makes the
+    same collectives in the same order: DDP's buckets, FSDP2's per-module gathers)."""
     from runtime.executor import DistributedBridge, XlaExecutable
 
-    from ..lowering.collectives import all_reduce_module
+    from ..lowering.collectives import eager_module
     from ..lowering.splice import tensor_type
-
-    key = (tuple(tensor.shape), tensor.dtype, op, world)
-    executable = _ALL_REDUCES.get(key)
-    if executable is None:
-        executable = XlaExecutable.compile(all_reduce_module(tensor, op, world, tensor_type))
-        executable.what = f"allreduce ({op}) of a {tuple(tensor.shape)} {tensor.dtype} neuron tensor"
-        _ALL_REDUCES[key] = executable
-    bridge = DistributedBridge(executable.target, NAME)
-    source = tensor if tensor.is_contiguous() else tensor.contiguous()
-    (result,) = executable.run_buffers([bridge.to_buffer(source.detach())])
-    with torch.no_grad():
-        tensor.copy_(bridge.result(NAME)(result))
     from .opkernel import COUNTS
 
+    if kind == "all_gather":  # the output may be stacked (world, n, ...): the gathered rows, viewed so
+        shape = (world * source.shape[0], *source.shape[1:])
+    else:
+        shape = tuple(output.shape)
+    if kind == "reduce_scatter":  # the input may be stacked (world, n, ...): rows of the output's rows
+        source = source.reshape(world * output.shape[0], *output.shape[1:])
+    result = torch.empty(shape, dtype=output.dtype, device="meta")
+    key = (kind, tuple(source.shape), tuple(result.shape), source.dtype, op, world)
+    executable = _EXECUTABLES.get(key)
+    if executable is None:
+        executable = XlaExecutable.compile(eager_module(kind, source, result, op, world, tensor_type))
+        executable.what = f"{kind} ({op or 'gather'}) of a {tuple(source.shape)} {source.dtype} neuron tensor"
+        _EXECUTABLES[key] = executable
+    bridge = DistributedBridge(executable.target, NAME)
+    source = source if source.is_contiguous() else source.contiguous()
+    (buffer,) = executable.run_buffers([bridge.to_buffer(source.detach())])
+    with torch.no_grad():
+        output.copy_(bridge.result(NAME)(buffer).view(output.shape))
     COUNTS["device_collectives"] = COUNTS.get("device_collectives", 0) + 1
 
 
@@ -399,10 +414,11 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
         works, self._coalesced = self._coalesced or [], None
         return NeuronWork(self, "coalesced collectives", works, _Staging(), [])
 
-    def _on_device(self, tensors, opts) -> str | None:
-        """The reduction XLA runs itself on these tensors (``_device_all_reduce``), or None (gloo, staged):
-        neuron tensors of a dtype XLA reduces, in this whole-world group (the distributed client's
-        executables span every rank), with ``NEURON_COMPILE_DEVICE_COLLECTIVES`` not ``0``."""
+    def _on_device(self, tensors, opts=None) -> str | None:
+        """The reduction XLA runs itself on these tensors (``_device_collective``; ``""``: a gather, no
+        ``opts``), or None (gloo, staged): neuron tensors of a dtype XLA reduces, in this whole-world group
+        (the distributed client's executables span every rank), with ``NEURON_COMPILE_DEVICE_COLLECTIVES``
+        not ``0``."""
         import os
 
         if (not tensors or self._coalesced is not None or os.environ.get("NEURON_COMPILE_DEVICE_COLLECTIVES") == "0"
@@ -412,12 +428,21 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
             return None
         if not _XLA_REDUCTIONS:
             _fill_reductions()
-        op = _XLA_REDUCTIONS.get(opts.reduceOp.op)
+        op = "" if opts is None else _XLA_REDUCTIONS.get(opts.reduceOp.op)
         for tensor in tensors:
             if (not _is_neuron(tensor) or tensor.dtype not in _XLA_DTYPES or tensor.numel() == 0
                     or (op == "avg" and not tensor.is_floating_point())):
                 return None
         return op
+
+    def _on_xla(self, collective: str, calls, op, result) -> NeuronWork:
+        """Run ``(kind, source, output)`` collectives with XLA (``_device_collective``): a finished Work."""
+        try:
+            for kind, source, output in calls:
+                _device_collective(kind, source, output, op or None, self._size)
+        except Exception as error:  # noqa: BLE001 - names the collective, the rank and the group
+            raise self._error(f"{collective} (XLA, on the device's buffers)", error) from error
+        return NeuronWork(self, collective, [], _Staging(), result)
 
     def _reduce_staging(self, opts) -> tuple:
         """A staging for a reduction; AVG (which gloo lacks) becomes SUM, divided by the size afterwards."""
@@ -433,12 +458,7 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
         opts = opts or _torch_hooks.collective_options("Allreduce")
         op = self._on_device(tensors, opts)
         if op is not None:  # XLA's own all_reduce on the tensors' buffers: no host copy
-            try:
-                for tensor in tensors:
-                    _device_all_reduce(tensor, op, self._size)
-            except Exception as error:  # noqa: BLE001 - names the collective, the rank and the group
-                raise self._error("allreduce (XLA, on the device's buffers)", error) from error
-            return NeuronWork(self, "allreduce", [], _Staging(), tensors)
+            return self._on_xla("allreduce", [("all_reduce", t, t) for t in tensors], op, tensors)
         staging, opts = self._reduce_staging(opts)
         return self._run("allreduce", lambda s: self._gloo.allreduce([s.read_write(t) for t in tensors], opts),
                          tensors, staging)
@@ -485,6 +505,8 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
 
     def all_gather_single(self, output, input, opts=None):
         opts = opts or _torch_hooks.collective_options("Allgather")
+        if self._on_device([output, input]) is not None and output.numel() == input.numel() * self._size:
+            return self._on_xla("all_gather_into_tensor", [("all_gather", input, output)], None, [output])
         return self._run("all_gather_into_tensor",
                          lambda s: self._gloo._allgather_base(s.write(output), s.read(input), opts), [output])
 
@@ -512,6 +534,9 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
 
     def reduce_scatter_single(self, output, input, opts=None):
         opts = opts or _torch_hooks.collective_options("ReduceScatter")
+        op = self._on_device([output, input], opts)
+        if op is not None and input.numel() == output.numel() * self._size:
+            return self._on_xla("reduce_scatter_tensor", [("reduce_scatter", input, output)], op, [output])
         staging, opts = self._reduce_staging(opts)
         return self._run("reduce_scatter_tensor",
                          lambda s: self._gloo._reduce_scatter_base(s.write(output), s.read(input), opts),

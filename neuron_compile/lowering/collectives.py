@@ -305,21 +305,28 @@ def lower_group(sub: torch.fx.GraphModule, type_of) -> str:
             + "\n  }\n}\n")
 
 
-def all_reduce_module(value: torch.Tensor, op: str, world: int, type_of) -> str:
-    """StableHLO text of one ``all_reduce`` of a tensor like ``value`` over the whole world (replica ``i``
-    is rank ``i``): an eager collective of the device's process group that XLA runs on the distributed
-    client itself. ``type_of`` spells a tensor's MLIR type (``splice.tensor_type``)."""
-    scalar = type_of(torch.empty((), dtype=value.dtype, device="meta"))
-    tensor = type_of(torch.empty(value.shape, dtype=value.dtype, device="meta"))
+def eager_module(kind: str, source: torch.Tensor, result: torch.Tensor, op: str | None, world: int, type_of) -> str:
+    """StableHLO text of one collective over the whole world (replica ``i`` is rank ``i``), from a tensor
+    shaped as ``source`` to one shaped as ``result`` (dim 0 gathered or scattered): an eager collective of
+    the device's process group that XLA runs on the distributed client itself. ``kind``: ``all_reduce``,
+    ``all_gather`` or ``reduce_scatter``; ``op``: the reduction's name. ``type_of`` spells a tensor's MLIR
+    type (``splice.tensor_type``)."""
+    scalar = type_of(torch.empty((), dtype=source.dtype, device="meta"))
+    tin = type_of(torch.empty(source.shape, dtype=source.dtype, device="meta"))
+    tout = type_of(torch.empty(result.shape, dtype=result.dtype, device="meta"))
     groups = f"replica_groups = dense<[[{', '.join(map(str, range(world)))}]]> : tensor<1x{world}xi64>"
-    body = [f'    %r = "stablehlo.all_reduce"(%arg0) ({{\n      ^bb0(%lhs: {scalar}, %rhs: {scalar}):\n'
-            f"        %v = stablehlo.{_REDUCERS[op]} %lhs, %rhs : {scalar}\n        stablehlo.return %v : {scalar}\n"
-            f"    }}) {{{groups}}} : ({tensor}) -> {tensor}"]
-    result = "%r"
+    if kind == "all_gather":
+        body = [f'    %r = "stablehlo.all_gather"(%arg0) {{all_gather_dim = 0 : i64, {groups}}} : ({tin}) -> {tout}']
+    else:
+        extra = "scatter_dimension = 0 : i64, " if kind == "reduce_scatter" else ""
+        body = [f'    %r = "stablehlo.{kind}"(%arg0) ({{\n      ^bb0(%lhs: {scalar}, %rhs: {scalar}):\n'
+                f"        %v = stablehlo.{_REDUCERS[op]} %lhs, %rhs : {scalar}\n        stablehlo.return %v : {scalar}\n"
+                f"    }}) {{{extra}{groups}}} : ({tin}) -> {tout}"]
+    value = "%r"
     if op == "avg":
-        body += [f"    %n = stablehlo.constant dense<{float(world)}> : {tensor}",
-                 f"    %a = stablehlo.divide %r, %n : {tensor}"]
-        result = "%a"
+        body += [f"    %n = stablehlo.constant dense<{float(world)}> : {tout}",
+                 f"    %a = stablehlo.divide %r, %n : {tout}"]
+        value = "%a"
     return (f"module attributes {{mhlo.num_replicas = {world} : i32}} {{\n"
-            f"  func.func @main(%arg0: {tensor}) -> {tensor} {{\n" + "\n".join(body)
-            + f"\n    return {result} : {tensor}\n  }}\n}}\n")
+            f"  func.func @main(%arg0: {tin}) -> {tout} {{\n" + "\n".join(body)
+            + f"\n    return {value} : {tout}\n  }}\n}}\n")
