@@ -21,9 +21,19 @@ batches:
 
 and reports the first step and the median steady step (rank 0's), steady
 step ratios to eager, and checks every mode's losses against eager's.
-Results: ``benchmarks/results/distributed.{md,json}``.
 
-    python benchmarks/bench_distributed.py [--steps 20]
+Then eager data parallel, the same model unsplit under DDP (each rank its own
+batches), its gradients all-reduced per bucket:
+
+    ddp-cpu                CPU tensors, DDP over gloo
+    ddp-neuron-staged      the model on neuron, DDP over the ``neuron`` group with
+                           NEURON_COMPILE_DEVICE_COLLECTIVES=0: each all-reduce staged through gloo on
+                           host copies
+    ddp-neuron-xla         the same with the all-reduces run by XLA on the device buffers (the default)
+
+with the host copies per step counted. Results: ``benchmarks/results/distributed.{md,json}``.
+
+    python benchmarks/bench_distributed.py [--steps 20] [--modes ddp-neuron-staged,ddp-neuron-xla]
 """
 
 from __future__ import annotations
@@ -41,9 +51,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 MODES = ["eager", "inductor", "neuron", "neuron-eager-coll", "neuron-device"]
+DDP_MODES = ["ddp-cpu", "ddp-neuron-staged", "ddp-neuron-xla"]
 
 
-def worker(out: str, steps: int) -> None:
+def worker(out: str, steps: int, modes: list[str]) -> None:
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -59,7 +70,7 @@ def worker(out: str, steps: int) -> None:
     torch.manual_seed(100 + rank)
     batches = [torch.randint(0, cfg.vocab_size, (4, 128)) for _ in range(steps)]
     results = {}
-    for mode in MODES:
+    for mode in [m for m in MODES if m in modes]:
         device = "neuron" if mode == "neuron-device" else "cpu"
         torch.manual_seed(0)
         model = TinyGPT(cfg).to(device)
@@ -89,10 +100,50 @@ def worker(out: str, steps: int) -> None:
             times.append(time.perf_counter() - start)
         results[mode] = {"first_s": times[0], "steady_ms": statistics.median(times[2:]) * 1e3, "losses": losses}
         torch._dynamo.reset()
+    neuron_group = dist.new_group(backend="neuron")
+    for mode in [m for m in DDP_MODES if m in modes]:
+        results[mode] = _ddp_steps(mode, cfg, batches, neuron_group)
     if rank == 0:
         Path(out).write_text(json.dumps(results))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _ddp_steps(mode: str, cfg, batches, neuron_group) -> dict:
+    """Eager DDP steps of the unsplit model: CPU over gloo, or neuron over the ``neuron`` group (staged or
+    XLA all-reduces); the host copies each step makes (``COUNTS``)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from neuron_compile.cli.models import TinyGPT
+    from neuron_compile.device.opkernel import COUNTS
+
+    device = "cpu" if mode == "ddp-cpu" else "neuron"
+    if mode == "ddp-neuron-staged":
+        os.environ["NEURON_COMPILE_DEVICE_COLLECTIVES"] = "0"
+    try:
+        torch.manual_seed(0)
+        model = TinyGPT(cfg).to(device)
+        wrapped = DDP(model, process_group=None if device == "cpu" else neuron_group)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        times, losses, copies = [], [], []
+        for ids in batches:
+            ids = ids.to(device)
+            dist.barrier()
+            before = COUNTS["host_copies"]
+            start = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            loss = wrapped(ids, labels=ids)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            times.append(time.perf_counter() - start)
+            copies.append(COUNTS["host_copies"] - before)
+    finally:
+        os.environ.pop("NEURON_COMPILE_DEVICE_COLLECTIVES", None)
+    return {"first_s": times[0], "steady_ms": statistics.median(times[2:]) * 1e3, "losses": losses,
+            "host_copies_per_step": statistics.median(copies[2:])}
 
 
 def _free_port() -> int:
@@ -105,10 +156,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--out", default=str(HERE / "results"))
+    p.add_argument("--modes", default=",".join(MODES + DDP_MODES), help="comma-separated modes to run")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        return worker(args.worker, args.steps)
+        return worker(args.worker, args.steps, args.modes.split(","))
 
     import torch
 
@@ -121,15 +173,22 @@ def main() -> None:
                    TORCHINDUCTOR_CACHE_DIR=str(Path(tmp) / "inductor"))
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
                    "127.0.0.1", "--master-port", str(_free_port()), __file__, "--worker", str(result_file),
-                   "--steps", str(args.steps)]
+                   "--steps", str(args.steps), "--modes", args.modes]
         done = subprocess.run(command, env=env, capture_output=True, text=True)
         if done.returncode or not result_file.exists():
             sys.exit(f"the 2-rank run failed (rc {done.returncode}):\n{done.stderr[-4000:]}")
         modes = json.loads(result_file.read_text())
-    eager = modes["eager"]
-    for mode, r in modes.items():
-        r["ratio_to_eager"] = r["steady_ms"] / eager["steady_ms"]
-        r["max_loss_diff"] = max(abs(a - b) for a, b in zip(r["losses"], eager["losses"]))
+    previous = json.loads((Path(args.out) / "distributed.json").read_text()) if (Path(args.out) / "distributed.json").exists() else {}
+    if "eager" not in modes or "ddp-cpu" not in modes:  # a partial rerun: the other rows stay as recorded
+        modes = {**previous.get("modes", {}), **modes}
+    for group, reference in ((MODES, "eager"), (DDP_MODES, "ddp-cpu")):
+        base = modes.get(reference)
+        for mode in group:
+            r = modes.get(mode)
+            if r is None or base is None:
+                continue
+            r["ratio_to_eager"] = r["steady_ms"] / base["steady_ms"]
+            r["max_loss_diff"] = max(abs(a - b) for a, b in zip(r["losses"], base["losses"]))
     result = {"machine": machine(), "torch": torch.__version__, "steps": args.steps,
               "workload": "TinyGPT 4 layers, 256 wide, batch 4x128, MLPs tensor-parallel over 2 ranks (gloo), "
                           "forward + backward + SGD", "modes": modes}
@@ -146,9 +205,11 @@ def main() -> None:
         "| mode | first step (s) | steady step (ms) | steady / eager | max loss diff vs eager |",
         "| --- | ---: | ---: | ---: | ---: |",
     ]
-    for mode, r in modes.items():
-        lines.append(f"| {mode} | {r['first_s']:.2f} | {r['steady_ms']:.1f} | {r['ratio_to_eager']:.2f} | "
-                     f"{r['max_loss_diff']:.1e} |")
+    for mode in MODES:
+        r = modes.get(mode)
+        if r is not None:
+            lines.append(f"| {mode} | {r['first_s']:.2f} | {r['steady_ms']:.1f} | {r['ratio_to_eager']:.2f} | "
+                         f"{r['max_loss_diff']:.1e} |")
     neuron, split = modes["neuron"], modes["neuron-eager-coll"]
     lines += ["", f"Collectives compiled into the executable against run eagerly between compiled parts: "
               f"{split['steady_ms'] / neuron['steady_ms']:.2f}x faster steady step."]
@@ -158,6 +219,21 @@ def main() -> None:
         lines += ["", f"The model on the neuron device against CPU tensors, both compiled with their collectives: "
                   f"{ratio:.2f}x the CPU-tensor step (target <= 1.0x: "
                   f"{'met' if ratio <= 1.0 else 'missed'})."]
+    if any(m in modes for m in DDP_MODES):
+        lines += ["", "## Eager data parallel: DDP of the unsplit model, its gradients all-reduced per bucket", "",
+                  "| mode | first step (s) | steady step (ms) | steady / ddp-cpu | host copies per step | "
+                  "max loss diff vs ddp-cpu |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        for mode in DDP_MODES:
+            r = modes.get(mode)
+            if r is not None:
+                lines.append(f"| {mode} | {r['first_s']:.2f} | {r['steady_ms']:.1f} | {r.get('ratio_to_eager', 0):.2f} | "
+                             f"{r['host_copies_per_step']:.0f} | {r.get('max_loss_diff', 0):.1e} |")
+        xla, staged = modes.get("ddp-neuron-xla"), modes.get("ddp-neuron-staged")
+        if xla and staged:
+            lines += ["", f"All-reduces by XLA on the device buffers against staged through gloo: "
+                      f"{staged['steady_ms'] / xla['steady_ms']:.2f}x faster steady step, "
+                      f"{staged['host_copies_per_step'] - xla['host_copies_per_step']:.0f} fewer host copies "
+                      f"per step (what is left: the batch's transfer and `loss.item()`)."]
     (out / "distributed.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
