@@ -130,9 +130,6 @@ def test_the_tensor_parallel_checkpoint_loads_on_cpu_with_the_cpu_runs_logits(ru
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("NEURON_COMPILE_FOUR_RANKS") != "1",
-                    reason="4 ranks each compiling their graphs take about 5 minutes on a 2-core CI machine; "
-                           "NEURON_COMPILE_FOUR_RANKS=1 runs it (2026-12-03: passed, losses within 5e-7 of CPU's)")
 def test_trl_sft_with_tensor_parallel_and_fsdp_on_four_ranks_trains_as_one_cpu_process(tmp_path_factory,
                                                                                       launch_two_ranks):
     from transformers import AutoModelForCausalLM
