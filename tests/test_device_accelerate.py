@@ -124,6 +124,46 @@ def test_import_torch_imports_no_accelerate_and_patches_it_when_it_comes():
     assert done.returncode == 0 and "OK" in done.stdout, done.stderr[-3000:]
 
 
+def test_transformers_allows_bf16_on_the_device_through_the_one_function_we_patch():
+    """``TrainingArguments(bf16=True)`` (TRL's default off CPU) on our device: allowed where the run is on
+    neuron (``ACCELERATE_TORCH_DEVICE=neuron``; torchrun likewise), refused as before for a CPU script, and
+    the facts the patch relies on: transformers re-exports the function from ``import_utils`` and
+    ``TrainingArguments`` reads it by that name."""
+    transformers = pytest.importorskip("transformers")
+    from transformers import training_args
+    from transformers.utils import import_utils
+
+    assert getattr(import_utils.is_torch_bf16_gpu_available, "_neuron_compile", False)
+    assert training_args.is_torch_bf16_gpu_available is import_utils.is_torch_bf16_gpu_available
+    assert "not is_torch_bf16_gpu_available()" in inspect.getsource(training_args)  # the bf16 check
+    code = textwrap.dedent("""
+        import sys, torch, transformers
+        try:
+            args = transformers.TrainingArguments(output_dir=sys.argv[1], bf16=True, report_to=[])
+            print("allowed", args.device)
+        except ValueError as e:
+            print("refused", e)
+    """)
+    for named, want in (("neuron", "allowed neuron"), (None, "refused Your setup doesn't support bf16/gpu")):
+        env = {k: v for k, v in os.environ.items() if k not in ("ACCELERATE_TORCH_DEVICE", "WORLD_SIZE")}
+        if named:
+            env["ACCELERATE_TORCH_DEVICE"] = named
+        done = subprocess.run([sys.executable, "-c", code, "/tmp/unused"], capture_output=True, text=True,
+                              timeout=120, env=env)
+        assert done.stdout.startswith(want), (done.stdout, done.stderr[-3000:])
+
+
+def test_aws_torch_neuronx_keeps_transformers_own_bf16_answer(monkeypatch):
+    fake = types.SimpleNamespace(is_torch_bf16_gpu_available=lambda: "transformers'")
+    _accelerate_hooks.patch_transformers(fake)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "neuron")
+    assert fake.is_torch_bf16_gpu_available() is True
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "torch_neuronx" else real_find_spec(name, *a))
+    assert fake.is_torch_bf16_gpu_available() == "transformers'"
+
+
 WORKER = textwrap.dedent('''
     import json, os, sys, traceback
     import torch, torch.distributed as dist

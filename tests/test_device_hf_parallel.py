@@ -8,9 +8,8 @@ same global batch (with tp only, every rank sees the whole batch), and the saved
 plain ``from_pretrained`` and gives the CPU run's logits.
 
 What the script states beyond the CUDA recipe: ``device_map=None`` (TRL sets it itself for ``MULTI_GPU`` only,
-and transformers refuses tensor parallelism with a device map) and ``bf16=False`` (TRL's default is bf16, and
-transformers checks bf16 support on neuron through AWS's package only; float32 also keeps the CPU comparison
-exact).
+and transformers refuses tensor parallelism with a device map) and ``bf16=False`` (TRL's default bf16 runs on
+the device too, ``device/_accelerate_hooks.py``, but float32 keeps the CPU comparison exact).
 
 Also diffusers' tensor-parallel Flux (``enable_parallelism``) on neuron, eager and compiled, against CPU.
 """

@@ -1,4 +1,4 @@
-"""Accelerate sees the ``neuron`` device as its own: the one place that touches accelerate's internals.
+"""Accelerate and transformers see the ``neuron`` device as their own: the one place that touches their internals.
 
 Accelerate (1.16) supports a ``neuron`` accelerator end to end: ``DistributedType.MULTI_NEURON``,
 the process-group backend ``"neuron"`` (``TORCH_DISTRIBUTED_BACKENDS``), ``torch.neuron`` as the
@@ -26,6 +26,14 @@ at every call, so that one module attribute is all that changes. Then, under tor
 (``current_device()`` is the local rank under torchrun: by default each process has one device per
 local rank, ``runtime/devices.py``).
 ``tests/test_device_accelerate.py`` checks each of these facts about accelerate's source.
+
+transformers has one check of the same kind: ``TrainingArguments(bf16=True)`` (TRL's default off
+CPU) asks ``transformers.utils.import_utils.is_torch_bf16_gpu_available``, which knows neuron only
+through ``torch_neuronx`` and so refuses bf16 on our device ("Your setup doesn't support bf16/gpu").
+The same post-import hook replaces it in that module as it imports (before ``transformers.utils``
+re-exports it): True when the run is on our device (``_ours``: torchrun, or
+``ACCELERATE_TORCH_DEVICE=neuron``; ``torch.neuron.is_bf16_supported()``: XLA runs bfloat16), else
+transformers' own answer, and always its own where ``torch_neuronx`` is importable.
 """
 
 from __future__ import annotations
@@ -70,11 +78,39 @@ def patch(imports_module) -> None:
     setattr(imports_module, FUNCTION, is_neuron_available)
 
 
+TRANSFORMERS_TARGET = "transformers.utils.import_utils"
+BF16 = "is_torch_bf16_gpu_available"
+
+
+def patch_transformers(import_utils) -> None:
+    """Make ``import_utils.is_torch_bf16_gpu_available`` answer for our device (unless AWS's stack is there)."""
+    original = getattr(import_utils, BF16, None)
+    if original is None or getattr(original, "_neuron_compile", False):
+        return
+
+    def is_torch_bf16_gpu_available() -> bool:
+        if importlib.util.find_spec("torch_neuronx") is None and _ours():
+            import torch
+
+            return torch.neuron.is_bf16_supported()
+        return original()
+
+    is_torch_bf16_gpu_available._neuron_compile = True
+    is_torch_bf16_gpu_available.__doc__ = original.__doc__
+    is_torch_bf16_gpu_available.__wrapped__ = original
+    setattr(import_utils, BF16, is_torch_bf16_gpu_available)
+
+
+_PATCHES = {TARGET: patch, TRANSFORMERS_TARGET: patch_transformers}
+
+
 class _Finder(importlib.abc.MetaPathFinder):
-    """Patches ``accelerate.utils.imports`` right after it runs (a post-import hook)."""
+    """Patches ``accelerate.utils.imports`` and ``transformers.utils.import_utils`` right after each runs
+    (a post-import hook)."""
 
     def find_spec(self, name, path, target=None):
-        if name != TARGET:
+        fix = _PATCHES.get(name)
+        if fix is None:
             return None
         for finder in sys.meta_path:
             if finder is self:
@@ -84,9 +120,9 @@ class _Finder(importlib.abc.MetaPathFinder):
                 loader = spec.loader
                 execute = loader.exec_module
 
-                def exec_module(module, execute=execute):
+                def exec_module(module, execute=execute, fix=fix):
                     execute(module)
-                    patch(module)
+                    fix(module)
 
                 loader.exec_module = exec_module
                 return spec
@@ -101,7 +137,8 @@ def install() -> None:
     if _installed:
         return
     _installed = True
-    if TARGET in sys.modules:
-        patch(sys.modules[TARGET])
-    else:
+    for name, fix in _PATCHES.items():
+        if name in sys.modules:
+            fix(sys.modules[name])
+    if any(name not in sys.modules for name in _PATCHES):
         sys.meta_path.insert(0, _Finder())

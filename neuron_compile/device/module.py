@@ -23,6 +23,11 @@ def is_initialized() -> bool:
     return True
 
 
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """bfloat16 runs on the device (XLA computes it natively), as ``torch.cuda.is_bf16_supported()``."""
+    return True
+
+
 def _lazy_init() -> None:
     """Make the device ready for its first op (``torch.cuda._lazy_init``'s name): its direct kernels, and
     the executor's adapter for its buffers. The first eager op does it; a compiled graph that makes
