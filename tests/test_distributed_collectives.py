@@ -343,8 +343,8 @@ def mesh2d(tmp_path_factory, launch_two_ranks):
 
 
 def test_collectives_in_the_subgroups_of_a_2d_mesh_compile_and_match_eager(mesh2d):
-    """Each dim's groups ([[0, 1], [2, 3]] for tp, [[0, 2], [1, 3]] for dp) become the replica groups
-    of one executable over the four ranks: every collective compiled, none eager, values as eager's."""
+    """Each rank's group of each dim ([0, 1] or [2, 3] for tp, [0, 2] or [1, 3] for dp) heads the replica
+    groups of an executable over the four ranks: every collective compiled, none eager, values as eager's."""
     for rank, run in enumerate(_ran(mesh2d, "mesh2d_fn")):
         for got, want in zip(run["compiled"], run["eager"], strict=True):
             assert_close(torch.tensor(got), torch.tensor(want))

@@ -18,7 +18,7 @@ reduce-scatter (from one tensor) of neuron tensors runs as XLA's collective on
 the distributed PJRT client (``runtime/collectives.py``, the one compiled
 graphs' collectives use): each buffer crosses there and back through DLPack,
 the same host memory, and the result is written by a device copy
-(``_device_collective``; ``NEURON_COMPILE_DEVICE_COLLECTIVES=0`` turns it off).
+(``xla_collectives.py``; ``NEURON_COMPILE_DEVICE_COLLECTIVES=0`` turns it off).
 Every other collective copies the neuron tensors it reads to the host (one PJRT transfer
 per tensor), runs gloo's collective on the host copies, and returns a ``Work``
 whose ``wait(timeout)`` waits for gloo, then writes the results back into the
@@ -59,7 +59,7 @@ import datetime
 
 import torch
 
-from . import _torch_hooks
+from . import _torch_hooks, xla_collectives
 
 NAME = _torch_hooks.NAME
 
@@ -292,50 +292,6 @@ def _hide_from_dynamo() -> None:
     _hidden = True
 
 
-_XLA_DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64})
-_XLA_REDUCTIONS = {}  # ReduceOp's RedOpType -> the lowering's name, filled on first use
-_EXECUTABLES: dict = {}  # (kind, shapes, dtype, op, world) -> the XlaExecutable
-
-
-def _device_collective(kind: str, source, output, op: str | None, world: int) -> None:
-    """XLA's ``kind`` collective (``all_reduce``, ``all_gather``, ``reduce_scatter`` along dim 0) of the
-    neuron tensor ``source`` over every rank on the distributed client, written into the neuron tensor
-    ``output`` (``source`` itself for an all-reduce): the buffer crosses there and back through DLPack
-    (the same host memory) and the result is written by a device copy, no host copy. One executable per
-    kind, shapes, dtype and op, compiled by every rank at its first such collective (every rank makes the
-    same collectives in the same order: DDP's buckets, FSDP2's per-module gathers)."""
-    from runtime.executor import DistributedBridge, XlaExecutable
-
-    from ..lowering.collectives import eager_module
-    from ..lowering.splice import tensor_type
-    from .opkernel import COUNTS
-
-    if kind == "all_gather":  # the output may be stacked (world, n, ...): the gathered rows, viewed so
-        shape = (world * source.shape[0], *source.shape[1:])
-    else:
-        shape = tuple(output.shape)
-    if kind == "reduce_scatter":  # the input may be stacked (world, n, ...): rows of the output's rows
-        source = source.reshape(world * output.shape[0], *output.shape[1:])
-    result = torch.empty(shape, dtype=output.dtype, device="meta")
-    key = (kind, tuple(source.shape), tuple(result.shape), source.dtype, op, world)
-    executable = _EXECUTABLES.get(key)
-    if executable is None:
-        executable = XlaExecutable.compile(eager_module(kind, source, result, op, world, tensor_type))
-        executable.what = f"{kind} ({op or 'gather'}) of a {tuple(source.shape)} {source.dtype} neuron tensor"
-        _EXECUTABLES[key] = executable
-    bridge = DistributedBridge(executable.target, NAME)
-    source = source if source.is_contiguous() else source.contiguous()
-    (buffer,) = executable.run_buffers([bridge.to_buffer(source.detach())])
-    with torch.no_grad():
-        output.copy_(bridge.result(NAME)(buffer).view(output.shape))
-    COUNTS["device_collectives"] = COUNTS.get("device_collectives", 0) + 1
-
-
-def _fill_reductions() -> None:
-    ops = torch.distributed.ReduceOp
-    _XLA_REDUCTIONS.update({ops.SUM: "sum", ops.AVG: "avg", ops.MAX: "max", ops.MIN: "min", ops.PRODUCT: "product"})
-
-
 def _avg(opts) -> bool:
     return opts.reduceOp.op == torch.distributed.ReduceOp.AVG
 
@@ -415,7 +371,7 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
         return NeuronWork(self, "coalesced collectives", works, _Staging(), [])
 
     def _on_device(self, tensors, opts=None) -> str | None:
-        """The reduction XLA runs itself on these tensors (``_device_collective``; ``""``: a gather, no
+        """The reduction XLA runs itself on these tensors (``xla_collectives.run``; ``""``: a gather, no
         ``opts``), or None (gloo, staged): neuron tensors of a dtype XLA reduces, in this whole-world group
         (the distributed client's executables span every rank), with ``NEURON_COMPILE_DEVICE_COLLECTIVES``
         not ``0``."""
@@ -426,20 +382,18 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
                 or not torch.distributed.is_initialized() or self._size != torch.distributed.get_world_size()
                 or self._size < 2):
             return None
-        if not _XLA_REDUCTIONS:
-            _fill_reductions()
-        op = "" if opts is None else _XLA_REDUCTIONS.get(opts.reduceOp.op)
+        op = "" if opts is None else xla_collectives.reduction(opts.reduceOp.op)
         for tensor in tensors:
-            if (not _is_neuron(tensor) or tensor.dtype not in _XLA_DTYPES or tensor.numel() == 0
+            if (not _is_neuron(tensor) or tensor.dtype not in xla_collectives.DTYPES or tensor.numel() == 0
                     or (op == "avg" and not tensor.is_floating_point())):
                 return None
         return op
 
     def _on_xla(self, collective: str, calls, op, result) -> NeuronWork:
-        """Run ``(kind, source, output)`` collectives with XLA (``_device_collective``): a finished Work."""
+        """Run ``(kind, source, output)`` collectives with XLA (``xla_collectives.run``): a finished Work."""
         try:
             for kind, source, output in calls:
-                _device_collective(kind, source, output, op or None, self._size)
+                xla_collectives.run(kind, source, output, op or None, self._size)
         except Exception as error:  # noqa: BLE001 - names the collective, the rank and the group
             raise self._error(f"{collective} (XLA, on the device's buffers)", error) from error
         return NeuronWork(self, collective, [], _Staging(), result)

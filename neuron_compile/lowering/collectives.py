@@ -12,9 +12,9 @@ them; every one is known here before any lowering is tried, whatever the
     module, which then runs as one executable of ``world`` replicas on a
     distributed PJRT CPU client (``runtime.collectives``); ``wait_tensor`` is
     the identity. Replica ``i`` is rank ``i``; a group is the world or a
-    subgroup (a DeviceMesh dim's), whose ``replica_groups`` list every rank's
-    group of that dim, gathered once from the ranks (``replica_groups``). The
-    lowerings, for groups of ``W`` ranks:
+    subgroup (a DeviceMesh dim's): ``replica_groups`` lists the rank's own
+    group first and the rest of the world in groups of its size
+    (``replica_groups``). The lowerings, for groups of ``W`` ranks:
 
     ================================  =======================================================
     all_reduce(x, op)                 ``stablehlo.all_reduce`` (sum, product, min, max; avg is
@@ -36,8 +36,8 @@ them; every one is known here before any lowering is tried, whatever the
     no reduction for, tensors of a device without PJRT buffers,
     ``collectives="eager"``.
 
-World size, rank, each group's ranks and the replica groups go into the
-cache key (``key_parts``).
+World size, rank and each group's ranks go into the cache key
+(``key_parts``).
 """
 
 from __future__ import annotations
@@ -82,48 +82,18 @@ def group_ranks(group_name: str) -> list[int]:
     return dist.get_process_group_ranks(_resolve_process_group(group_name))
 
 
-_PARTITIONS: dict = {}  # group name -> the replica groups of every rank (each in group-rank order), or why not
-
-
-def replica_groups(gm: torch.fx.GraphModule) -> dict:
-    """Each collective group of ``gm`` -> the replica groups the world splits into along it (a DeviceMesh
-    dim's groups: every rank's own group), or the reason it cannot be compiled.
-
-    A process knows only the ranks of its own groups, so the first graph that names a subgroup gathers
-    every rank's (one ``all_gather_object`` on the default group, then remembered per group name). Every
-    rank compiles the same graphs in the same order (the executable spans all ranks anyway), so all of
-    them gather at the same graph; a whole-world group needs no gather."""
-    names = list(dict.fromkeys(n.args[-1] for n in gm.graph.nodes
-                               if is_collective(n) and op_name(n) != "wait_tensor"))
-    world = _world()
-    missing = [g for g in names if g not in _PARTITIONS]
-    if missing and world is not None:
-        own = [group_ranks(g) for g in missing]
-        if all(len(ranks) == world[1] for ranks in own):
-            for name, ranks in zip(missing, own):
-                _PARTITIONS[name] = [ranks]
-        else:
-            import torch.distributed as dist
-            from torch._subclasses.fake_tensor import unset_fake_temporarily
-            from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
-
-            gathered: list = [None] * world[1]
-            with disable_proxy_modes_tracing(), unset_fake_temporarily():  # a backend runs under fake tensors
-                dist.all_gather_object(gathered, own)
-            for i, name in enumerate(missing):
-                _PARTITIONS[name] = _partition([theirs[i] if i < len(theirs) else [] for theirs in gathered])
-    return {g: _PARTITIONS[g] for g in names if g in _PARTITIONS}
-
-
-def _partition(per_rank: list) -> list | str:
-    """The replica groups given each rank's own group at one collective, or why they are not a layout
-    XLA can take (every rank in exactly one group, all groups the same size)."""
-    groups = list(dict.fromkeys(tuple(ranks) for ranks in per_rank))
-    members = [r for group in groups for r in group]
-    if (any(rank not in ranks for rank, ranks in enumerate(per_rank)) or sorted(members) != list(range(len(per_rank)))
-            or len({len(group) for group in groups}) != 1):
-        return f"the ranks' groups {[list(g) for g in groups]} do not split the world into equal groups"
-    return [list(group) for group in groups]
+def replica_groups(group_name: str, world: int) -> list | str:
+    """The ``replica_groups`` of a collective in ``group_name`` on this rank: the group's ranks (in
+    group-rank order) first, then the rest of the world cut into groups of the same size; or why it
+    cannot be compiled. XLA wants every replica in exactly one group, and only the replicas of the
+    executing rank's own group meet: each rank names its own group, so no rank needs another's layout
+    (a DeviceMesh dim's other groups need not even run the executable)."""
+    ranks = group_ranks(group_name)
+    size = len(ranks)
+    if not size or world % size:
+        return f"its group holds ranks {ranks}: {world} ranks do not split into groups of {size}"
+    rest = [r for r in range(world) if r not in ranks]
+    return [ranks] + [rest[i:i + size] for i in range(0, len(rest), size)]
 
 
 def _world() -> tuple[int, int] | None:
@@ -140,8 +110,6 @@ def _world() -> tuple[int, int] | None:
 def route(gm: torch.fx.GraphModule, mode: str = "compiled") -> dict[torch.fx.Node, str | None]:
     """Every collective node of ``gm`` -> None (compiled into the executable) or why it runs eagerly."""
     world = _world()
-    if world is not None and mode != "eager":
-        replica_groups(gm)  # every group's layout, from every rank (once per group)
     routes: dict[torch.fx.Node, str | None] = {}
     for node in gm.graph.nodes:
         name = op_name(node)
@@ -174,7 +142,7 @@ def _why_not_compiled(node: torch.fx.Node, name: str, world: int) -> str | None:
         return f"its tensors are on {value.device} (no PJRT buffers behind them)"
     if value.dtype == torch.bool or value.is_complex():
         return f"XLA has no reduction of {value.dtype} here"
-    layout = _PARTITIONS.get(node.args[-1], "its group's layout is unknown")
+    layout = replica_groups(node.args[-1], world)
     if isinstance(layout, str):
         return layout
     size = len(layout[0])
@@ -215,9 +183,7 @@ def key_parts(gm: torch.fx.GraphModule) -> dict:
     world = _world()
     if not groups or world is None:
         return {}
-    layouts = replica_groups(gm)
-    return {"distributed": {"rank": world[0], "world": world[1],
-                            "groups": {g: [group_ranks(g), layouts.get(g)] for g in groups}}}
+    return {"distributed": {"rank": world[0], "world": world[1], "groups": {g: group_ranks(g) for g in groups}}}
 
 
 # --------------------------------------------------------------------------- lowering
@@ -232,8 +198,9 @@ def lower_group(sub: torch.fx.GraphModule, type_of) -> str:
     """StableHLO text (a module with ``@main``) of a group of compiled collective nodes.
 
     ``type_of(value)`` spells a fake tensor's MLIR type. Every node here was
-    routed to the compiled path, so its group's layout is known (``replica_groups``).
+    routed to the compiled path, so its group splits the world (``replica_groups``).
     """
+    world = _world()[1]
     names: dict[torch.fx.Node, str] = {}
     args, body = [], []
     counter = itertools.count()
@@ -261,7 +228,7 @@ def lower_group(sub: torch.fx.GraphModule, type_of) -> str:
             names[node] = names[x]
             continue
         result = fresh()
-        layout = _PARTITIONS[node.args[-1]]
+        layout = replica_groups(node.args[-1], world)
         size = len(layout[0])  # the ranks of each group
         rows = ", ".join("[" + ", ".join(map(str, group)) + "]" for group in layout)
         groups = f"replica_groups = dense<[{rows}]> : tensor<{len(layout)}x{size}xi64>"
