@@ -153,6 +153,23 @@ WORKER = textwrap.dedent('''
         return out
 
 
+    def neuron_subgroups():
+        """Eager collectives of neuron tensors in "neuron" subgroups ([0, 1], [2, 3]): run by XLA."""
+        from neuron_compile.device.opkernel import COUNTS
+        group, _ = dist.new_subgroups(2, backend="neuron")
+        before = COUNTS.get("device_collectives", 0)
+        reduced = torch.full((3,), float(rank + 1), device="neuron")
+        dist.all_reduce(reduced, group=group)
+        gathered = torch.empty(4, device="neuron")
+        dist.all_gather_into_tensor(gathered, torch.full((2,), float(rank), device="neuron"), group=group)
+        scattered = torch.empty(2, device="neuron")
+        dist.reduce_scatter_tensor(scattered, torch.arange(4.0, device="neuron") + rank, op=dist.ReduceOp.AVG,
+                                   group=group)
+        return {"all_reduce": reduced.cpu().tolist(), "all_gather": gathered.cpu().tolist(),
+                "reduce_scatter": scattered.cpu().tolist(),
+                "device_collectives": COUNTS.get("device_collectives", 0) - before}
+
+
     def tp_neuron(compiled):
         """Tensor parallel on neuron tensors (a neuron mesh, each rank on neuron:<LOCAL_RANK>): compiled, the
         all_reduces run inside the executable on buffers that cross to the distributed client and back."""
@@ -301,7 +318,7 @@ WORKER = textwrap.dedent('''
                 model, step = ddp_python_reducer(True)
                 results[name] = {"eager": train(eager_model, eager_step), "compiled": train(model, None, step=step),
                                  "reports": reports_since(before)}
-            elif name in ("collectives_fn", "mesh2d_fn"):
+            elif name in ("collectives_fn", "mesh2d_fn", "neuron_subgroups"):
                 results[name] = globals()[name]()
             elif name in ("all_reduce_fn", "stuck"):
                 results[name] = (globals()[name]() if name == "stuck"
@@ -338,7 +355,7 @@ def parallel(tmp_path_factory, launch_two_ranks):
 def mesh2d(tmp_path_factory, launch_two_ranks):
     """Four ranks, a 2 x 2 (dp, tp) mesh: collectives in subgroups."""
     folder = tmp_path_factory.mktemp("mesh")
-    return launch_two_ranks(folder, WORKER, args=("tp2d,mesh2d_fn", 60), timeout=300, ranks=(0, 1, 2, 3), nproc=4,
+    return launch_two_ranks(folder, WORKER, args=("tp2d,mesh2d_fn,neuron_subgroups", 60), timeout=300, ranks=(0, 1, 2, 3), nproc=4,
                             env={"NEURON_COMPILE_CACHE_DIR": str(folder / "cache")})
 
 
@@ -353,6 +370,18 @@ def test_collectives_in_the_subgroups_of_a_2d_mesh_compile_and_match_eager(mesh2
     # the tp all_gather joins ranks 0 and 1 (2 and 3), the dp one ranks 0 and 2 (1 and 3)
     gathered = [run["compiled"][2] for run in _ran(mesh2d, "mesh2d_fn")]
     assert gathered[0] == gathered[1] != gathered[2]
+
+
+def test_eager_collectives_of_neuron_tensors_in_subgroups_run_by_xla_with_the_right_values(mesh2d):
+    """all_reduce, all_gather_into_tensor and reduce_scatter_tensor (avg) in ``new_subgroups(2)`` groups
+    of the ``neuron`` backend: each group's own values, run by XLA on the device buffers (counted)."""
+    for rank, run in enumerate(_ran(mesh2d, "neuron_subgroups")):
+        first = 2 * (rank // 2)
+        assert run["all_reduce"] == [float(first + 1 + first + 2)] * 3
+        assert run["all_gather"] == [float(first)] * 2 + [float(first + 1)] * 2
+        mean, i = first + 0.5, rank % 2
+        assert run["reduce_scatter"] == [2 * i + mean, 2 * i + 1 + mean]
+        assert run["device_collectives"] == 3
 
 
 def test_tensor_parallel_on_the_tp_dim_of_a_2d_mesh_trains_as_eager_compiled(mesh2d):

@@ -13,8 +13,9 @@ backend of the ``neuron`` device. Nothing connects until
 build a ``NeuronProcessGroup``: a Python ``ProcessGroup`` holding a
 ``ProcessGroupGloo`` made from the same store, rank, size and timeout.
 
-In the whole-world group, an all-reduce, all-gather (into one tensor) or
-reduce-scatter (from one tensor) of neuron tensors runs as XLA's collective on
+In a group whose size divides the world (the whole world, a DeviceMesh dim's
+subgroup), an all-reduce, all-gather (into one tensor) or reduce-scatter
+(from one tensor) of neuron tensors runs as XLA's collective on
 the distributed PJRT client (``runtime/collectives.py``, the one compiled
 graphs' collectives use): each buffer crosses there and back through DLPack,
 the same host memory, and the result is written by a device copy
@@ -372,15 +373,12 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
 
     def _on_device(self, tensors, opts=None) -> str | None:
         """The reduction XLA runs itself on these tensors (``xla_collectives.run``; ``""``: a gather, no
-        ``opts``), or None (gloo, staged): neuron tensors of a dtype XLA reduces, in this whole-world group
-        (the distributed client's executables span every rank), with ``NEURON_COMPILE_DEVICE_COLLECTIVES``
-        not ``0``."""
+        ``opts``), or None (gloo, staged): neuron tensors of a dtype XLA reduces, in a group whose size
+        divides the world (``_replica_groups``), with ``NEURON_COMPILE_DEVICE_COLLECTIVES`` not ``0``."""
         import os
 
         if (not tensors or self._coalesced is not None or os.environ.get("NEURON_COMPILE_DEVICE_COLLECTIVES") == "0"
-                or (self._global_ranks and self._global_ranks != list(range(self._size)))
-                or not torch.distributed.is_initialized() or self._size != torch.distributed.get_world_size()
-                or self._size < 2):
+                or self._size < 2 or self._replica_groups() is None):
             return None
         op = "" if opts is None else xla_collectives.reduction(opts.reduceOp.op)
         for tensor in tensors:
@@ -389,11 +387,24 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
                 return None
         return op
 
+    def _replica_groups(self) -> list | None:
+        """This group's ranks (in group-rank order) first, then the rest of the world in groups of its size
+        (XLA wants every replica in a group; only this group's ranks meet), or None where the world does
+        not split so."""
+        if not torch.distributed.is_initialized():
+            return None
+        world = torch.distributed.get_world_size()
+        ranks = list(self._global_ranks or range(self._size))
+        if len(ranks) != self._size or world % self._size or not set(ranks) <= set(range(world)):
+            return None
+        rest = [r for r in range(world) if r not in ranks]
+        return [ranks] + [rest[i:i + self._size] for i in range(0, len(rest), self._size)]
+
     def _on_xla(self, collective: str, calls, op, result) -> NeuronWork:
         """Run ``(kind, source, output)`` collectives with XLA (``xla_collectives.run``): a finished Work."""
         try:
             for kind, source, output in calls:
-                xla_collectives.run(kind, source, output, op or None, self._size)
+                xla_collectives.run(kind, source, output, op or None, self._replica_groups())
         except Exception as error:  # noqa: BLE001 - names the collective, the rank and the group
             raise self._error(f"{collective} (XLA, on the device's buffers)", error) from error
         return NeuronWork(self, collective, [], _Staging(), result)

@@ -1,7 +1,8 @@
 """Eager collectives of neuron tensors run by XLA on the distributed PJRT client, no host copy.
 
 The ``neuron`` process group (``distributed.py``) sends an all-reduce, an all-gather into one tensor and a
-reduce-scatter from one tensor of neuron tensors in its whole-world group here: one small StableHLO
+reduce-scatter from one tensor of neuron tensors here (its whole-world group, or a subgroup whose size
+divides the world): one small StableHLO
 module of the collective (``lowering.collectives.eager_module``), compiled once per kind, shapes, dtype and
 op on the client compiled graphs' collectives use (``runtime/collectives.py``), run on the tensor's own
 buffer, which crosses to that client and back through DLPack (the same host memory).
@@ -18,9 +19,10 @@ _REDUCTIONS = {}  # ReduceOp's RedOpType -> the lowering's name, filled on first
 _EXECUTABLES: dict = {}  # (kind, shapes, dtype, op, world) -> the XlaExecutable
 
 
-def run(kind: str, source, output, op: str | None, world: int) -> None:
+def run(kind: str, source, output, op: str | None, groups: list) -> None:
     """XLA's ``kind`` collective (``all_reduce``, ``all_gather``, ``reduce_scatter`` along dim 0) of the
-    neuron tensor ``source`` over every rank on the distributed client, written into the neuron tensor
+    neuron tensor ``source`` over this rank's group (``groups[0]`` of the replica groups ``groups``, which
+    cover the world) on the distributed client, written into the neuron tensor
     ``output`` (``source`` itself for an all-reduce): the buffer crosses there and back through DLPack
     (the same host memory) and the result is written by a device copy, no host copy. One executable per
     kind, shapes, dtype and op, compiled by every rank at its first such collective (every rank makes the
@@ -31,17 +33,19 @@ def run(kind: str, source, output, op: str | None, world: int) -> None:
     from ..lowering.splice import tensor_type
     from .opkernel import COUNTS
 
-    if kind == "all_gather":  # the output may be stacked (world, n, ...): the gathered rows, viewed so
-        shape = (world * source.shape[0], *source.shape[1:])
+    size = len(groups[0])
+    if kind == "all_gather":  # the output may be stacked (size, n, ...): the gathered rows, viewed so
+        shape = (size * source.shape[0], *source.shape[1:])
     else:
         shape = tuple(output.shape)
-    if kind == "reduce_scatter":  # the input may be stacked (world, n, ...): rows of the output's rows
-        source = source.reshape(world * output.shape[0], *output.shape[1:])
+    if kind == "reduce_scatter":  # the input may be stacked (size, n, ...): rows of the output's rows
+        source = source.reshape(size * output.shape[0], *output.shape[1:])
     result = torch.empty(shape, dtype=output.dtype, device="meta")
-    key = (kind, tuple(source.shape), tuple(result.shape), source.dtype, op, world)
+    layout = tuple(map(tuple, groups))
+    key = (kind, tuple(source.shape), tuple(result.shape), source.dtype, op, layout)
     executable = _EXECUTABLES.get(key)
     if executable is None:
-        executable = XlaExecutable.compile(eager_module(kind, source, result, op, world, tensor_type))
+        executable = XlaExecutable.compile(eager_module(kind, source, result, op, groups, tensor_type))
         executable.what = f"{kind} ({op or 'gather'}) of a {tuple(source.shape)} {source.dtype} neuron tensor"
         _EXECUTABLES[key] = executable
     bridge = DistributedBridge(executable.target, NAME)

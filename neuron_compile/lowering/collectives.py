@@ -272,16 +272,19 @@ def lower_group(sub: torch.fx.GraphModule, type_of) -> str:
             + "\n  }\n}\n")
 
 
-def eager_module(kind: str, source: torch.Tensor, result: torch.Tensor, op: str | None, world: int, type_of) -> str:
-    """StableHLO text of one collective over the whole world (replica ``i`` is rank ``i``), from a tensor
-    shaped as ``source`` to one shaped as ``result`` (dim 0 gathered or scattered): an eager collective of
-    the device's process group that XLA runs on the distributed client itself. ``kind``: ``all_reduce``,
-    ``all_gather`` or ``reduce_scatter``; ``op``: the reduction's name. ``type_of`` spells a tensor's MLIR
-    type (``splice.tensor_type``)."""
+def eager_module(kind: str, source: torch.Tensor, result: torch.Tensor, op: str | None, groups: list,
+                 type_of) -> str:
+    """StableHLO text of one collective in the first of the replica groups ``groups`` (which cover the
+    world; replica ``i`` is rank ``i``), from a tensor shaped as ``source`` to one shaped as ``result``
+    (dim 0 gathered or scattered): an eager collective of the device's process group that XLA runs on the
+    distributed client itself. ``kind``: ``all_reduce``, ``all_gather`` or ``reduce_scatter``; ``op``: the
+    reduction's name. ``type_of`` spells a tensor's MLIR type (``splice.tensor_type``)."""
+    world, size = sum(map(len, groups)), len(groups[0])
     scalar = type_of(torch.empty((), dtype=source.dtype, device="meta"))
     tin = type_of(torch.empty(source.shape, dtype=source.dtype, device="meta"))
     tout = type_of(torch.empty(result.shape, dtype=result.dtype, device="meta"))
-    groups = f"replica_groups = dense<[[{', '.join(map(str, range(world)))}]]> : tensor<1x{world}xi64>"
+    rows = ", ".join("[" + ", ".join(map(str, group)) + "]" for group in groups)
+    groups = f"replica_groups = dense<[{rows}]> : tensor<{len(groups)}x{size}xi64>"
     if kind == "all_gather":
         body = [f'    %r = "stablehlo.all_gather"(%arg0) {{all_gather_dim = 0 : i64, {groups}}} : ({tin}) -> {tout}']
     else:
@@ -291,7 +294,7 @@ def eager_module(kind: str, source: torch.Tensor, result: torch.Tensor, op: str 
                 f"    }}) {{{extra}{groups}}} : ({tin}) -> {tout}"]
     value = "%r"
     if op == "avg":
-        body += [f"    %n = stablehlo.constant dense<{float(world)}> : {tout}",
+        body += [f"    %n = stablehlo.constant dense<{float(size)}> : {tout}",
                  f"    %a = stablehlo.divide %r, %n : {tout}"]
         value = "%a"
     return (f"module attributes {{mhlo.num_replicas = {world} : i32}} {{\n"
