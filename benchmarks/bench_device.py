@@ -619,6 +619,7 @@ def sample(device: str, tokens: int) -> dict:
     the same draws on both devices), ``cat``. Per token: seconds and ops compiled."""
     import torch
 
+    os.environ["NEURON_COMPILE_DEVICE_LENGTHS"] = "1"  # growing lengths per bucket (opt-in)
     model, _ = build_gpt2()
     model.to(device).eval()
     torch.manual_seed(1)

@@ -22,6 +22,12 @@ from neuron_compile.device import ops as device_ops
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
+@pytest.fixture(autouse=True)
+def _lengths_on(monkeypatch):
+    """Growing lengths are opt-in (``NEURON_COMPILE_DEVICE_LENGTHS=1``)."""
+    monkeypatch.setenv("NEURON_COMPILE_DEVICE_LENGTHS", "1")
+
+
 class _Block(torch.nn.Module):
     """nanoGPT's block: causal self-attention through a ``tril`` buffer, then a GELU MLP."""
 
@@ -150,7 +156,7 @@ def test_a_view_the_bucket_strides_refuse_is_a_copy_and_writes_through_either_ra
     assert_close(flat.cpu(), scores.view(-1))
     with pytest.raises(RuntimeError, match=r"aten.add_.Tensor writes .* alias.*test_device_lengths.py"):
         flat.add_(1)
-    with pytest.raises(RuntimeError, match=r"aten.mul_.Tensor .*NEURON_COMPILE_DEVICE_LENGTHS=0"):
+    with pytest.raises(RuntimeError, match=r"aten.mul_.Tensor .*NEURON_COMPILE_DEVICE_LENGTHS"):
         device_scores.mul_(2)
     del flat
     device_scores.mul_(2)  # no copy lives: the write has nobody to miss it

@@ -22,7 +22,9 @@ here the compiled path's shape bucketing (``capture.bucketing``) serves the eage
 
 ``torch.empty`` at a growing leading length (``contiguous()``'s, an ``out=``'s) and ``arange(t, out=)``
 (a position embedding's) give the true part of a bucket as well; in-place and ``out=`` ops writing such
-a storage run bucketed. ``NEURON_COMPILE_DEVICE_LENGTHS=0`` turns it off. Kernels are kept in memory
+a storage run bucketed. Opt-in: ``NEURON_COMPILE_DEVICE_LENGTHS=1`` turns it on (off by default since
+a bucketed tensor's strides can reach a C++ ``view`` CPU's contiguous tensor allows: a Hugging Face XLNet
+trained after a ``generate`` failed in its backward). Kernels are kept in memory
 only (a new process traces each bucket again; the artifact cache still spares the XLA compile).
 
 What differs from CPU: a bucketed result padded along an inner dim (attention scores ``(b, h, t, t)``)
@@ -58,7 +60,7 @@ _STATE = threading.local()
 
 
 def active() -> bool:
-    return os.environ.get("NEURON_COMPILE_DEVICE_LENGTHS", "1") != "0" and not getattr(_STATE, "exact", 0)
+    return os.environ.get("NEURON_COMPILE_DEVICE_LENGTHS", "0") == "1" and not getattr(_STATE, "exact", 0)
 
 
 @contextlib.contextmanager
@@ -546,4 +548,4 @@ def check_write(op, args, kwargs) -> None:
                 f"here it does not: the view (a .view() the bucket's strides do not allow) was taken of a "
                 f"copy, so the write would not reach the other. Called at {OPS.user_line()}. A bucketed "
                 f"tensor holds a length that kept growing (neuron_compile/device/lengths.py); take the "
-                f"view of .contiguous() or use .reshape(), or set NEURON_COMPILE_DEVICE_LENGTHS=0.")
+                f"view of .contiguous() or use .reshape(), or unset NEURON_COMPILE_DEVICE_LENGTHS.")
