@@ -391,14 +391,12 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
         """This group's ranks (in group-rank order) first, then the rest of the world in groups of its size
         (XLA wants every replica in a group; only this group's ranks meet), or None where the world does
         not split so."""
-        if not torch.distributed.is_initialized():
-            return None
-        world = torch.distributed.get_world_size()
+        from ..lowering.collectives import layout_of
+
         ranks = list(self._global_ranks or range(self._size))
-        if len(ranks) != self._size or world % self._size or not set(ranks) <= set(range(world)):
+        if not torch.distributed.is_initialized() or len(ranks) != self._size:
             return None
-        rest = [r for r in range(world) if r not in ranks]
-        return [ranks] + [rest[i:i + self._size] for i in range(0, len(rest), self._size)]
+        return layout_of(ranks, torch.distributed.get_world_size())
 
     def _on_xla(self, collective: str, calls, op, result) -> NeuronWork:
         """Run ``(kind, source, output)`` collectives with XLA (``xla_collectives.run``): a finished Work."""

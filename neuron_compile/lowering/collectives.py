@@ -89,11 +89,20 @@ def replica_groups(group_name: str, world: int) -> list | str:
     executing rank's own group meet: each rank names its own group, so no rank needs another's layout
     (a DeviceMesh dim's other groups need not even run the executable)."""
     ranks = group_ranks(group_name)
+    layout = layout_of(ranks, world)
+    return layout if layout is not None else (
+        f"its group holds ranks {ranks}: {world} ranks do not split into groups of {len(ranks)}")
+
+
+def layout_of(ranks: list, world: int) -> list | None:
+    """``ranks`` first, then the rest of ``range(world)`` cut into groups of their size: replica groups
+    that cover the world (``replica_groups``; the device's eager collectives too), or None where the
+    world does not split so."""
     size = len(ranks)
-    if not size or world % size:
-        return f"its group holds ranks {ranks}: {world} ranks do not split into groups of {size}"
+    if not size or world % size or not set(ranks) <= set(range(world)):
+        return None
     rest = [r for r in range(world) if r not in ranks]
-    return [ranks] + [rest[i:i + size] for i in range(0, len(rest), size)]
+    return [list(ranks)] + [rest[i:i + size] for i in range(0, len(rest), size)]
 
 
 def _world() -> tuple[int, int] | None:
