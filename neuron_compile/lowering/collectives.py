@@ -203,6 +203,13 @@ def world_size(gm: torch.fx.GraphModule) -> int:
     return world[1] if world and has_collectives(gm) else 1
 
 
+def _region(op: str, scalar: str) -> str:
+    """The reduction region of an ``all_reduce`` or ``reduce_scatter`` of ``op`` on elements of type ``scalar``."""
+    return (f"({{\n      ^bb0(%lhs: {scalar}, %rhs: {scalar}):\n"
+            f"        %r = stablehlo.{_REDUCERS[op]} %lhs, %rhs : {scalar}\n"
+            f"        stablehlo.return %r : {scalar}\n    }})")
+
+
 def lower_group(sub: torch.fx.GraphModule, type_of) -> str:
     """StableHLO text (a module with ``@main``) of a group of compiled collective nodes.
 
@@ -244,9 +251,7 @@ def lower_group(sub: torch.fx.GraphModule, type_of) -> str:
         if name in ("all_reduce", "reduce_scatter_tensor"):
             op = node.args[1]
             scalar = type_of(torch.empty((), dtype=x.meta["val"].dtype, device="meta"))
-            region = (f"({{\n      ^bb0(%lhs: {scalar}, %rhs: {scalar}):\n"
-                      f"        %r = stablehlo.{_REDUCERS[op]} %lhs, %rhs : {scalar}\n"
-                      f"        stablehlo.return %r : {scalar}\n    }})")
+            region = _region(op, scalar)
             kind, extra = (("all_reduce", "") if name == "all_reduce"
                            else ("reduce_scatter", "scatter_dimension = 0 : i64, "))
             reduced = fresh() if op == "avg" else result
@@ -298,9 +303,7 @@ def eager_module(kind: str, source: torch.Tensor, result: torch.Tensor, op: str 
         body = [f'    %r = "stablehlo.all_gather"(%arg0) {{all_gather_dim = 0 : i64, {groups}}} : ({tin}) -> {tout}']
     else:
         extra = "scatter_dimension = 0 : i64, " if kind == "reduce_scatter" else ""
-        body = [f'    %r = "stablehlo.{kind}"(%arg0) ({{\n      ^bb0(%lhs: {scalar}, %rhs: {scalar}):\n'
-                f"        %v = stablehlo.{_REDUCERS[op]} %lhs, %rhs : {scalar}\n        stablehlo.return %v : {scalar}\n"
-                f"    }}) {{{extra}{groups}}} : ({tin}) -> {tout}"]
+        body = [f'    %r = "stablehlo.{kind}"(%arg0) {_region(op, scalar)} {{{extra}{groups}}} : ({tin}) -> {tout}']
     value = "%r"
     if op == "avg":
         body += [f"    %n = stablehlo.constant dense<{float(size)}> : {tout}",
