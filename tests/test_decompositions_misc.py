@@ -1,5 +1,6 @@
 """Search, pairwise, strided and bit-level ops (neuron_compile/decompositions/misc.py), compiled, against eager."""
 
+import pytest
 import torch
 
 
@@ -44,6 +45,48 @@ def test_strided_copies_and_put():
                      torch.as_strided_copy(y.reshape(-1), (2, 2, 2, 2), (1, 1, 1, 1))), y)
     _same(lambda y, s: torch.as_strided_scatter(y, s, (2, 2), (1, 2), 1), y, torch.randn(2, 2))
     _same(lambda y, i, s: (y.put(i, s), y.put(i, s, accumulate=True)), y, torch.tensor([0, -1, 4]), torch.randn(3))
+
+
+_NESTING_VIEWS = [((2, 2), (1, 2), 1),  # a transpose at an offset
+                  ((3, 2), (4, 1), 1),  # a narrow whose last row runs past the storage (padded block)
+                  ((2, 3), (1, 0), 5),  # an expand
+                  ((4,), (5,), 0),  # the diagonal of a 4x4 block
+                  ((2, 1, 2), (6, 9, 2), 0),  # a step slice with a size-1 dim
+                  ((), (), 7)]  # one element
+
+
+@pytest.mark.parametrize("size, stride, offset", _NESTING_VIEWS)
+def test_strided_views_are_slices_not_gathers(size, stride, offset):
+    """as_strided_copy of a view whose strides nest (transpose, narrow, step, expand, diagonal) lowers to
+    slices and a permute: no gather in the graph, the values of eager."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from neuron_compile.decompositions import decomposition_table
+
+    y = torch.randn(16)
+
+    def fn(y):
+        return torch.as_strided_copy(y, size, stride, offset)
+
+    gm = make_fx(fn, decomposition_table=decomposition_table())(y)
+    targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    assert not targets & {torch.ops.aten.index.Tensor, torch.ops.aten.gather.default}, targets
+    torch.testing.assert_close(gm(y), fn(y), rtol=0, atol=0)
+    _same(fn, y, rtol=0, atol=0)
+
+
+def test_overlapping_strided_view_still_gathers():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from neuron_compile.decompositions import decomposition_table
+
+    def fn(y):  # rows overlap (stride 1 < 3 elements a row): no nest of slices reads this
+        return torch.as_strided_copy(y, (4, 3), (1, 1), 2)
+
+    y = torch.randn(9)
+    gm = make_fx(fn, decomposition_table=decomposition_table())(y)
+    assert torch.ops.aten.index.Tensor in {n.target for n in gm.graph.nodes}
+    torch.testing.assert_close(gm(y), fn(y), rtol=0, atol=0)
 
 
 def test_mode_smallest_most_frequent_last_index():

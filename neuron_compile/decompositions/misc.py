@@ -128,6 +128,39 @@ def _plain_storage(x) -> bool:
     return x.is_contiguous() and x.storage_offset() == 0
 
 
+def _as_slices(flat, size, stride, offset):
+    """``as_strided(flat, size, stride, offset)`` of a 1-d ``flat`` as slices, a reshape and a permute (a
+    transpose, a narrow, a step slice, an expand, a diagonal: every view whose dims, taken by stride, nest
+    without overlap), or None where the strides do not nest (a gather is left).
+
+    The dims of size above 1 and nonzero stride, by stride from largest to smallest, s1 > s2 > ... > sk, each
+    a multiple of the next and at least its dim's extent (``s[j] >= n[j+1] * s[j+1]``): the view's elements
+    are the block ``flat[offset : offset + n1 * s1]`` as ``(n1, s1/s2, ..., s[k-1]/sk, sk)``, sliced to
+    ``[:, :n2, ..., :nk, 0]`` (the block padded where its last row runs past the storage: those elements
+    are never read). XLA runs slices where it would run a gather, and the trace is a handful of ops."""
+    if not all(type(v) is int for v in (*size, *stride, offset)):
+        return None
+    dims = sorted((d for d in range(len(size)) if size[d] != 1 and stride[d] != 0), key=lambda d: -stride[d])
+    sizes, strides = [size[d] for d in dims], [stride[d] for d in dims]
+    if any(s < 0 for s in strides) or any(
+            strides[j] % strides[j + 1] or strides[j] < sizes[j + 1] * strides[j + 1] for j in range(len(dims) - 1)):
+        return None
+    if not dims:
+        piece = flat[offset]
+    else:
+        length = sizes[0] * strides[0]
+        piece = flat[offset:offset + length]
+        if piece.shape[0] < length:
+            piece = torch.nn.functional.pad(piece, (0, length - piece.shape[0]))
+        block = [sizes[0]] + [strides[j] // strides[j + 1] for j in range(len(dims) - 1)] + [strides[-1]]
+        piece = piece.view(block)[(slice(None),) + tuple(slice(0, n) for n in sizes[1:]) + (0,)]
+        piece = piece.permute([dims.index(d) for d in sorted(dims)])  # back to the view's dim order
+    for d in range(len(size)):  # size-1 and stride-0 dims: unsqueezed, then expanded
+        if d not in dims:
+            piece = piece.unsqueeze(d)
+    return piece.expand(list(size))
+
+
 @_misc(aten.as_strided_copy)
 def _as_strided_copy(x, size, stride, storage_offset=None):
     offset = storage_offset or 0
@@ -136,6 +169,9 @@ def _as_strided_copy(x, size, stride, storage_offset=None):
     if math.prod(size) == 0:
         return torch.zeros(list(size), dtype=x.dtype, device=x.device)
     flat = x.reshape(-1)
+    sliced = _as_slices(flat, size, stride, offset)
+    if sliced is not None:
+        return sliced.clone()
     return flat[_strided_positions(size, stride, offset, x).reshape(-1)].reshape(list(size))
 
 
