@@ -400,3 +400,31 @@ def test_second_derivatives_through_zero_gradients_as_on_cpu():
     zeros = torch._efficientzerotensor((2, 3), dtype=torch.float32, device="neuron")
     assert zeros.device.type == "neuron"
     assert_close(zeros.cpu(), torch.zeros(2, 3))
+
+
+def test_zeroing_a_whole_storage_runs_no_executable_and_later_writes_stay_apart():
+    """``zero_`` of a tensor over its whole storage (torch.zeros, zeros_like, autograd's zero gradients of a
+    model's unused outputs) takes a zeros buffer storages share: no op runs; each tensor's later writes are
+    its own, and a view's zero_ still zeroes only the view."""
+    from neuron_compile.device import ops
+
+    c = torch.ones(32, device="neuron")
+    before = dict(ops.COUNTS)
+    a = torch.zeros(4, 8, device="neuron")
+    b = torch.zeros_like(a)
+    c.zero_()
+    ran = {k: ops.COUNTS[k] - before[k] for k in ("op_compiles", "op_cache_hits", "index_hits")}
+    assert ran == {"op_compiles": 0, "op_cache_hits": 0, "index_hits": 0}, ran
+    a.add_(1)
+    b[1, 2] = 5.0
+    assert_close(a.cpu(), torch.ones(4, 8))
+    expected = torch.zeros(4, 8)
+    expected[1, 2] = 5.0
+    assert_close(b.cpu(), expected)
+    assert_close(c.cpu(), torch.zeros(32))
+    x = torch.arange(12.0, device="neuron").reshape(3, 4)
+    x[1].zero_()  # a view: the rest of the storage keeps its values
+    expected = torch.arange(12.0).reshape(3, 4)
+    expected[1] = 0
+    assert_close(x.cpu(), expected)
+    assert_close(torch.zeros(2, 3, dtype=torch.int64, device="neuron").cpu(), torch.zeros(2, 3, dtype=torch.int64))

@@ -190,6 +190,17 @@ def _zero_tensor(op, size, dtype=None, layout=None, device=None, pin_memory=None
     return torch.zeros(size, dtype=_dtype(dtype), device=torch.device("neuron", device_index(device)))
 
 
+@kernel(aten.zero_.default)
+def _zero_(op, tensor):
+    # a tensor over its whole storage (torch.zeros, zeros_like, autograd's zero gradients of unused outputs)
+    # takes a zeros buffer storages share (storage.shared_zeros): no executable, no allocation
+    data = getattr(tensor.untyped_storage(), "_neuron", None)
+    if data is None or not ops.whole(tensor, data):
+        return ops.dispatch(op, (tensor,), {})
+    data.set(_storage.shared_zeros(data.numel, data.dtype, device_index(tensor.device)))
+    return tensor
+
+
 # --- moving data -----------------------------------------------------------------------------
 
 @kernel(aten.copy_.default)

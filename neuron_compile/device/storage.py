@@ -32,6 +32,8 @@ host's.
 
 from __future__ import annotations
 
+import collections
+
 import functools
 
 import torch
@@ -305,6 +307,27 @@ def buffer_to_host(buffer, dtype: torch.dtype) -> torch.Tensor:
 
 def zeros_buffer(numel: int, dtype: torch.dtype, index: int = 0):
     return host_to_buffer(torch.zeros(numel, dtype=dtype), index)
+
+
+_ZEROS: collections.OrderedDict = collections.OrderedDict()  # (numel, dtype, index) -> buffer, newest last
+_ZEROS_BYTES = 64 << 20  # what the kept zeros may hold together
+
+
+def shared_zeros(numel: int, dtype: torch.dtype, index: int = 0):
+    """A buffer of ``numel`` zeros that storages may share: PJRT buffers are never written in place (an op's
+    results are new buffers), so a storage zeroed whole takes this one, with no executable run and nothing
+    allocated (autograd's zero gradients of a model's unused outputs, each step). The most recently used
+    sizes are kept, up to 64 MiB of them."""
+    key = (numel, dtype, index)
+    buffer = _ZEROS.pop(key, None)
+    if buffer is None:
+        buffer = zeros_buffer(numel, dtype, index)
+    _ZEROS[key] = buffer
+    total = sum(n * d.itemsize for n, d, _ in _ZEROS)
+    while total > _ZEROS_BYTES and len(_ZEROS) > 1:
+        (n, d, _), _ = _ZEROS.popitem(last=False)
+        total -= n * d.itemsize
+    return buffer
 
 
 def retype(data: Data, dtype: torch.dtype) -> None:
