@@ -402,17 +402,19 @@ def test_second_derivatives_through_zero_gradients_as_on_cpu():
     assert_close(zeros.cpu(), torch.zeros(2, 3))
 
 
-def test_zeroing_a_whole_storage_runs_no_executable_and_later_writes_stay_apart():
-    """``zero_`` of a tensor over its whole storage (torch.zeros, zeros_like, autograd's zero gradients of a
-    model's unused outputs) takes a zeros buffer storages share: no op runs; each tensor's later writes are
-    its own, and a view's zero_ still zeroes only the view."""
+def test_filling_a_whole_storage_runs_no_executable_and_later_writes_stay_apart():
+    """``zero_`` and ``fill_`` of a tensor over its whole storage (torch.zeros, ones, full, autograd's zero
+    gradients of a model's unused outputs) take a constant buffer storages share: no op runs; each tensor's
+    later writes are its own, a view's fill still fills only the view, and a fill over 4 MiB runs as an op."""
     from neuron_compile.device import ops
 
-    c = torch.ones(32, device="neuron")
+    c = torch.arange(32.0, device="neuron")
     before = dict(ops.COUNTS)
     a = torch.zeros(4, 8, device="neuron")
     b = torch.zeros_like(a)
     c.zero_()
+    ones, full = torch.ones(4, 8, device="neuron"), torch.full((3,), -0.0, device="neuron")
+    half = torch.full((2, 2), 7.5, dtype=torch.float16, device="neuron")
     ran = {k: ops.COUNTS[k] - before[k] for k in ("op_compiles", "op_cache_hits", "index_hits")}
     assert ran == {"op_compiles": 0, "op_cache_hits": 0, "index_hits": 0}, ran
     a.add_(1)
@@ -422,9 +424,25 @@ def test_zeroing_a_whole_storage_runs_no_executable_and_later_writes_stay_apart(
     expected[1, 2] = 5.0
     assert_close(b.cpu(), expected)
     assert_close(c.cpu(), torch.zeros(32))
+    ones.mul_(3)
+    assert_close(ones.cpu(), torch.full((4, 8), 3.0))
+    assert_close(torch.ones(4, 8, device="neuron").cpu(), torch.ones(4, 8))
+    assert torch.equal(full.cpu().view(torch.int32), torch.full((3,), -0.0).view(torch.int32))  # the sign kept
+    assert_close(half.cpu(), torch.full((2, 2), 7.5, dtype=torch.float16))
+    big = torch.full((1025, 1024), 2.0, device="neuron")  # 4.004 MiB: filled by its op
+    assert_close(big.cpu(), torch.full((1025, 1024), 2.0))
     x = torch.arange(12.0, device="neuron").reshape(3, 4)
     x[1].zero_()  # a view: the rest of the storage keeps its values
     expected = torch.arange(12.0).reshape(3, 4)
     expected[1] = 0
     assert_close(x.cpu(), expected)
     assert_close(torch.zeros(2, 3, dtype=torch.int64, device="neuron").cpu(), torch.zeros(2, 3, dtype=torch.int64))
+
+
+def test_scalar_inputs_kept_by_value_tell_minus_zero_from_zero():
+    """A Python number or a 0-d CPU tensor reaches the executable as a kept 0-d buffer, looked up by value:
+    -0.0 and 0.0 (equal, and hashed alike) are two values, NaN is one."""
+    x = torch.ones(3, device="neuron")
+    for v in (0.0, -0.0, 0.0, float("nan"), -0.0):
+        for scalar in (v, torch.tensor(v)):
+            assert_close((1 / (x * scalar)).cpu(), 1 / (torch.ones(3) * scalar), equal_nan=True)

@@ -190,14 +190,17 @@ def _zero_tensor(op, size, dtype=None, layout=None, device=None, pin_memory=None
     return torch.zeros(size, dtype=_dtype(dtype), device=torch.device("neuron", device_index(device)))
 
 
-@kernel(aten.zero_.default)
-def _zero_(op, tensor):
-    # a tensor over its whole storage (torch.zeros, zeros_like, autograd's zero gradients of unused outputs)
-    # takes a zeros buffer storages share (storage.shared_zeros): no executable, no allocation
+@kernel(aten.zero_.default, aten.fill_.Scalar)
+def _fill_(op, tensor, value=0):
+    # a tensor over its whole storage (torch.zeros, ones, full, autograd's zero gradients of unused outputs)
+    # takes a constant buffer storages share (storage.shared_constant): no executable, no allocation
     data = getattr(tensor.untyped_storage(), "_neuron", None)
-    if data is None or not ops.whole(tensor, data):
-        return ops.dispatch(op, (tensor,), {})
-    data.set(_storage.shared_zeros(data.numel, data.dtype, device_index(tensor.device)))
+    buffer = None
+    if data is not None and type(value) in (int, float, bool) and ops.whole(tensor, data):
+        buffer = _storage.shared_constant(data.numel, data.dtype, value, device_index(tensor.device))
+    if buffer is None:
+        return ops.dispatch(op, (tensor,) if op is aten.zero_.default else (tensor, value), {})
+    data.set(buffer)
     return tensor
 
 

@@ -247,8 +247,8 @@ class OpKernel:
                     buffer = _storage.zeros_buffer(data.numel, data.dtype, device)
                     data.set(buffer)
                 params.append(buffer)
-            elif kind == "host":
-                params.append(_storage.host_to_buffer(leaves.host[index], device))
+            elif kind == "host":  # a 0-d CPU tensor: its value's buffer, kept as a runtime float's is
+                params.append(_host_scalar_buffer(leaves.host[index], device))
             elif kind == "offset":
                 params.append(_scalar_buffer(leaves.offsets[index][2], torch.int64, device))
             elif kind == "sizes":
@@ -261,9 +261,18 @@ class OpKernel:
 _SCALARS: dict = {}
 
 
+def _host_scalar_buffer(tensor: torch.Tensor, index: int = 0):
+    try:
+        value = tensor.item()
+    except (RuntimeError, TypeError):  # a dtype item() does not give back (complex32)
+        return _storage.host_to_buffer(tensor, index)
+    return _scalar_buffer(value, tensor.dtype, index)
+
+
 def _scalar_buffer(value: float, dtype: torch.dtype, index: int = 0):
-    """A 0-d buffer holding a runtime float (the last few hundred are kept: a learning rate recurs)."""
-    key = (value, dtype, index)
+    """A 0-d buffer holding a runtime float or a 0-d CPU tensor's value (the last few hundred are kept: a
+    learning rate, a model's constant scalars recur). Keyed by ``repr``: -0.0 is not 0.0, NaN finds itself."""
+    key = (repr(value), dtype, index)
     buffer = _SCALARS.get(key)
     if buffer is None:
         if len(_SCALARS) > 512:

@@ -309,23 +309,26 @@ def zeros_buffer(numel: int, dtype: torch.dtype, index: int = 0):
     return host_to_buffer(torch.zeros(numel, dtype=dtype), index)
 
 
-_ZEROS: collections.OrderedDict = collections.OrderedDict()  # (numel, dtype, index) -> buffer, newest last
-_ZEROS_BYTES = 64 << 20  # what the kept zeros may hold together
+_CONSTANTS: collections.OrderedDict = collections.OrderedDict()  # (numel, dtype, index, repr(value)) -> buffer
+_CONSTANT_BYTES, _CONSTANTS_BYTES = 4 << 20, 64 << 20  # the largest one kept, and all of them together
 
 
-def shared_zeros(numel: int, dtype: torch.dtype, index: int = 0):
-    """A buffer of ``numel`` zeros that storages may share: PJRT buffers are never written in place (an op's
-    results are new buffers), so a storage zeroed whole takes this one, with no executable run and nothing
-    allocated (autograd's zero gradients of a model's unused outputs, each step). The most recently used
-    sizes are kept, up to 64 MiB of them."""
-    key = (numel, dtype, index)
-    buffer = _ZEROS.pop(key, None)
+def shared_constant(numel: int, dtype: torch.dtype, value, index: int = 0):
+    """A buffer of ``numel`` copies of ``value`` that storages may share, or None above 4 MiB: PJRT buffers
+    are never written in place (an op's results are new buffers), so a storage filled whole takes this
+    one, with no executable run and nothing allocated (``torch.zeros``, ``ones``, ``full``, autograd's zero
+    gradients of a model's unused outputs and its ones for ``loss.backward()``, each step). The most
+    recently used are kept, up to 64 MiB of them."""
+    if numel * dtype.itemsize > _CONSTANT_BYTES:
+        return None
+    key = (numel, dtype, index, repr(value))
+    buffer = _CONSTANTS.pop(key, None)
     if buffer is None:
-        buffer = zeros_buffer(numel, dtype, index)
-    _ZEROS[key] = buffer
-    total = sum(n * d.itemsize for n, d, _ in _ZEROS)
-    while total > _ZEROS_BYTES and len(_ZEROS) > 1:
-        (n, d, _), _ = _ZEROS.popitem(last=False)
+        buffer = host_to_buffer(torch.full((numel,), value, dtype=dtype), index)
+    _CONSTANTS[key] = buffer
+    total = sum(n * d.itemsize for n, d, _, _ in _CONSTANTS)
+    while total > _CONSTANTS_BYTES:
+        (n, d, _, _), _ = _CONSTANTS.popitem(last=False)
         total -= n * d.itemsize
     return buffer
 
