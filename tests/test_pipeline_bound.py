@@ -87,8 +87,9 @@ _LOOPING = textwrap.dedent("""
     import os, time, torch
     from torch.fx.experimental.proxy_tensor import make_fx
     from neuron_compile.lowering.fx_to_stablehlo import lower_to_stablehlo
-    from neuron_compile.lowering.diagnostics import LoweringError
+    from neuron_compile.lowering.diagnostics import LoweringError, shared_context
     gm = make_fx(lambda x: torch.ops.aten._softmax.default(x, 0, False))(torch.tensor(1.0))
+    looped_in = shared_context()  # the context the lowering below reuses
     start = time.perf_counter()
     try:
         lower_to_stablehlo(gm, graph_name="softmax0d")
@@ -100,7 +101,10 @@ _LOOPING = textwrap.dedent("""
         print(error)
     # the process goes on: the next graph lowers, and Python code runs at full speed
     gm = make_fx(lambda x: torch.ops.aten._softmax.default(x, 0, False))(torch.ones(3))
-    print("NEXT", "stablehlo.exponential" in str(lower_to_stablehlo(gm).module))
+    module = lower_to_stablehlo(gm).module
+    print("NEXT", "stablehlo.exponential" in str(module))
+    # the abandoned pipeline's diagnostic handler stays attached to its context: later lowerings use another
+    print("RETIRED", module.context is not looped_in, shared_context() is module.context)
 """)
 
 
@@ -114,5 +118,6 @@ def test_a_looping_pass_is_a_lowering_error_and_the_process_exits_cleanly(tmp_pa
     assert "did not finish in 1 s (NEURON_COMPILE_PIPELINE_TIMEOUT)" in out
     assert "REPRO ['diagnostics.txt', 'graph.py', 'input.mlir', 'pipeline.txt']" in out
     assert "NEXT True" in out
+    assert "RETIRED True True" in out
     seconds = float(out.split("SECONDS ")[1].split()[0])
     assert seconds < 60, seconds  # bounded (1 s of pipeline, the rest is Torch-MLIR's first import)

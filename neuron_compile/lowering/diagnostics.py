@@ -2,7 +2,8 @@
 
 Torch-MLIR's stages (``fx_to_stablehlo``) and the splice of JAX-lowered parts
 (``splice``) parse and run pipelines in a torch-mlir context made by
-``new_context`` (torch dialect and StableHLO passes registered);
+``new_context`` (torch dialect and StableHLO passes registered; ``shared_context``
+reuses one per thread);
 ``run_pipeline`` collects the diagnostics MLIR emits and raises
 ``_PipelineFailed`` with them.
 
@@ -74,6 +75,23 @@ def new_context():
     torch_d.register_dialect(ctx)
     _stablehlo.register_dialect(ctx)
     return ctx
+
+
+_SHARED = threading.local()
+_SHARED_USES = 64
+
+
+def shared_context():
+    """``new_context``'s context, reused by this thread for up to 64 lowerings: making one (the dialects
+    registered) takes about 5 ms, a fifth of an eager op's lowering. A context keeps every type and
+    attribute it uniqued (constants too) while it lives, hence the bound. One context per thread: a
+    pipeline's diagnostic handler is attached to the context while it runs, and a pipeline given up on
+    (``run_pipeline``'s timeout) leaves its handler attached for good, so it retires its thread's context."""
+    entry = getattr(_SHARED, "entry", None)
+    if entry is None or entry[1] >= _SHARED_USES:
+        entry = _SHARED.entry = [new_context(), 0]
+    entry[1] += 1
+    return entry[0]
 
 
 _PASSES_REGISTERED = False
@@ -148,6 +166,7 @@ def run_pipeline(module, pipeline: str, *, timeout: float | None = None) -> list
         if thread.is_alive():
             abandoned.set()
             _ABANDONED.append((module, pm, thread))
+            _SHARED.entry = None  # its handler stays attached to the context: no later lowering uses it
             raise _PipelineFailed(
                 f"the pass pipeline did not finish in {timeout:g} s (NEURON_COMPILE_PIPELINE_TIMEOUT): a pass "
                 "loops", list(diagnostics), timed_out=True)

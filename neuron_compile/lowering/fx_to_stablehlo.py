@@ -39,7 +39,8 @@ from pathlib import Path
 
 import torch
 
-from .diagnostics import LoweringError, _matches, _PipelineFailed, new_context, run_pipeline, user_source_line
+from .diagnostics import (LoweringError, _matches, _PipelineFailed, new_context, run_pipeline, shared_context,
+                          user_source_line)
 
 TORCH_BACKEND_PIPELINE = (
     "builtin.module(func.func(torch-match-quantized-custom-ops),"
@@ -108,7 +109,7 @@ def _lower_torch_mlir(gm, report, graph_name, *, keep_torch_ir) -> Lowered:
     def stage(name):
         return _stage(report, name)
 
-    ctx = new_context()
+    ctx = shared_context()
     with stage("import"):
         try:
             module = _import(gm, ctx)

@@ -133,13 +133,13 @@ def lower_spliced(gm: torch.fx.GraphModule, chosen: set[torch.fx.Node], lower_ml
     ``kernel_rule``: as for ``jax_nodes``."""
     from torch_mlir import ir
 
-    from .diagnostics import LoweringError, new_context, run_pipeline
+    from .diagnostics import LoweringError, run_pipeline, shared_context
 
     # a module with collectives runs as one replica per rank (the executor reads this attribute)
     replicas = world_size(gm)  # before the split, which fuses gm's nodes in place
     with stage():
         parent = split(gm, chosen)
-        ctx = new_context()
+        ctx = shared_context()
     parts: dict[str, tuple[str, list, list]] = {}  # submodule -> (function, argument types, result types)
     functions = []
     for node in parent.graph.nodes:
