@@ -152,8 +152,13 @@ def _as_slices(flat, size, stride, offset):
         piece = flat[offset:offset + length]
         if piece.shape[0] < length:
             piece = torch.nn.functional.pad(piece, (0, length - piece.shape[0]))
-        block = [sizes[0]] + [strides[j] // strides[j + 1] for j in range(len(dims) - 1)] + [strides[-1]]
-        piece = piece.view(block)[(slice(None),) + tuple(slice(0, n) for n in sizes[1:]) + (0,)]
+        block = [sizes[0]] + [strides[j] // strides[j + 1] for j in range(len(dims) - 1)]
+        cut = (slice(None),) + tuple(slice(0, n) if n < whole else slice(None) for n, whole in zip(sizes[1:], block[1:]))
+        if strides[-1] != 1:  # a step: every sk-th element of the innermost rows
+            block, cut = block + [strides[-1]], cut + (0,)
+        piece = piece.view(block)
+        if any(c != slice(None) for c in cut):
+            piece = piece[cut]
         piece = piece.permute([dims.index(d) for d in sorted(dims)])  # back to the view's dim order
     for d in range(len(size)):  # size-1 and stride-0 dims: unsqueezed, then expanded
         if d not in dims:
