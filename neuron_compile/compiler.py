@@ -303,8 +303,11 @@ class LoweredGraph:
 
         self.kernels = [{"site": node, "kind": "custom op", "kernel": k.name, "origin": k.origin}
                         for node, k in kernels_in_graph(gm).items()]
-        lowered = lower_to_stablehlo(gm, report=report, graph_name=report.graph, keep_torch_ir=dump is not None,
-                                     kernel_rule=kernel_rule)
+        # lowering-setup: what lowering does beside its timed stages (the graph's checks, the splice's
+        # analysis, the importer's Python)
+        with report.remainder("lowering-setup"):
+            lowered = lower_to_stablehlo(gm, report=report, graph_name=report.graph,
+                                         keep_torch_ir=dump is not None, kernel_rule=kernel_rule)
         COUNTERS["lowerings"] += 1
         if dump:
             dump.write("01-torch.mlir", lowered.torch_mlir)
@@ -326,7 +329,9 @@ class LoweredGraph:
         # kernels: registered kernels swapped in for the fuse pass's composites, by name
         self.kernels += swap_kernels(self.module, report)
         report.kernels = self.kernels
-        text = self.module.operation.get_asm(enable_debug_info=False)
+        # mlir-print: the module as the text XLA is given
+        with report.stage("mlir-print"):
+            text = self.module.operation.get_asm(enable_debug_info=False)
         if dump:
             dump.write("04-final.mlir", text)
         # compile: StableHLO -> XLA executable (raises on failure: nothing is stored)

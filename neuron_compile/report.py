@@ -50,6 +50,16 @@ class CompileReport:
         finally:
             self.stages[name] = self.stages.get(name, 0.0) + time.perf_counter() - start
 
+    @contextlib.contextmanager
+    def remainder(self, name: str):
+        """Time a block whose inner parts time their own stages: what they leave goes under ``name``."""
+        start, before = time.perf_counter(), self.total_seconds
+        try:
+            yield
+        finally:
+            rest = time.perf_counter() - start - (self.total_seconds - before)
+            self.stages[name] = self.stages.get(name, 0.0) + max(0.0, rest)
+
     @property
     def total_seconds(self) -> float:
         return sum(self.stages.values())

@@ -397,3 +397,23 @@ def test_memory_failed_build_is_not_remembered():
     with pytest.raises(ValueError):
         memory.get_or_create("k", lambda: (_ for _ in ()).throw(ValueError("compile failed")))
     assert memory.get_or_create("k", lambda: 42) == (42, True)
+
+
+def test_a_report_names_where_a_compile_spent_its_time(monkeypatch):
+    """Every part of a miss is a named stage: the lowering's own setup and the printing of the module apart
+    from cache-io, which is left with the cache's reads, writes and locks. ``remainder`` gives a block's
+    time less what its inner stages timed (a fake clock: no timing in the test)."""
+    import neuron_compile.report as report_module
+
+    clock = iter([0.0, 1.0, 3.0, 10.0])  # outer start, inner start, inner end, outer end
+    monkeypatch.setattr(report_module.time, "perf_counter", lambda: next(clock))
+    report = report_module.CompileReport(graph="g", kind="inference")
+    with report.remainder("setup"):
+        with report.stage("inner"):
+            pass
+    assert report.stages == {"inner": 2.0, "setup": 8.0}
+    monkeypatch.undo()
+
+    miss = run_compiled(MLP(), torch.randn(3, 16))
+    assert miss.cache == "miss"
+    assert {"lowering-setup", "mlir-print", "import", "xla-compile", "serialize", "cache-io"} <= miss.stages.keys()
