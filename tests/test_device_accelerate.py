@@ -164,6 +164,38 @@ def test_aws_torch_neuronx_keeps_transformers_own_bf16_answer(monkeypatch):
     assert fake.is_torch_bf16_gpu_available() == "transformers'"
 
 
+def test_the_facts_about_trl_the_device_map_patch_relies_on():
+    """TRL defaults ``device_map="auto"`` off CPU and sets None first for multi-GPU runs only: when it names
+    MULTI_NEURON too (or stops defaulting), the hook's TRL patch is no longer needed."""
+    trl_utils = pytest.importorskip("trl.trainer.utils", reason="trl is a test extra (the Hugging Face tests)")
+    from trl.trainer import sft_trainer
+
+    loader = trl_utils.create_model_from_path
+    assert getattr(loader, "_neuron_compile", False) and sft_trainer.create_model_from_path is loader
+    assert 'kwargs["device_map"] = None if PartialState().device.type in ("cpu", "mps") else "auto"' in \
+        inspect.getsource(loader.__wrapped__)
+    trainer = inspect.getsource(sft_trainer.SFTTrainer.__init__)
+    assert 'distributed_type in ["MULTI_GPU", "DEEPSPEED"]' in trainer and "MULTI_NEURON" not in trainer
+
+
+def test_trl_loads_a_model_without_a_device_map_in_a_multi_process_neuron_run(monkeypatch):
+    calls = []
+    fake = types.SimpleNamespace(create_model_from_path=lambda model_id, **kwargs: calls.append(kwargs))
+    _accelerate_hooks.patch_trl(fake)
+    monkeypatch.delenv("ACCELERATE_TORCH_DEVICE", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    fake.create_model_from_path("model")  # torchrun: TRL's multi-GPU choice
+    fake.create_model_from_path("model", device_map="auto")  # the script's own choice stays
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    fake.create_model_from_path("model")  # one process: TRL's own default
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "torch_neuronx" else real_find_spec(name, *a))
+    fake.create_model_from_path("model")  # AWS's stack: TRL as it is
+    assert calls == [{"device_map": None}, {"device_map": "auto"}, {}, {}]
+
+
 WORKER = textwrap.dedent('''
     import json, os, sys, traceback
     import torch, torch.distributed as dist

@@ -7,9 +7,10 @@ Each rank works on ``neuron:<LOCAL_RANK>`` (one device per local rank, ``runtime
 same global batch (with tp only, every rank sees the whole batch), and the saved checkpoint loads on CPU with a
 plain ``from_pretrained`` and gives the CPU run's logits.
 
-What the script states beyond the CUDA recipe: ``device_map=None`` (TRL sets it itself for ``MULTI_GPU`` only,
-and transformers refuses tensor parallelism with a device map) and ``bf16=False`` (TRL's default bf16 runs on
-the device too, ``device/_accelerate_hooks.py``, but float32 keeps the CPU comparison exact).
+What the script states beyond the CUDA recipe: ``bf16=False`` (TRL's default bf16 runs on the device too,
+``device/_accelerate_hooks.py``, but float32 keeps the CPU comparison exact). No ``device_map``: TRL sets
+``device_map=None`` itself for ``MULTI_GPU`` only, and our hook does the same for a multi-process neuron run
+(transformers refuses tensor parallelism with a device map).
 
 Also diffusers' tensor-parallel Flux (``enable_parallelism``) on neuron, eager and compiled, against CPU.
 """
@@ -43,8 +44,7 @@ tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, pad_t
 g = torch.Generator().manual_seed(0)
 texts = [" ".join(f"w{int(i)}" for i in torch.randint(3, 256, (int(n),), generator=g))
          for n in torch.randint(20, 90, (64,), generator=g)]  # full batches: no uneven last batch
-parallel = {"model_init_kwargs": {"device_map": None,
-                                  "distributed_config": DistributedConfig(tp_size=2, fsdp_size=fsdp)}}
+parallel = {"model_init_kwargs": {"distributed_config": DistributedConfig(tp_size=2, fsdp_size=fsdp)}}
 config = trl.SFTConfig(output_dir=folder + "/out", max_steps=2, logging_steps=1,
                        per_device_train_batch_size=2 * (fsdp if world == 1 else 1),  # the same global batch
                        learning_rate=1e-3, packing=True, max_length=256, pad_to_multiple_of=128,

@@ -34,6 +34,13 @@ The same post-import hook replaces it in that module as it imports (before ``tra
 re-exports it): True when the run is on our device (``_ours``: torchrun, or
 ``ACCELERATE_TORCH_DEVICE=neuron``; ``torch.neuron.is_bf16_supported()``: XLA runs bfloat16), else
 transformers' own answer, and always its own where ``torch_neuronx`` is importable.
+
+TRL (1.16) loads a model named by path through ``trl.trainer.utils.create_model_from_path``, which
+defaults ``device_map="auto"`` on every device but CPU and MPS; its trainers set ``device_map=None``
+first for ``MULTI_GPU`` and ``DEEPSPEED`` runs only ("distributed training requires device_map=None"),
+and transformers refuses tensor parallelism with a device map. The hook wraps that function as the
+module imports (before the trainers import it by name): in a multi-process run on our device with no
+``device_map`` in the script, ``device_map=None``, what TRL gives a multi-GPU run.
 """
 
 from __future__ import annotations
@@ -101,12 +108,35 @@ def patch_transformers(import_utils) -> None:
     setattr(import_utils, BF16, is_torch_bf16_gpu_available)
 
 
-_PATCHES = {TARGET: patch, TRANSFORMERS_TARGET: patch_transformers}
+TRL_TARGET = "trl.trainer.utils"
+TRL_LOADER = "create_model_from_path"
+
+
+def patch_trl(utils) -> None:
+    """Give ``utils.create_model_from_path`` TRL's multi-GPU ``device_map`` on our device (unless AWS's stack is
+    there): ``device_map=None`` when the run has several processes and the script names no device map."""
+    original = getattr(utils, TRL_LOADER, None)
+    if original is None or getattr(original, "_neuron_compile", False):
+        return
+
+    def create_model_from_path(model_id, *args, **kwargs):
+        if "device_map" not in kwargs and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 \
+                and importlib.util.find_spec("torch_neuronx") is None and _ours():
+            kwargs["device_map"] = None  # each rank's model on its own device, as TRL does for MULTI_GPU
+        return original(model_id, *args, **kwargs)
+
+    create_model_from_path._neuron_compile = True
+    create_model_from_path.__doc__ = original.__doc__
+    create_model_from_path.__wrapped__ = original
+    setattr(utils, TRL_LOADER, create_model_from_path)
+
+
+_PATCHES = {TARGET: patch, TRANSFORMERS_TARGET: patch_transformers, TRL_TARGET: patch_trl}
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    """Patches ``accelerate.utils.imports`` and ``transformers.utils.import_utils`` right after each runs
-    (a post-import hook)."""
+    """Patches ``accelerate.utils.imports``, ``transformers.utils.import_utils`` and ``trl.trainer.utils``
+    right after each runs (a post-import hook)."""
 
     def find_spec(self, name, path, target=None):
         fix = _PATCHES.get(name)
