@@ -387,17 +387,20 @@ def build_gpt2():
     return model, ids
 
 
-def make_step(device: str, capturable: bool = False):
+def make_step(device: str, capturable: bool = False, build=None, backend: str | None = None):
+    """A training step as a user writes it: forward (``torch.compile``'d with ``backend`` if given), backward,
+    AdamW's step, zero_grad, ``loss.item()``; the model from ``build`` (section 3's GPT-2 by default)."""
     import torch
 
-    model, ids = build_gpt2()
+    model, ids = (build or build_gpt2)()
     model.to(device).train()
     ids = ids.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=capturable) if capturable else \
         torch.optim.AdamW(model.parameters(), lr=1e-3)
+    run = torch.compile(model, backend=backend) if backend else model
 
     def step() -> float:
-        loss = model(input_ids=ids, labels=ids).loss
+        loss = run(input_ids=ids, labels=ids).loss
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -722,33 +725,23 @@ LLAMA = dict(vocab_size=1000, hidden_size=128, intermediate_size=256, num_hidden
              num_key_value_heads=4, max_position_embeddings=128)
 
 
+def build_llama():
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **LLAMA))
+    return model, torch.randint(0, LLAMA["vocab_size"], (BATCH, TOKENS))
+
+
 def compiled_step(model_name: str, row: str, warmup: int, steps: int) -> dict:
     """``torch.compile(model)`` and eager AdamW, as a user writes it: forward, backward, step, zero_grad,
     ``loss.item()``. Rows: our backend with the model on neuron, our backend on CPU tensors, Inductor."""
     import torch
 
     torch._dynamo.reset()
-    if model_name == "gpt2":
-        model, ids = build_gpt2()
-    else:
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **LLAMA))
-        ids = torch.randint(0, LLAMA["vocab_size"], (BATCH, TOKENS))
-    device = "neuron" if "on neuron" in row else "cpu"
-    model.to(device).train()
-    ids = ids.to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    compiled = torch.compile(model, backend="inductor" if row == "Inductor" else "neuron")
-
-    def step() -> float:
-        loss = compiled(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss.item()
-
+    step = make_step("neuron" if "on neuron" in row else "cpu", build=build_gpt2 if model_name == "gpt2" else build_llama,
+                     backend="inductor" if row == "Inductor" else "neuron")
     start = time.perf_counter()
     losses = [step()]
     first = time.perf_counter() - start
