@@ -33,7 +33,6 @@ host's.
 from __future__ import annotations
 
 import collections
-
 import functools
 
 import torch
@@ -311,6 +310,7 @@ def zeros_buffer(numel: int, dtype: torch.dtype, index: int = 0):
 
 _CONSTANTS: collections.OrderedDict = collections.OrderedDict()  # (numel, dtype, index, repr(value)) -> buffer
 _CONSTANT_BYTES, _CONSTANTS_BYTES = 4 << 20, 64 << 20  # the largest one kept, and all of them together
+_constants_held = 0
 
 
 def shared_constant(numel: int, dtype: torch.dtype, value, index: int = 0):
@@ -319,17 +319,19 @@ def shared_constant(numel: int, dtype: torch.dtype, value, index: int = 0):
     one, with no executable run and nothing allocated (``torch.zeros``, ``ones``, ``full``, autograd's zero
     gradients of a model's unused outputs and its ones for ``loss.backward()``, each step). The most
     recently used are kept, up to 64 MiB of them."""
-    if numel * dtype.itemsize > _CONSTANT_BYTES:
+    global _constants_held
+    nbytes = numel * dtype.itemsize
+    if nbytes > _CONSTANT_BYTES:
         return None
     key = (numel, dtype, index, repr(value))
     buffer = _CONSTANTS.pop(key, None)
     if buffer is None:
         buffer = host_to_buffer(torch.full((numel,), value, dtype=dtype), index)
+        _constants_held += nbytes
     _CONSTANTS[key] = buffer
-    total = sum(n * d.itemsize for n, d, _, _ in _CONSTANTS)
-    while total > _CONSTANTS_BYTES:
+    while _constants_held > _CONSTANTS_BYTES:
         (n, d, _, _), _ = _CONSTANTS.popitem(last=False)
-        total -= n * d.itemsize
+        _constants_held -= n * d.itemsize
     return buffer
 
 
