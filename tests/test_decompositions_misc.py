@@ -75,6 +75,29 @@ def test_strided_views_are_slices_not_gathers(size, stride, offset):
     _same(fn, y, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("size, stride, offset", [v for v in _NESTING_VIEWS if 0 not in v[1] or 1 in v[0]])
+def test_writes_through_strided_views_are_selects_not_scatters(size, stride, offset):
+    """as_strided_scatter into a view whose strides nest (a copy into a fresh tensor, a transposed or sliced
+    destination) is a pad and a masked select between the storage's untouched ends: no index_put, eager's
+    values."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from neuron_compile.decompositions import decomposition_table
+
+    y = torch.randn(16)
+    src = torch.randn(size)
+
+    def fn(y, src):
+        return torch.as_strided_scatter(y, src, size, stride, offset)
+
+    gm = make_fx(fn, decomposition_table=decomposition_table())(y, src)
+    targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    assert not targets & {torch.ops.aten.index_put.default, torch.ops.aten.scatter.src}, targets
+    torch.testing.assert_close(gm(y, src), fn(y, src), rtol=0, atol=0)
+    _same(fn, y, src, rtol=0, atol=0)
+    _same(fn, y.to(torch.complex64), src.to(torch.complex64), rtol=0, atol=0)
+
+
 def test_overlapping_strided_view_still_gathers():
     from torch.fx.experimental.proxy_tensor import make_fx
 

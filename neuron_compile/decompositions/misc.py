@@ -138,13 +138,12 @@ def _as_slices(flat, size, stride, offset):
     are the block ``flat[offset : offset + n1 * s1]`` as ``(n1, s1/s2, ..., s[k-1]/sk, sk)``, sliced to
     ``[:, :n2, ..., :nk, 0]`` (the block padded where its last row runs past the storage: those elements
     are never read). XLA runs slices where it would run a gather, and the trace is a handful of ops."""
-    if not all(type(v) is int for v in (*size, *stride, offset)):
+    if type(offset) is not int:
         return None
-    dims = sorted((d for d in range(len(size)) if size[d] != 1 and stride[d] != 0), key=lambda d: -stride[d])
+    dims = _nesting(size, stride, skip_expands=True)
+    if dims is None:
+        return None
     sizes, strides = [size[d] for d in dims], [stride[d] for d in dims]
-    if any(s < 0 for s in strides) or any(
-            strides[j] % strides[j + 1] or strides[j] < sizes[j + 1] * strides[j + 1] for j in range(len(dims) - 1)):
-        return None
     if not dims:
         piece = flat[offset]
     else:
@@ -164,6 +163,62 @@ def _as_slices(flat, size, stride, offset):
         if d not in dims:
             piece = piece.unsqueeze(d)
     return piece.expand(list(size))
+
+
+def _nesting(size, stride, skip_expands: bool):
+    """The view's dims of size above 1 (and nonzero stride, ``skip_expands``), by stride from largest to
+    smallest, when their strides nest (each a multiple of the next and at least its dim's extent); None
+    otherwise."""
+    if not all(type(v) is int for v in (*size, *stride)):
+        return None
+    dims = sorted((d for d in range(len(size)) if size[d] != 1 and (stride[d] != 0 or not skip_expands)),
+                  key=lambda d: -stride[d])
+    sizes, strides = [size[d] for d in dims], [stride[d] for d in dims]
+    if any(s <= 0 for s in strides) or any(
+            strides[j] % strides[j + 1] or strides[j] < sizes[j + 1] * strides[j + 1] for j in range(len(dims) - 1)):
+        return None
+    return dims
+
+
+def _scatter_slices(flat, src, size, stride, offset):
+    """``as_strided_scatter(flat, src, size, stride, offset)`` of a 1-d ``flat`` for a view ``_as_slices`` reads
+    without an expand: ``src`` in the view's block order, padded to the block and selected in by a constant
+    mask, the block put back between the storage's untouched ends. None where the strides do not nest (or
+    repeat a position: a stride-0 dim), for the positional scatter. A copy into a fresh or a sliced tensor
+    (``contiguous()`` of a transpose) is a pad and a select, where the scatter took ~10x longer."""
+    if type(offset) is not int:
+        return None
+    dims = _nesting(size, stride, skip_expands=False)
+    if dims is None:
+        return None
+    src = src.to(flat.dtype)
+    if not dims:
+        return _between(flat, offset, src.reshape(1))
+    sizes, strides = [size[d] for d in dims], [stride[d] for d in dims]
+    kept = [d for d in range(len(size)) if size[d] != 1]
+    moved = src.reshape([size[d] for d in kept]).permute([kept.index(d) for d in dims])
+    block = [sizes[0]] + [strides[j] // strides[j + 1] for j in range(len(dims) - 1)]
+    if strides[-1] != 1:  # a step: the view holds every sk-th element of the innermost rows
+        block, moved = block + [strides[-1]], moved.unsqueeze(-1)
+    pads = []
+    for have, want in zip(reversed(moved.shape), reversed(block)):
+        pads += [0, want - have]
+    mask = torch.nn.functional.pad(torch.ones(moved.shape, dtype=torch.bool, device=flat.device), pads)
+    length = sizes[0] * strides[0]
+    take = min(length, flat.shape[0] - offset)
+    region = flat[offset:offset + take]
+    if take < length:
+        region = torch.nn.functional.pad(region, (0, length - take))
+    written = torch.where(mask, torch.nn.functional.pad(moved, pads), region.view(block)).reshape(-1)[:take]
+    return _between(flat, offset, written)
+
+
+def _between(flat, offset: int, piece):
+    """``flat`` with ``piece`` in place of its elements from ``offset`` (no empty part: Torch-MLIR lowers a
+    zero-size complex slice to a ``zeros`` it cannot legalize)."""
+    end = offset + piece.shape[0]
+    parts = ([flat[:offset]] if offset else []) + [piece] + ([flat[end:]] if end < flat.shape[0] else [])
+    return torch.cat(parts) if len(parts) > 1 else piece
 
 
 @_misc(aten.as_strided_copy)
@@ -188,6 +243,8 @@ def _as_strided_scatter(x, src, size, stride, storage_offset=None):
     size, stride, offset = [int(n) for n in size], [int(n) for n in stride], int(storage_offset or 0)
     if not _plain_storage(x):
         return NotImplemented
+    if math.prod(size) and (sliced := _scatter_slices(x.reshape(-1), src, size, stride, offset)) is not None:
+        return sliced.reshape(list(x.shape))
     positions = _static_positions(size, stride, offset)
     if len(set(positions)) != len(positions):
         return NotImplemented
