@@ -446,3 +446,20 @@ def test_scalar_inputs_kept_by_value_tell_minus_zero_from_zero():
     for v in (0.0, -0.0, 0.0, float("nan"), -0.0):
         for scalar in (v, torch.tensor(v)):
             assert_close((1 / (x * scalar)).cpu(), 1 / (torch.ones(3) * scalar), equal_nan=True)
+
+
+def test_contiguous_of_a_transpose_moves_nothing_from_the_host(monkeypatch):
+    """``contiguous()`` copies into a fresh tensor whose storage was never written: its executable still
+    reads that storage, as zeros kept on the device, never a host transfer per call."""
+    from neuron_compile.device import storage
+
+    x = torch.randn(2, 64, 4, 32)
+    xn = x.to("neuron")
+    xn.transpose(1, 2).contiguous()  # compiled
+    transfers = []
+    real = storage.host_to_buffer
+    monkeypatch.setattr(storage, "host_to_buffer", lambda *a, **k: transfers.append(1) or real(*a, **k))
+    for _ in range(5):
+        out = xn.transpose(1, 2).contiguous()
+    assert transfers == [], len(transfers)
+    assert_close(out.cpu(), x.transpose(1, 2).contiguous(), rtol=0, atol=0)
