@@ -131,33 +131,22 @@ def _plain_storage(x) -> bool:
 def _as_slices(flat, size, stride, offset):
     """``as_strided(flat, size, stride, offset)`` of a 1-d ``flat`` as slices, a reshape and a permute (a
     transpose, a narrow, a step slice, an expand, a diagonal: every view whose dims, taken by stride, nest
-    without overlap), or None where the strides do not nest (a gather is left).
-
-    The dims of size above 1 and nonzero stride, by stride from largest to smallest, s1 > s2 > ... > sk, each
-    a multiple of the next and at least its dim's extent (``s[j] >= n[j+1] * s[j+1]``): the view's elements
-    are the block ``flat[offset : offset + n1 * s1]`` as ``(n1, s1/s2, ..., s[k-1]/sk, sk)``, sliced to
-    ``[:, :n2, ..., :nk, 0]`` (the block padded where its last row runs past the storage: those elements
-    are never read). XLA runs slices where it would run a gather, and the trace is a handful of ops."""
+    without overlap), or None where the strides do not nest (a gather is left): the view's part of its
+    ``_block``, its dims put back in the view's order. XLA runs slices where it would run a gather, and the
+    trace is a handful of ops."""
     if type(offset) is not int:
         return None
     dims = _nesting(size, stride, skip_expands=True)
     if dims is None:
         return None
-    sizes, strides = [size[d] for d in dims], [stride[d] for d in dims]
     if not dims:
         piece = flat[offset]
     else:
-        length = sizes[0] * strides[0]
-        piece = flat[offset:offset + length]
-        if piece.shape[0] < length:
-            piece = torch.nn.functional.pad(piece, (0, length - piece.shape[0]))
-        block = [sizes[0]] + [strides[j] // strides[j + 1] for j in range(len(dims) - 1)]
-        cut = (slice(None),) + tuple(slice(0, n) if n < whole else slice(None) for n, whole in zip(sizes[1:], block[1:]))
-        if strides[-1] != 1:  # a step: every sk-th element of the innermost rows
-            block, cut = block + [strides[-1]], cut + (0,)
-        piece = piece.view(block)
-        if any(c != slice(None) for c in cut):
-            piece = piece[cut]
+        block, extents, _ = _block(flat, size, stride, offset, dims)
+        cut = [slice(0, n) if n < whole else slice(None) for n, whole in zip(extents, block.shape)]
+        if len(extents) > len(dims):  # a step: its dim is read at 0
+            cut[-1] = 0
+        piece = block[tuple(cut)] if any(c != slice(None) for c in cut) else block
         piece = piece.permute([dims.index(d) for d in sorted(dims)])  # back to the view's dim order
     for d in range(len(size)):  # size-1 and stride-0 dims: unsqueezed, then expanded
         if d not in dims:
@@ -180,12 +169,30 @@ def _nesting(size, stride, skip_expands: bool):
     return dims
 
 
+def _block(flat, size, stride, offset: int, dims):
+    """The part of ``flat`` a view whose strides nest (``_nesting``'s ``dims``, s1 > ... > sk) lies in:
+    ``flat[offset : offset + n1 * s1]`` as ``(n1, s1/s2, ..., s[k-1]/sk)``, with a last dim ``sk`` where sk > 1
+    (a step), padded where its last row runs past the storage (those elements are no part of the view).
+    Returns the block, the view's extent along each block dim (``n1, ..., nk``, then 1 in a step's dim: the
+    view is the block's ``[:n1, ..., :nk, 0]``), and how many of the block's elements the storage holds."""
+    sizes, strides = [size[d] for d in dims], [stride[d] for d in dims]
+    shape = [sizes[0]] + [strides[j] // strides[j + 1] for j in range(len(dims) - 1)]
+    if strides[-1] != 1:
+        shape, sizes = shape + [strides[-1]], sizes + [1]
+    length = sizes[0] * strides[0]
+    take = min(length, flat.shape[0] - offset)
+    region = flat[offset:offset + take]
+    if take < length:
+        region = torch.nn.functional.pad(region, (0, length - take))
+    return region.view(shape), sizes, take
+
+
 def _scatter_slices(flat, src, size, stride, offset):
     """``as_strided_scatter(flat, src, size, stride, offset)`` of a 1-d ``flat`` for a view ``_as_slices`` reads
-    without an expand: ``src`` in the view's block order, padded to the block and selected in by a constant
-    mask, the block put back between the storage's untouched ends. None where the strides do not nest (or
-    repeat a position: a stride-0 dim), for the positional scatter. A copy into a fresh or a sliced tensor
-    (``contiguous()`` of a transpose) is a pad and a select, where the scatter took ~10x longer."""
+    without an expand: ``src`` in the view's ``_block`` order, padded to the block and selected in by a
+    constant mask, the block put back between the storage's untouched ends. None where the strides do not
+    nest (or repeat a position: a stride-0 dim), for the positional scatter. A copy into a fresh or a sliced
+    tensor (``contiguous()`` of a transpose) is a pad and a select, where the scatter took ~10x longer."""
     if type(offset) is not int:
         return None
     dims = _nesting(size, stride, skip_expands=False)
@@ -194,22 +201,14 @@ def _scatter_slices(flat, src, size, stride, offset):
     src = src.to(flat.dtype)
     if not dims:
         return _between(flat, offset, src.reshape(1))
-    sizes, strides = [size[d] for d in dims], [stride[d] for d in dims]
+    block, extents, take = _block(flat, size, stride, offset, dims)
     kept = [d for d in range(len(size)) if size[d] != 1]
-    moved = src.reshape([size[d] for d in kept]).permute([kept.index(d) for d in dims])
-    block = [sizes[0]] + [strides[j] // strides[j + 1] for j in range(len(dims) - 1)]
-    if strides[-1] != 1:  # a step: the view holds every sk-th element of the innermost rows
-        block, moved = block + [strides[-1]], moved.unsqueeze(-1)
+    moved = src.reshape([size[d] for d in kept]).permute([kept.index(d) for d in dims]).reshape(extents)
     pads = []
-    for have, want in zip(reversed(moved.shape), reversed(block)):
+    for have, want in zip(reversed(extents), reversed(block.shape)):
         pads += [0, want - have]
-    mask = torch.nn.functional.pad(torch.ones(moved.shape, dtype=torch.bool, device=flat.device), pads)
-    length = sizes[0] * strides[0]
-    take = min(length, flat.shape[0] - offset)
-    region = flat[offset:offset + take]
-    if take < length:
-        region = torch.nn.functional.pad(region, (0, length - take))
-    written = torch.where(mask, torch.nn.functional.pad(moved, pads), region.view(block)).reshape(-1)[:take]
+    mask = torch.nn.functional.pad(torch.ones(extents, dtype=torch.bool, device=flat.device), pads)
+    written = torch.where(mask, torch.nn.functional.pad(moved, pads), block).reshape(-1)[:take]
     return _between(flat, offset, written)
 
 
