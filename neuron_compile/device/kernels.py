@@ -194,10 +194,10 @@ def _zero_tensor(op, size, dtype=None, layout=None, device=None, pin_memory=None
 def _fill_(op, tensor, value=0):
     # a tensor over its whole storage (torch.zeros, ones, full, autograd's zero gradients of unused outputs)
     # takes a constant buffer storages share (storage.shared_constant): no executable, no allocation
-    data = getattr(tensor.untyped_storage(), "_neuron", None)
+    data = _storage.data_of(tensor)
     buffer = None
-    if data is not None and type(value) in (int, float, bool) and ops.whole(tensor, data):
-        buffer = _storage.shared_constant(data.numel, data.dtype, value, device_index(tensor.device))
+    if type(value) in (int, float, bool) and ops.whole(tensor, data):
+        buffer = _storage.shared_constant(data.numel, data.dtype, value, tensor.device.index or 0)
     if buffer is None:
         return ops.dispatch(op, (tensor,) if op is aten.zero_.default else (tensor, value), {})
     data.set(buffer)

@@ -244,10 +244,7 @@ class OpKernel:
                 data = datas[index]
                 buffer = data.buffer
                 if buffer is None:  # never written (torch.empty): its contents are unspecified; zeros
-                    # (kept and shared: a contiguous() or an out= into a fresh tensor meets one every call)
-                    buffer = _storage.shared_constant(data.numel, data.dtype, 0, device)
-                    if buffer is None:  # over 4 MiB
-                        buffer = _storage.zeros_buffer(data.numel, data.dtype, device)
+                    buffer = _storage.zeros_buffer(data.numel, data.dtype, device)
                     data.set(buffer)
                 params.append(buffer)
             elif kind == "host":  # a 0-d CPU tensor: its value's buffer, kept as a runtime float's is

@@ -305,7 +305,10 @@ def buffer_to_host(buffer, dtype: torch.dtype) -> torch.Tensor:
 
 
 def zeros_buffer(numel: int, dtype: torch.dtype, index: int = 0):
-    return host_to_buffer(torch.zeros(numel, dtype=dtype), index)
+    """Zeros for a storage never written (an executable reads it: ``contiguous()``'s or an ``out=``'s fresh
+    destination, every call): the kept ``shared_constant`` up to 4 MiB, a new buffer above."""
+    buffer = shared_constant(numel, dtype, 0, index)
+    return buffer if buffer is not None else host_to_buffer(torch.zeros(numel, dtype=dtype), index)
 
 
 _CONSTANTS: collections.OrderedDict = collections.OrderedDict()  # (numel, dtype, index, repr(value)) -> buffer
