@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -278,10 +277,9 @@ def cached_executable(front: CacheKey, plan: GraphPlan, signature: list, rebuild
 
 def _from_cache(cache: CompileCache, front: CacheKey, lower, check, report: CompileReport, dump) -> XlaExecutable:
     # cache: memory, then disk; a miss lowers, keys the StableHLO, compiles, stores
-    timed, start = report.total_seconds, time.perf_counter()
-    result = cache.get(front, lower, check=check)
     # cache-io: lookups, reads, checksums, deserializing, storing (the stages a miss ran are apart)
-    report.stages["cache-io"] = time.perf_counter() - start - (report.total_seconds - timed)
+    with report.remainder("cache-io"):
+        result = cache.get(front, lower, check=check)
     _count(result, report, dump)
     return result.loaded.executable
 

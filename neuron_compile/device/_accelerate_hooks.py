@@ -54,12 +54,16 @@ TARGET = "accelerate.utils.imports"
 FUNCTION = "is_neuron_available"
 
 
+def _launched() -> bool:
+    """The run has several processes (torchrun: a device per rank, as with CUDA)."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
+
+
 def _ours() -> bool:
     import torch
 
     named = os.environ.get("ACCELERATE_TORCH_DEVICE", "").strip()
-    launched = int(os.environ.get("WORLD_SIZE", "1") or 1) > 1  # torchrun: a device per rank, as with CUDA
-    if not (named == "neuron" or (launched and not named)):
+    if not (named == "neuron" or (_launched() and not named)):
         # one process: transformers' TrainingArguments has a neuron check of its own (AWS's package again)
         # and would keep a CPU script's model on CPU while accelerate moved its batches to neuron
         # (MixedDeviceError); ACCELERATE_TORCH_DEVICE=neuron makes both choose neuron
@@ -120,8 +124,8 @@ def patch_trl(utils) -> None:
         return
 
     def create_model_from_path(model_id, *args, **kwargs):
-        if "device_map" not in kwargs and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 \
-                and importlib.util.find_spec("torch_neuronx") is None and _ours():
+        if "device_map" not in kwargs and _launched() and importlib.util.find_spec("torch_neuronx") is None \
+                and _ours():
             kwargs["device_map"] = None  # each rank's model on its own device, as TRL does for MULTI_GPU
         return original(model_id, *args, **kwargs)
 
