@@ -120,6 +120,20 @@ def _measure(results: dict, name: str, make):
 
 
 @contextlib.contextmanager
+def _env(name: str, value: str):
+    """``os.environ[name] = value`` inside the block, as it was after it."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+@contextlib.contextmanager
 def _threads(n: int):
     """torch's intra-op threads set to ``n`` for a block. On cores shared with other jobs torch's
     default (one thread a core) can lose most of its time waiting for a descheduled thread, so CPU
@@ -467,6 +481,18 @@ def train_all(warmup: int, steps: int) -> dict:
 
 # ---- 4. cold start -----------------------------------------------------------------------------
 
+def _timed(fn, record):
+    """``fn``, calling ``record(args, seconds)`` after each call (a worker's view of what it spends)."""
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            record(args, time.perf_counter() - start)
+
+    return timed
+
+
 def worker(device: str, steps: int, result: str) -> int:
     """One fresh process: import torch, build the model, ``steps`` training steps; timings and counters."""
     started = time.perf_counter()
@@ -482,17 +508,11 @@ def worker(device: str, steps: int, result: str) -> int:
         if device == "neuron":  # time the per-op traces (make_fx): a cache hit still traces to find its key
             from neuron_compile.device import trace
 
-            trace_op = trace.trace_op
+            def count(args, seconds):
+                traced["ops"] += 1
+                traced["s"] += seconds
 
-            def timed_trace(*args, **kwargs):
-                start = time.perf_counter()
-                try:
-                    return trace_op(*args, **kwargs)
-                finally:
-                    traced["ops"] += 1
-                    traced["s"] += time.perf_counter() - start
-
-            trace.trace_op = timed_trace
+            trace.trace_op = _timed(trace.trace_op, count)
         step = make_step(device)
         out["build_s"] = time.perf_counter() - started - out["import_s"]
         out["steps_s"] = []
@@ -645,13 +665,14 @@ def sample(device: str, tokens: int) -> dict:
     the same draws on both devices), ``cat``. Per token: seconds and ops compiled."""
     import torch
 
-    os.environ["NEURON_COMPILE_DEVICE_LENGTHS"] = "1"  # growing lengths per bucket (opt-in)
     model, _ = build_gpt2()
     model.to(device).eval()
     torch.manual_seed(1)
     idx = torch.randint(0, GPT2["vocab_size"], (1, 4)).to(device)
     seconds, compiles = [], []
-    with torch.no_grad():
+    # growing lengths per bucket (opt-in), for this loop only: the sections after it (and the processes
+    # they start) run as users do by default
+    with torch.no_grad(), _env("NEURON_COMPILE_DEVICE_LENGTHS", "1"):
         for _ in range(tokens):
             before, t0 = _op_compiles(), time.perf_counter()
             logits = model(input_ids=idx).logits[:, -1, :] / 0.8
@@ -681,23 +702,8 @@ def cold_ops_worker(result: str) -> int:
         from neuron_compile.device import ops, trace
 
         builds, traces = [], []
-        build, trace_op = ops._build, trace.trace_op
-
-        def timed_build(op, *args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return build(op, *args, **kwargs)
-            finally:
-                builds.append([str(op), time.perf_counter() - start])
-
-        def timed_trace(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return trace_op(*args, **kwargs)
-            finally:
-                traces.append(time.perf_counter() - start)
-
-        ops._build, trace.trace_op = timed_build, timed_trace
+        ops._build = _timed(ops._build, lambda args, seconds: builds.append([str(args[0]), seconds]))
+        trace.trace_op = _timed(trace.trace_op, lambda args, seconds: traces.append(seconds))
         step = make_step("neuron")
         start = time.perf_counter()
         step()
@@ -1099,16 +1105,15 @@ def report(res: dict, args) -> str:
             for name, seconds in entry.items():
                 stages.setdefault(name, []).append(seconds)
         xla = statistics.median(stages["xla-compile"]) if stages.get("xla-compile") else None
-        rows = [["op kernel built (all of it)", len(per_op), f"{statistics.median(per_op) * 1e3:.1f}",
-                 f"{per_op[int(0.9 * (len(per_op) - 1))] * 1e3:.1f}", f"{sum(per_op):.2f}"]]
-        if k.get("traces_s"):
-            t_ = sorted(k["traces_s"])
-            rows.append(["trace (make_fx)", len(t_), f"{statistics.median(t_) * 1e3:.1f}",
-                         f"{t_[int(0.9 * (len(t_) - 1))] * 1e3:.1f}", f"{sum(t_):.2f}"])
-        for name, values in sorted(stages.items(), key=lambda kv: -sum(kv[1])):
+        def spread(what, values):
             values = sorted(values)
-            rows.append([f"stage {name}", len(values), f"{statistics.median(values) * 1e3:.1f}",
-                         f"{values[int(0.9 * (len(values) - 1))] * 1e3:.1f}", f"{sum(values):.2f}"])
+            return [what, len(values), f"{statistics.median(values) * 1e3:.1f}",
+                    f"{values[int(0.9 * (len(values) - 1))] * 1e3:.1f}", f"{sum(values):.2f}"]
+
+        rows = [spread("op kernel built (all of it)", per_op)]
+        if k.get("traces_s"):
+            rows.append(spread("trace (make_fx)", k["traces_s"]))
+        rows += [spread(f"stage {name}", values) for name, values in sorted(stages.items(), key=lambda kv: -sum(kv[1]))]
         lines.append(tabulate(rows, headers=["what", "count", "median ms", "p90 ms", "total s"], tablefmt="github"))
         slow = sorted(k["builds"], key=lambda b: -b[1])[:5]
         lines += ["", f"The whole step took {k['step_s']:.1f} s. Slowest builds: "
