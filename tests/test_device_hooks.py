@@ -289,3 +289,25 @@ def test_device_context_constructors_are_torchs_set_of_functions():
     assert "__torch_function__" in vars(DeviceContext)
     with torch.device("meta"):
         assert torch.tensor([]).device.type == "meta"
+
+
+# torch 2.13's _multi_tensor_adam; optim.foreach_adam_ issues its foreach ops, in its order
+MULTI_TENSOR_ADAM_SHA256 = "696b2335467744a4"
+
+
+def test_adams_foreach_step_is_ours_and_the_function_it_mirrors_is_unchanged():
+    """``torch.optim.adam.adam`` looks ``_multi_tensor_adam`` up in its module at each step: ours is there,
+    and torch's own (which ``optim.foreach_adam_`` mirrors op for op) is the source it was written against."""
+    import hashlib
+    import inspect
+
+    import torch.optim.adam as adam
+
+    routed = adam._multi_tensor_adam
+    assert getattr(routed, "_neuron", False)
+    assert "func = _multi_tensor_adam" in inspect.getsource(adam.adam)
+    original = routed.args[0]
+    digest = hashlib.sha256(inspect.getsource(original).encode()).hexdigest()[:16]
+    assert digest == MULTI_TENSOR_ADAM_SHA256, (
+        "torch changed torch.optim.adam._multi_tensor_adam: check that neuron_compile.device.optim.foreach_adam_ "
+        "still issues its non-capturable branch's foreach ops in its order, then update the digest")

@@ -598,3 +598,21 @@ def collectives_on_device_through(handler) -> torch.library.Library | None:
 def redispatch_cpu(op, *args, **kwargs):
     """``op``'s CPU kernel (the group's CPU backend: gloo) on host tensors."""
     return op.redispatch(CPU_KEYS, *args, **kwargs)
+
+
+def multi_tensor_adam_through(handler) -> None:
+    """Adam's and AdamW's foreach step (``torch.optim.adam._multi_tensor_adam``, the default on a device in
+    torch's foreach list, which PrivateUse1 is) calls ``handler(original, *args, **kwargs)``.
+
+    ``torch.optim.adam.adam`` looks the function up in its module at every step (``func =
+    _multi_tensor_adam``), and ``AdamW`` is ``Adam`` with decoupled weight decay, so one module attribute
+    serves both. torch imports ``torch.optim`` before the device's autoload runs: a plain ``setattr``."""
+    import torch.optim.adam as adam
+
+    original = adam._multi_tensor_adam
+    if getattr(original, "_neuron", False):
+        return
+    routed = functools.partial(handler, original)
+    routed._neuron = True
+    functools.update_wrapper(routed, original)
+    adam._multi_tensor_adam = routed
