@@ -165,9 +165,31 @@ WORKER = textwrap.dedent('''
         scattered = torch.empty(2, device="neuron")
         dist.reduce_scatter_tensor(scattered, torch.arange(4.0, device="neuron") + rank, op=dist.ReduceOp.AVG,
                                    group=group)
-        return {"all_reduce": reduced.cpu().tolist(), "all_gather": gathered.cpu().tolist(),
-                "reduce_scatter": scattered.cpu().tolist(),
-                "device_collectives": COUNTS.get("device_collectives", 0) - before}
+        first = {"all_reduce": reduced.cpu().tolist(), "all_gather": gathered.cpu().tolist(),
+                 "reduce_scatter": scattered.cpu().tolist(),
+                 "device_collectives": COUNTS.get("device_collectives", 0) - before}
+        # broadcasts (a 0-d int64 too), an even all-to-all and coalesced batches: XLA's too, no host copy
+        count = torch.tensor(rank * 10, device="neuron")  # from the host: made before the counts
+        before, copies = COUNTS.get("device_collectives", 0), COUNTS["host_copies"]
+        ranks = dist.get_process_group_ranks(group)
+        values = torch.arange(6.0, device="neuron").reshape(2, 3) * (rank + 1)
+        dist.broadcast(values, ranks[1], group=group)
+        dist.broadcast(count, ranks[1], group=group)
+        exchanged = torch.empty(4, device="neuron")
+        dist.all_to_all_single(exchanged, torch.arange(4.0, device="neuron") + 10 * rank, group=group)
+        pair = [torch.full((2,), float(rank), device="neuron"), torch.full((3, 2), float(rank + 1), device="neuron")]
+        with dist._coalescing_manager(group=group):
+            for t in pair:
+                dist.all_reduce(t, group=group)
+        outputs = [torch.empty(4, device="neuron"), torch.empty(2, 3, device="neuron")]
+        with dist._coalescing_manager(group=group):
+            dist.all_gather_into_tensor(outputs[0], torch.full((2,), float(rank), device="neuron"), group=group)
+            dist.all_gather_into_tensor(outputs[1], torch.full((1, 3), float(rank), device="neuron"), group=group)
+        counts = {"device_collectives": COUNTS.get("device_collectives", 0) - before,
+                  "host_copies": COUNTS["host_copies"] - copies}
+        return {**first, "broadcast": values.cpu().tolist(), "broadcast_0d": count.cpu().item(),
+                "all_to_all": exchanged.cpu().tolist(), "coalesced_all_reduce": [t.cpu().tolist() for t in pair],
+                "coalesced_all_gather": [t.cpu().tolist() for t in outputs], "more": counts}
 
 
     def tp_neuron(compiled):
@@ -373,8 +395,10 @@ def test_collectives_in_the_subgroups_of_a_2d_mesh_compile_and_match_eager(mesh2
 
 
 def test_eager_collectives_of_neuron_tensors_in_subgroups_run_by_xla_with_the_right_values(mesh2d):
-    """all_reduce, all_gather_into_tensor and reduce_scatter_tensor (avg) in ``new_subgroups(2)`` groups
-    of the ``neuron`` backend: each group's own values, run by XLA on the device buffers (counted)."""
+    """all_reduce, all_gather_into_tensor and reduce_scatter_tensor (avg), broadcast (a 0-d tensor too), an
+    even all_to_all_single, and coalesced all-reduces and all-gathers (``_coalescing_manager``) in
+    ``new_subgroups(2)`` groups of the ``neuron`` backend: each group's own values, run by XLA on the device
+    buffers (counted), no host copy."""
     for rank, run in enumerate(_ran(mesh2d, "neuron_subgroups")):
         first = 2 * (rank // 2)
         assert run["all_reduce"] == [float(first + 1 + first + 2)] * 3
@@ -382,6 +406,17 @@ def test_eager_collectives_of_neuron_tensors_in_subgroups_run_by_xla_with_the_ri
         mean, i = first + 0.5, rank % 2
         assert run["reduce_scatter"] == [2 * i + mean, 2 * i + 1 + mean]
         assert run["device_collectives"] == 3
+        second = first + 1  # the group's rank 1, the broadcasts' root
+        assert run["broadcast"] == [[v * (second + 1) for v in row] for row in ([0.0, 1.0, 2.0], [3.0, 4.0, 5.0])]
+        assert run["broadcast_0d"] == second * 10
+        # rank r's all-to-all sends rows [2j, 2j+1] of (arange(4) + 10r) to the group's j-th rank
+        assert run["all_to_all"] == [2 * i + 10 * first, 2 * i + 1 + 10 * first,
+                                     2 * i + 10 * second, 2 * i + 1 + 10 * second]
+        assert run["coalesced_all_reduce"] == [[float(first + second)] * 2, [[float(first + second + 2)] * 2] * 3]
+        assert run["coalesced_all_gather"] == [[float(first)] * 2 + [float(second)] * 2,
+                                               [[float(first)] * 3, [float(second)] * 3]]
+        # two broadcasts, the all-to-all, and two coalesced batches of two: XLA's, on the device's buffers
+        assert run["more"] == {"device_collectives": 7, "host_copies": 0}, run["more"]
 
 
 def test_tensor_parallel_on_the_tp_dim_of_a_2d_mesh_trains_as_eager_compiled(mesh2d):

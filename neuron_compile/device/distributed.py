@@ -14,8 +14,10 @@ build a ``NeuronProcessGroup``: a Python ``ProcessGroup`` holding a
 ``ProcessGroupGloo`` made from the same store, rank, size and timeout.
 
 In a group whose size divides the world (the whole world, a DeviceMesh dim's
-subgroup), an all-reduce, all-gather (into one tensor) or reduce-scatter
-(from one tensor) of neuron tensors runs as XLA's collective on
+subgroup), an all-reduce, all-gather (into one tensor), reduce-scatter (from
+one tensor), broadcast or all-to-all (even splits) of neuron tensors, and
+their coalesced batches (``_coalescing_manager``, DDP's ``_broadcast_coalesced``;
+one executable a batch), runs as XLA's collective on
 the distributed PJRT client (``runtime/collectives.py``, the one compiled
 graphs' collectives use): each buffer crosses there and back through DLPack,
 the same host memory, and the result is written by a device copy
@@ -377,7 +379,7 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
         divides the world (``_replica_groups``), with ``NEURON_COMPILE_DEVICE_COLLECTIVES`` not ``0``."""
         import os
 
-        if (not tensors or self._coalesced is not None or os.environ.get("NEURON_COMPILE_DEVICE_COLLECTIVES") == "0"
+        if (not tensors or os.environ.get("NEURON_COMPILE_DEVICE_COLLECTIVES") == "0"
                 or self._size < 2 or self._replica_groups() is None):
             return None
         op = "" if opts is None else xla_collectives.reduction(opts.reduceOp.op)
@@ -399,13 +401,16 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
         return layout_of(ranks, torch.distributed.get_world_size())
 
     def _on_xla(self, collective: str, calls, op, result) -> NeuronWork:
-        """Run ``(kind, source, output)`` collectives with XLA (``xla_collectives.run``): a finished Work."""
+        """Run ``(kind, source, output)`` collectives with XLA as one executable (``xla_collectives.run``): a
+        finished Work (one of the coalesced ones inside ``_coalescing_manager``)."""
         try:
-            for kind, source, output in calls:
-                xla_collectives.run(kind, source, output, op or None, self._replica_groups())
+            xla_collectives.run(calls, op or None, self._replica_groups())
         except Exception as error:  # noqa: BLE001 - names the collective, the rank and the group
             raise self._error(f"{collective} (XLA, on the device's buffers)", error) from error
-        return NeuronWork(self, collective, [], _Staging(), result)
+        work = NeuronWork(self, collective, [], _Staging(), result)
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
 
     def _reduce_staging(self, opts) -> tuple:
         """A staging for a reduction; AVG (which gloo lacks) becomes SUM, divided by the size afterwards."""
@@ -428,6 +433,9 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or _torch_hooks.collective_options("AllreduceCoalesced")
+        op = self._on_device(tensors, opts)
+        if op is not None:
+            return self._on_xla("allreduce_coalesced", [("all_reduce", t, t) for t in tensors], op, tensors)
         staging, opts = self._reduce_staging(opts)
         return self._run("allreduce_coalesced",
                          lambda s: self._gloo.allreduce_coalesced([s.read_write(t) for t in tensors], opts),
@@ -441,6 +449,8 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
 
     def broadcast(self, tensors, opts=None):
         opts = opts or _torch_hooks.collective_options("Broadcast")
+        if self._on_device(tensors) is not None and opts.rootTensor == 0:  # every rank takes the root's rows
+            return self._on_xla("broadcast", [(("broadcast", opts.rootRank), t, t) for t in tensors], None, tensors)
         root = opts.rootRank == self._rank
 
         def launch(s):
@@ -477,6 +487,10 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         opts = opts or _torch_hooks.collective_options("Allgather")
+        if (self._on_device(list(outputs) + list(inputs)) is not None
+                and all(o.numel() == i.numel() * self._size for o, i in zip(outputs, inputs))):
+            return self._on_xla("all_gather_into_tensor_coalesced",
+                                [("all_gather", i, o) for o, i in zip(outputs, inputs)], None, outputs)
 
         def launch(s):
             return [self._gloo._allgather_base(s.write(o), s.read(i), opts) for o, i in zip(outputs, inputs)]
@@ -509,6 +523,10 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         opts = opts or _torch_hooks.collective_options("ReduceScatter")
+        op = self._on_device(list(outputs) + list(inputs), opts)
+        if op is not None and all(i.numel() == o.numel() * self._size for o, i in zip(outputs, inputs)):
+            return self._on_xla("reduce_scatter_tensor_coalesced",
+                                [("reduce_scatter", i, o) for o, i in zip(outputs, inputs)], op, outputs)
         staging, opts = self._reduce_staging(opts)
 
         def launch(s):
@@ -520,6 +538,10 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         opts = opts or _torch_hooks.collective_options("AllToAll")
+        even = all(len(set(splits)) <= 1 for splits in (output_split_sizes, input_split_sizes))
+        if (even and self._on_device([output, input]) is not None and input.dim() > 0
+                and input.shape[0] % self._size == 0 and tuple(output.shape) == tuple(input.shape)):
+            return self._on_xla("all_to_all_single", [("all_to_all", input, output)], None, [output])
 
         def launch(s):
             return self._gloo.alltoall_base(s.write(output), s.read(input), list(output_split_sizes),

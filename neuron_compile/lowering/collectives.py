@@ -286,29 +286,50 @@ def lower_group(sub: torch.fx.GraphModule, type_of) -> str:
             + "\n  }\n}\n")
 
 
-def eager_module(kind: str, source: torch.Tensor, result: torch.Tensor, op: str | None, groups: list,
-                 type_of) -> str:
-    """StableHLO text of one collective in the first of the replica groups ``groups`` (which cover the
-    world; replica ``i`` is rank ``i``), from a tensor shaped as ``source`` to one shaped as ``result``
-    (dim 0 gathered or scattered): an eager collective of the device's process group that XLA runs on the
-    distributed client itself. ``kind``: ``all_reduce``, ``all_gather`` or ``reduce_scatter``; ``op``: the
-    reduction's name. ``type_of`` spells a tensor's MLIR type (``splice.tensor_type``)."""
+def eager_module(calls: list, op: str | None, groups: list, type_of) -> str:
+    """StableHLO text of an eager collective of the device's process group (or several, coalesced: one
+    executable) that XLA runs on the distributed client itself, in the first of the replica groups
+    ``groups`` (which cover the world; replica ``i`` is rank ``i``). ``calls``: per collective ``(kind,
+    source, result)``, tensors (meta will do) shaped as its input and output, dim 0 gathered, scattered or
+    exchanged; ``kind``: ``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all`` (equal splits) or
+    ``("broadcast", root)`` (``root`` the group rank whose rows every rank takes: an all-gather, then its
+    rows, as the compiled lowering does). ``op``: the reductions' name. ``type_of`` spells a tensor's MLIR
+    type (``splice.tensor_type``)."""
     world, size = sum(map(len, groups)), len(groups[0])
-    scalar = type_of(torch.empty((), dtype=source.dtype, device="meta"))
-    tin = type_of(torch.empty(source.shape, dtype=source.dtype, device="meta"))
-    tout = type_of(torch.empty(result.shape, dtype=result.dtype, device="meta"))
     rows = ", ".join("[" + ", ".join(map(str, group)) + "]" for group in groups)
-    groups = f"replica_groups = dense<[{rows}]> : tensor<{len(groups)}x{size}xi64>"
-    if kind == "all_gather":
-        body = [f'    %r = "stablehlo.all_gather"(%arg0) {{all_gather_dim = 0 : i64, {groups}}} : ({tin}) -> {tout}']
-    else:
-        extra = "scatter_dimension = 0 : i64, " if kind == "reduce_scatter" else ""
-        body = [f'    %r = "stablehlo.{kind}"(%arg0) {_region(op, scalar)} {{{extra}{groups}}} : ({tin}) -> {tout}']
-    value = "%r"
-    if op == "avg":
-        body += [f"    %n = stablehlo.constant dense<{float(size)}> : {tout}",
-                 f"    %a = stablehlo.divide %r, %n : {tout}"]
-        value = "%a"
+    layout = f"replica_groups = dense<[{rows}]> : tensor<{len(groups)}x{size}xi64>"
+    args, body, values, types = [], [], [], []
+    for i, (kind, source, result) in enumerate(calls):
+        scalar = type_of(torch.empty((), dtype=source.dtype, device="meta"))
+        tin = type_of(torch.empty(source.shape, dtype=source.dtype, device="meta"))
+        tout = type_of(torch.empty(result.shape, dtype=result.dtype, device="meta"))
+        args.append(f"%arg{i}: {tin}")
+        value = f"%r{i}"
+        if kind == "all_gather":
+            body.append(f'    %r{i} = "stablehlo.all_gather"(%arg{i}) {{all_gather_dim = 0 : i64, {layout}}} : '
+                        f"({tin}) -> {tout}")
+        elif kind == "all_to_all":
+            body.append(f'    %r{i} = "stablehlo.all_to_all"(%arg{i}) {{split_dimension = 0 : i64, concat_dimension = '
+                        f"0 : i64, split_count = {size} : i64, {layout}}} : ({tin}) -> {tout}")
+        elif isinstance(kind, tuple) and kind[0] == "broadcast":
+            shape = list(source.shape)
+            gathered = type_of(torch.empty([shape[0] * size, *shape[1:]], dtype=source.dtype, device="meta"))
+            start, limit = [kind[1] * shape[0]] + [0] * (len(shape) - 1), [(kind[1] + 1) * shape[0]] + shape[1:]
+            body.append(f'    %g{i} = "stablehlo.all_gather"(%arg{i}) {{all_gather_dim = 0 : i64, {layout}}} : '
+                        f"({tin}) -> {gathered}")
+            body.append(f'    %r{i} = "stablehlo.slice"(%g{i}) {{start_indices = array<i64: {", ".join(map(str, start))}>, '
+                        f'limit_indices = array<i64: {", ".join(map(str, limit))}>, strides = array<i64: '
+                        f'{", ".join("1" for _ in shape)}>}} : ({gathered}) -> {tout}')
+        else:
+            extra = "scatter_dimension = 0 : i64, " if kind == "reduce_scatter" else ""
+            body.append(f'    %r{i} = "stablehlo.{kind}"(%arg{i}) {_region(op, scalar)} {{{extra}{layout}}} : '
+                        f"({tin}) -> {tout}")
+            if op == "avg":
+                body += [f"    %n{i} = stablehlo.constant dense<{float(size)}> : {tout}",
+                         f"    %a{i} = stablehlo.divide %r{i}, %n{i} : {tout}"]
+                value = f"%a{i}"
+        values.append(value)
+        types.append(tout)
     return (f"module attributes {{mhlo.num_replicas = {world} : i32}} {{\n"
-            f"  func.func @main(%arg0: {tin}) -> {tout} {{\n" + "\n".join(body)
-            + f"\n    return {value} : {tout}\n  }}\n}}\n")
+            f"  func.func @main({', '.join(args)}) -> ({', '.join(types)}) {{\n" + "\n".join(body)
+            + f"\n    return {', '.join(values)} : {', '.join(types)}\n  }}\n}}\n")
