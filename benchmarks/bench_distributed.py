@@ -210,11 +210,12 @@ def main() -> None:
         if r is not None:
             lines.append(f"| {mode} | {r['first_s']:.2f} | {r['steady_ms']:.1f} | {r['ratio_to_eager']:.2f} | "
                          f"{r['max_loss_diff']:.1e} |")
-    neuron, split = modes["neuron"], modes["neuron-eager-coll"]
-    lines += ["", f"Collectives compiled into the executable against run eagerly between compiled parts: "
-              f"{split['steady_ms'] / neuron['steady_ms']:.2f}x faster steady step."]
+    neuron, split = modes.get("neuron"), modes.get("neuron-eager-coll")
+    if neuron and split:
+        lines += ["", f"Collectives compiled into the executable against run eagerly between compiled parts: "
+                  f"{split['steady_ms'] / neuron['steady_ms']:.2f}x faster steady step."]
     device = modes.get("neuron-device")
-    if device:
+    if device and neuron:
         ratio = device["steady_ms"] / neuron["steady_ms"]
         lines += ["", f"The model on the neuron device against CPU tensors, both compiled with their collectives: "
                   f"{ratio:.2f}x the CPU-tensor step (target <= 1.0x: "

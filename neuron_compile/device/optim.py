@@ -109,6 +109,8 @@ def multi_tensor_adam(original, params, grads, exp_avgs, exp_avg_sqs, max_exp_av
     # torch's non-capturable branch, host side: steps on the CPU, bias corrections from their values
     torch._foreach_add_(state_steps, torch.tensor(1.0, device="cpu"), alpha=1.0)
     steps = [step.item() for step in state_steps]
+    if len(set(steps)) == 1:  # stepped together (the usual case): one of each number, not one per tensor
+        steps = steps[:1]
     step_size = [(lr / (1 - beta1 ** step)) * -1 for step in steps]
     bias_correction2_sqrt = [(1 - beta2 ** step) ** 0.5 for step in steps]
     decay = None
@@ -142,7 +144,10 @@ def foreach_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, step_si
                   lerp_weight, beta2, square_weight, eps, amsgrad, maximize, decoupled):
     """The foreach ops of torch 2.13's ``_multi_tensor_adam`` (``torch/optim/adam.py``), non-capturable
     branch, in its order, with the Python numbers it computes on the host passed in
-    (``tests/test_device_foreach_adam.py`` checks the source this mirrors)."""
+    (``tests/test_device_hooks.py`` checks the source this mirrors). ``step_size`` and
+    ``bias_correction2_sqrt`` hold one number per tensor, or one for all where every step count is the
+    same: a list of equal numbers and its one number give the same elementwise results, at two graph
+    inputs instead of two per tensor."""
     if maximize:
         grads = torch._foreach_neg(grads)
     if decay is not None:
@@ -160,6 +165,11 @@ def foreach_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, step_si
         denom = torch._foreach_sqrt(max_exp_avg_sqs)
     else:
         denom = torch._foreach_sqrt(exp_avg_sqs)
+    if len(step_size) == 1 < len(params):  # one number for every tensor: the Scalar overloads
+        torch._foreach_div_(denom, bias_correction2_sqrt[0])
+        torch._foreach_add_(denom, eps)
+        torch._foreach_addcdiv_(params, exp_avgs, denom, step_size[0])
+        return
     torch._foreach_div_(denom, bias_correction2_sqrt)
     torch._foreach_add_(denom, eps)
     torch._foreach_addcdiv_(params, exp_avgs, denom, step_size)
