@@ -51,3 +51,23 @@ def hide_compile_stack_from_dynamo() -> None:
         return
     skip_in_dynamo(*COMPILE_STACK)
     _stack_hidden = True
+
+
+def traced_through(original, handler):
+    """``original`` (a torch function we route, ``torch.optim.adam._multi_tensor_adam``) calling
+    ``handler(original, *args, **kwargs)`` when run eagerly, and ``original`` itself under Dynamo. The router's
+    frame lives here, outside ``COMPILE_STACK``: Dynamo inlines it and traces torch's own function, as with
+    no router (a router in a skipped module is a graph break, and torch's function a frame of its own, which
+    Dynamo then fails to trace: a compiled Adam step broke so)."""
+    import functools
+
+    import torch
+
+    @functools.wraps(original)
+    def routed(*args, **kwargs):
+        if torch.compiler.is_compiling():
+            return original(*args, **kwargs)
+        return handler(original, *args, **kwargs)
+
+    routed._neuron = True
+    return routed

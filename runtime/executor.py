@@ -254,6 +254,14 @@ def _across(array, device):
     return _jax.dlpack_managed_tensor_to_buffer(_jax.buffer_to_dlpack_managed_tensor(array), device, None, None, 1)
 
 
+def reshaped_buffer(array, shape):
+    """``array``'s elements at another ``shape`` (the same count, row-major): a buffer of the same host
+    memory, through DLPack both ways (PJRT CPU buffers are never written in place, so sharing is safe; the
+    new buffer keeps the old one's memory alive). A copy costs a compiled op; this, two DLPack crossings."""
+    host = _from_capsule(_jax.buffer_to_dlpack_managed_tensor(array)).view(tuple(shape))
+    return _jax.dlpack_managed_tensor_to_buffer(_to_dlpack(host), array.devices().pop(), None, None, 1)
+
+
 def dlpack_buffer(tensor: torch.Tensor, device):
     """A PJRT buffer on ``device`` sharing a CPU tensor's memory where PJRT can."""
     if tensor.requires_grad:

@@ -306,7 +306,7 @@ def test_adams_foreach_step_is_ours_and_the_function_it_mirrors_is_unchanged():
     routed = adam._multi_tensor_adam
     assert getattr(routed, "_neuron", False)
     assert "func = _multi_tensor_adam" in inspect.getsource(adam.adam)
-    original = routed.args[0]
+    original = routed.__wrapped__
     digest = hashlib.sha256(inspect.getsource(original).encode()).hexdigest()[:16]
     assert digest == MULTI_TENSOR_ADAM_SHA256, (
         "torch changed torch.optim.adam._multi_tensor_adam: check that neuron_compile.device.optim.foreach_adam_ "

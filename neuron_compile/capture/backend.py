@@ -488,7 +488,41 @@ def _partition(joint_module: torch.fx.GraphModule, joint_inputs, **kwargs):
     if eliminate_common_subexpressions(joint_module.graph):
         joint_module.recompile()
     with torch._functorch.config.patch(cse=False):
-        return min_cut_rematerialization_partition(joint_module, joint_inputs, **kwargs)
+        forward, backward = min_cut_rematerialization_partition(joint_module, joint_inputs, **kwargs)
+    _dense_saved_views(forward, kwargs["num_fwd_outputs"])
+    return forward, backward
+
+
+def _dense_saved_views(forward: torch.fx.GraphModule, saved_from: int) -> None:
+    """Activations the forward saves for the backward (its outputs from ``saved_from`` on) that are views of
+    another of its values with other sizes or strides (a transposed projection, a head's slice) are
+    computed dense by the forward's executable: returned as views (``output_views``, for the user's
+    outputs' aliasing, which saved values do not need), each would be copied dense before the backward's
+    executable could read it, by an eager op on the device (a GPT-2 step: 8 of them) or a torch copy on
+    the CPU. The backward's graph reads its inputs by shape alone, so it takes the dense value as it is."""
+    from ..output_views import find_output_views
+
+    output = next(n for n in reversed(forward.graph.nodes) if n.op == "output")
+    values = list(output.args[0])
+    changed = False
+    for index, view in enumerate(find_output_views(forward)):
+        node = values[index]
+        if index < saved_from or view is None or view.symbols() or not isinstance(node, torch.fx.Node):
+            continue  # a symbolic graph's views are XLA's results already (compiler.plan_graph)
+        val = node.meta["val"]
+        if view.offset == 0 and val.is_contiguous() and not view.base_is_input and view.dtype is None:
+            base = values[view.base].meta["val"]
+            if tuple(base.shape) == tuple(val.shape):
+                continue  # the base's own buffer: no copy either way
+        with forward.graph.inserting_before(output):
+            dense = forward.graph.call_function(torch.ops.aten.clone.default, (node,),
+                                                {"memory_format": torch.contiguous_format})
+        dense.meta["val"] = val.clone(memory_format=torch.contiguous_format)
+        values[index] = dense
+        changed = True
+    if changed:
+        output.args = (tuple(values),)
+        forward.recompile()
 
 
 @mark_backend

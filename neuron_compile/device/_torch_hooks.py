@@ -606,13 +606,11 @@ def multi_tensor_adam_through(handler) -> None:
 
     ``torch.optim.adam.adam`` looks the function up in its module at every step (``func =
     _multi_tensor_adam``), and ``AdamW`` is ``Adam`` with decoupled weight decay, so one module attribute
-    serves both. torch imports ``torch.optim`` before the device's autoload runs: a plain ``setattr``."""
+    serves both. torch imports ``torch.optim`` before the device's autoload runs: a plain ``setattr``. Under
+    Dynamo (a compiled optimizer step) the router calls torch's own (``dynamo_skips.traced_through``)."""
     import torch.optim.adam as adam
 
-    original = adam._multi_tensor_adam
-    if getattr(original, "_neuron", False):
-        return
-    routed = functools.partial(handler, original)
-    routed._neuron = True
-    functools.update_wrapper(routed, original)
-    adam._multi_tensor_adam = routed
+    from ..dynamo_skips import traced_through
+
+    if not getattr(adam._multi_tensor_adam, "_neuron", False):
+        adam._multi_tensor_adam = traced_through(adam._multi_tensor_adam, handler)  # Dynamo sees torch's

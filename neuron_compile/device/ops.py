@@ -306,9 +306,16 @@ class ExecutorAdapter:
 
     @staticmethod
     def to_buffer(tensor: torch.Tensor):
-        buffer = _storage.own_buffer(tensor, _storage.data_of(tensor))
+        data = _storage.data_of(tensor)
+        buffer = _storage.own_buffer(tensor, data)
         if buffer is not None:
             return buffer
+        if (data.buffer is not None and data.dtype is tensor.dtype and tensor.numel() == data.numel
+                and not tensor.storage_offset() and tensor.is_contiguous() and tensor.numel()):
+            # the whole storage at another shape (a head split, a 0-d view of one element): the same memory
+            from runtime.executor import reshaped_buffer
+
+            return reshaped_buffer(data.buffer, tensor.shape)
         # a view, or a storage never written: its elements, computed on the device (at its own shape)
         with _lengths.exact():
             dense = dispatch(torch.ops.aten.clone.default, (tensor.detach(),), {"memory_format": torch.contiguous_format})
