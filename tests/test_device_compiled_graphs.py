@@ -200,7 +200,7 @@ def test_a_graph_of_factories_alone_runs_first_in_a_fresh_process(tmp_path):
 def test_a_compiled_training_step_on_the_device_runs_no_eager_op_between_its_graphs(monkeypatch):
     """The activations a compiled forward saves for its backward that are views of its values (GPT-2's
     transposed key, its heads split from one projection) come out of the forward dense
-    (``capture.backend._dense_saved_views``), and a view of a whole storage at another shape crosses as
+    (``capture.partition.dense_saved_views``), and a view of a whole storage at another shape crosses as
     the same memory (``ExecutorAdapter.to_buffer``): the backward takes them as they are. Before, each was
     copied dense by an eager op before the backward's executable (8 a GPT-2 step). Losses and gradients as
     on the CPU."""

@@ -55,6 +55,7 @@ from ..output_views import _storage, find_output_views, make_view
 from ..report import COUNTERS, CompileReport, record
 from .associative_scan import install as _install_associative_scan, mark_backend
 from .options import Options, _env_flag
+from .partition import partition
 from .precompile import (_bypass_reason, _cacheable_rewrites, _precompile_tag, _refused_unloadable_package,
                          _save_precompiled, _skip_unsaveable_frame, _summarize_dropped_guards, _user_options,
                          precompile_enabled)
@@ -470,61 +471,6 @@ def _graph_compiler(kind: str, graph_id: int, options: Options, started: float, 
     return SerializableAOTDispatchCompiler(NeuronOutputCode, compile_fn)
 
 
-def _partition(joint_module: torch.fx.GraphModule, joint_inputs, **kwargs):
-    """Inductor's min-cut rematerialization partitioner, after our CSE instead of its own.
-
-    The partitioner recomputes cheap ops in the backward instead of saving them,
-    so the forward hands fewer, smaller activations to the backward. Its CSE
-    pre-pass imports Inductor's pattern matcher, and with it every Inductor
-    lowering: 0.64 s of the first training compile in each process, which only
-    Inductor needs. ``eliminate_common_subexpressions`` does that job without
-    the import; with no CSE at all, a GPT-2 or llama training step's own peak
-    memory grew by 10-25 MB (about 15%).
-    """
-    from functorch.compile import min_cut_rematerialization_partition
-
-    from .graph_rewrites import eliminate_common_subexpressions
-
-    if eliminate_common_subexpressions(joint_module.graph):
-        joint_module.recompile()
-    with torch._functorch.config.patch(cse=False):
-        forward, backward = min_cut_rematerialization_partition(joint_module, joint_inputs, **kwargs)
-    _dense_saved_views(forward, kwargs["num_fwd_outputs"])
-    return forward, backward
-
-
-def _dense_saved_views(forward: torch.fx.GraphModule, saved_from: int) -> None:
-    """Activations the forward saves for the backward (its outputs from ``saved_from`` on) that are views of
-    another of its values with other sizes or strides (a transposed projection, a head's slice) are
-    computed dense by the forward's executable: returned as views (``output_views``, for the user's
-    outputs' aliasing, which saved values do not need), each would be copied dense before the backward's
-    executable could read it, by an eager op on the device (a GPT-2 step: 8 of them) or a torch copy on
-    the CPU. The backward's graph reads its inputs by shape alone, so it takes the dense value as it is."""
-    from ..output_views import find_output_views
-
-    output = next(n for n in reversed(forward.graph.nodes) if n.op == "output")
-    values = list(output.args[0])
-    changed = False
-    for index, view in enumerate(find_output_views(forward)):
-        node = values[index]
-        if index < saved_from or view is None or view.symbols() or not isinstance(node, torch.fx.Node):
-            continue  # a symbolic graph's views are XLA's results already (compiler.plan_graph)
-        val = node.meta["val"]
-        if view.offset == 0 and val.is_contiguous() and not view.base_is_input and view.dtype is None:
-            base = values[view.base].meta["val"]
-            if tuple(base.shape) == tuple(val.shape):
-                continue  # the base's own buffer: no copy either way
-        with forward.graph.inserting_before(output):
-            dense = forward.graph.call_function(torch.ops.aten.clone.default, (node,),
-                                                {"memory_format": torch.contiguous_format})
-        dense.meta["val"] = val.clone(memory_format=torch.contiguous_format)
-        values[index] = dense
-        changed = True
-    if changed:
-        output.args = (tuple(values),)
-        forward.recompile()
-
-
 @mark_backend
 def neuron_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **kwargs):
     """Dynamo backend entry point (``torch.compile(..., backend="neuron", options={...})``)."""
@@ -552,7 +498,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
         bw_compiler=_graph_compiler("backward", graph_id, opts, started, boundary, precompile),
         inference_compiler=_graph_compiler("inference", graph_id, opts, started, boundary, precompile),
         decompositions=decomposition_table(),
-        partition_fn=_partition,
+        partition_fn=partition,
     )
     if not precompile:
         return backend(gm, example_inputs)

@@ -36,7 +36,7 @@ def register() -> None:
 
     if _registered:  # the first `import torch` of the process ran our entry point, which registered
         return
-    from . import _accelerate_hooks, _index_less, _torch_hooks, distributed, module, optim, storage
+    from . import _accelerate_hooks, _index_less, _optim_hooks, _torch_hooks, distributed, module, optim, storage
 
     if torch._C._get_privateuse1_backend_name() not in ("privateuseone", _torch_hooks.NAME):
         return  # another backend owns PrivateUse1 in this process: leave it alone
@@ -51,7 +51,7 @@ def register() -> None:
     distributed.register()  # init_process_group("neuron"): names the backend, connects nothing
     _torch_hooks.route_default_compiler(_default_compiler)
     _torch_hooks.route_accelerator_to(module)
-    _torch_hooks.multi_tensor_adam_through(optim.multi_tensor_adam)  # one executable a step
+    _optim_hooks.multi_tensor_adam_through(optim.multi_tensor_adam)  # one executable a step
     _accelerate_hooks.install()  # accelerate finds this device under torchrun (patched when it imports)
     if _several_devices():
         _index_less.index_less_moves_follow_current()  # x.to("neuron") lands on the current device

@@ -598,19 +598,3 @@ def collectives_on_device_through(handler) -> torch.library.Library | None:
 def redispatch_cpu(op, *args, **kwargs):
     """``op``'s CPU kernel (the group's CPU backend: gloo) on host tensors."""
     return op.redispatch(CPU_KEYS, *args, **kwargs)
-
-
-def multi_tensor_adam_through(handler) -> None:
-    """Adam's and AdamW's foreach step (``torch.optim.adam._multi_tensor_adam``, the default on a device in
-    torch's foreach list, which PrivateUse1 is) calls ``handler(original, *args, **kwargs)``.
-
-    ``torch.optim.adam.adam`` looks the function up in its module at every step (``func =
-    _multi_tensor_adam``), and ``AdamW`` is ``Adam`` with decoupled weight decay, so one module attribute
-    serves both. torch imports ``torch.optim`` before the device's autoload runs: a plain ``setattr``. Under
-    Dynamo (a compiled optimizer step) the router calls torch's own (``dynamo_skips.traced_through``)."""
-    import torch.optim.adam as adam
-
-    from ..dynamo_skips import traced_through
-
-    if not getattr(adam._multi_tensor_adam, "_neuron", False):
-        adam._multi_tensor_adam = traced_through(adam._multi_tensor_adam, handler)  # Dynamo sees torch's

@@ -44,7 +44,7 @@ group.
 
 What DDP and FSDP2 ask of the device besides collectives: ``storage.resize_``
 (FSDP2 frees each unsharded parameter with ``resize_(0)``: here it drops the
-PJRT buffer, ``resize_storage``), streams and events (``module``: torch.cpu's
+PJRT buffer, ``storage.resize_storage``), streams and events (``module``: torch.cpu's
 no-ops, the device runs in order), tracing an op called from inside DTensor's
 ``__torch_dispatch__`` (``trace``: ``_torch_hooks.plain_dispatch``). The first
 group makes its methods, and every frame of the eager ops' compile stack
@@ -63,6 +63,7 @@ import datetime
 import torch
 
 from . import _torch_hooks, xla_collectives
+from . import storage as _storage
 
 NAME = _torch_hooks.NAME
 
@@ -77,7 +78,7 @@ def register() -> None:
     if torch.distributed.is_available() and torch.distributed.is_gloo_available():
         _torch_hooks.register_process_group_backend(NAME, create, devices=[NAME, "cpu"])
         _c10d_library = _torch_hooks.collectives_on_device_through(staged_collective)
-    _torch_hooks.resize_storage_through(resize_storage)  # one attribute: FSDP2 frees storages with it
+    _torch_hooks.resize_storage_through(_storage.resize_storage)  # one attribute: FSDP2 frees storages with it
 
 
 # --- a C++ group (gloo) on neuron tensors -------------------------------------------------------
@@ -138,25 +139,6 @@ def _c10d_error(collective: str, group, error: Exception) -> RuntimeError:
         where = "this rank"
     return RuntimeError(f"torch.distributed: {collective} on neuron tensors (staged through the group's CPU "
                         f"backend) failed on {where}: {error}")
-
-
-def resize_storage(storage, nbytes: int):
-    """``storage.resize_(nbytes)`` on a neuron storage, as FSDP2 uses it: ``resize_(0)`` frees the data (the
-    PJRT buffer; the storage keeps its extent, since torch may skip the resize back when the byte size
-    it reads already matches), any other size resizes a storage that holds no data."""
-    data = getattr(storage, "_neuron", None)
-    if data is None:
-        raise RuntimeError("resize_ of a neuron storage that was not made by neuron_compile's device")
-    numel = int(nbytes) // data.dtype.itemsize
-    if nbytes == 0:
-        data.set(None)
-    elif data.buffer is None:
-        data.numel = numel
-    elif numel != data.numel:
-        raise NotImplementedError(f"resize_ of a neuron storage holding data from {data.numel} to {numel} "
-                                  f"elements of {data.dtype} (only freeing, resize_(0), and resizing an "
-                                  "empty storage are supported)")
-    return storage
 
 
 def create(options, backend_options=None) -> "NeuronProcessGroup":

@@ -364,3 +364,22 @@ def torch_dtype(numpy_dtype) -> torch.dtype:
     if str(numpy_dtype) == "bfloat16":
         return torch.bfloat16
     return torch.from_numpy(np.empty(0, dtype=numpy_dtype)).dtype
+
+
+def resize_storage(storage, nbytes: int):
+    """``storage.resize_(nbytes)`` on a neuron storage, as FSDP2 uses it: ``resize_(0)`` frees the data (the
+    PJRT buffer; the storage keeps its extent, since torch may skip the resize back when the byte size
+    it reads already matches), any other size resizes a storage that holds no data."""
+    data = getattr(storage, "_neuron", None)
+    if data is None:
+        raise RuntimeError("resize_ of a neuron storage that was not made by neuron_compile's device")
+    numel = int(nbytes) // data.dtype.itemsize
+    if nbytes == 0:
+        data.set(None)
+    elif data.buffer is None:
+        data.numel = numel
+    elif numel != data.numel:
+        raise NotImplementedError(f"resize_ of a neuron storage holding data from {data.numel} to {numel} "
+                                  f"elements of {data.dtype} (only freeing, resize_(0), and resizing an "
+                                  "empty storage are supported)")
+    return storage
