@@ -189,13 +189,15 @@ class OpKernel:
         self.name = name
         plan = executable.plan
         self._run = executable.xla.loaded.execute_sharded if executable.xla is not None else None
-        # the common case: every parameter a storage slot (or a view's run-time offset, written ~k), every
-        # result straight from XLA, in order
-        direct = (self._run is not None and all(entry[0] in ("slot", "offset") for entry in inputs)
+        # the common case: every parameter a storage slot, a view's run-time offset (written ~k), a runtime
+        # float (written (k, dtype): an alpha, a learning rate) or a 0-d CPU tensor (written (k,): a wrapped
+        # number, ``x * 0.5``), every result straight from XLA, in order
+        direct = (self._run is not None and all(entry[0] in ("slot", "offset", "float", "host") for entry in inputs)
                   and all(kind == FROM_XLA and value == i for i, (kind, value) in enumerate(plan.outputs)))
-        self._direct = (tuple(inputs[i][1] if inputs[i][0] == "slot" else ~inputs[i][1] for i in plan.tensor_args)
-                        if direct else None)
-        self._offsets = direct and any(entry[0] == "offset" for entry in inputs)
+        self._direct = (tuple(inputs[i][1] if inputs[i][0] == "slot" else ~inputs[i][1] if inputs[i][0] == "offset"
+                              else inputs[i][1:2] if inputs[i][0] == "host" else inputs[i][1:]
+                              for i in plan.tensor_args) if direct else None)
+        self._offsets = direct and any(entry[0] != "slot" for entry in inputs)
         self._count = plan.num_xla_outputs
 
     def __call__(self, leaves: Leaves):
@@ -204,10 +206,11 @@ class OpKernel:
         index = leaves.index
         if slots is not None:
             try:
-                if self._offsets:
-                    offsets = leaves.offsets
-                    params = [datas[i].buffer if i >= 0 else _scalar_buffer(offsets[~i][2], torch.int64, index or 0)
-                              for i in slots]
+                if self._offsets:  # scalars too: a view's offset (~k), a float ((k, dtype)), a 0-d CPU tensor ((k,))
+                    offsets, floats, host, device = leaves.offsets, leaves.floats, leaves.host, index or 0
+                    params = [(datas[i].buffer if i >= 0 else _scalar_buffer(offsets[~i][2], torch.int64, device))
+                              if i.__class__ is int else _scalar_buffer(floats[i[0]], i[1], device) if len(i) == 2
+                              else _host_scalar_buffer(host[i[0]], device) for i in slots]
                 else:
                     params = [datas[i].buffer for i in slots]
                 run = self._run if not index else self.executable.xla.loaded_on(index).execute_sharded
