@@ -766,7 +766,8 @@ def compiled_all(warmup: int, steps: int) -> dict:
     out: dict = {}
     for model_name in ("gpt2", "llama"):
         torch._dynamo.reset()
-        cells, ready = out[model_name] = {}, {}
+        cells, ready = {}, {}
+        out[model_name] = cells
         for row in COMPILED_ROWS:
             def build(row=row):
                 ready[row], cell = compiled_ready(model_name, row, warmup)
