@@ -740,10 +740,12 @@ def build_llama():
     return model, torch.randint(0, LLAMA["vocab_size"], (BATCH, TOKENS))
 
 
-def compiled_ready(model_name: str, row: str, warmup: int):
-    """``torch.compile(model)`` and eager AdamW, as a user writes it (forward, backward, step, zero_grad,
-    ``loss.item()``), its first step timed and ``warmup`` steps run: ``(step, cell)``. Rows: our backend with
-    the model on neuron, our backend on CPU tensors, Inductor."""
+def compiled_step(model_name: str, row: str, warmup: int, steps: int) -> dict:
+    """``torch.compile(model)`` and eager AdamW, as a user writes it: forward, backward, step, zero_grad,
+    ``loss.item()``. Rows: our backend with the model on neuron, our backend on CPU tensors, Inductor."""
+    import torch
+
+    torch._dynamo.reset()
     step = make_step("neuron" if "on neuron" in row else "cpu", build=build_gpt2 if model_name == "gpt2" else build_llama,
                      backend="inductor" if row == "Inductor" else "neuron")
     start = time.perf_counter()
@@ -751,36 +753,23 @@ def compiled_ready(model_name: str, row: str, warmup: int):
     first = time.perf_counter() - start
     for _ in range(warmup - 1):
         losses.append(step())
-    return step, {"first_s": first, "losses": losses}
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        losses.append(step())
+        times.append(time.perf_counter() - start)
+    return {"median_s": statistics.median(times), "steps_s": times, "first_s": first, "losses": losses}
 
 
 COMPILED_ROWS = ("neuron, model on neuron", "neuron, CPU tensors", "Inductor")
 
 
 def compiled_all(warmup: int, steps: int) -> dict:
-    """Per model, the three rows built and warmed up in turn, then timed in rotation (one step of each
-    row, ``steps`` times): a shared machine's drift falls on every row alike, where timing the rows one
-    after the other let a busy minute land on one of them."""
-    import torch
-
     out: dict = {}
     for model_name in ("gpt2", "llama"):
-        torch._dynamo.reset()
-        cells, ready = {}, {}
-        out[model_name] = cells
+        cells = out[model_name] = {}
         for row in COMPILED_ROWS:
-            def build(row=row):
-                ready[row], cell = compiled_ready(model_name, row, warmup)
-                return cell
-            _measure(cells, row, build)
-        times = {row: [] for row in ready}
-        for _ in range(steps):
-            for row, step in ready.items():
-                start = time.perf_counter()
-                cells[row]["losses"].append(step())
-                times[row].append(time.perf_counter() - start)
-        for row in ready:
-            cells[row].update(median_s=statistics.median(times[row]), steps_s=times[row])
+            _measure(cells, row, lambda row=row: compiled_step(model_name, row, warmup, steps))
     return out
 
 
@@ -1147,11 +1136,9 @@ def report(res: dict, args) -> str:
               "own pool for the executables; Inductor's kernels use every thread: at one thread the GPT-2 row "
               "of Inductor and ours on CPU tensors were within 5% here). Targets: the neuron row at most 1.0x each "
               "of the "
-              f"other two. Steps: {args.warmup} warm-up (the first one timed apart), then {args.steps} timed "
-              "steps of each row in rotation (one step of each row in turn: the machine's drift falls on every row "
-              "alike), their median. First step: the rows are built in this order in one process, and our "
-              "backend's CPU-tensor row finds the graphs the device row compiled (the same FX graphs) in the "
-              "cache.", ""]
+              f"other two. Steps: {args.warmup} warm-up (the first one timed apart), then the median of "
+              f"{args.steps}. First step: the rows run in this order in one process, and our backend's CPU-tensor "
+              "row finds the graphs the device row compiled (the same FX graphs) in the cache.", ""]
     rows = []
     for model_name, cells in (c8.items() if isinstance(c8, dict) else []):
         if not isinstance(cells, dict):

@@ -6,9 +6,8 @@ layers, 256 wide, batch 4x128), its MLPs split Megatron-style over 2 ranks with
 ``parallelize_module`` (``fc`` column-parallel, ``out`` row-parallel: one
 all_reduce per block forward, one per block backward for the input gradient),
 gloo on 127.0.0.1, CPU tensors. Each rank trains it (forward, backward, SGD)
-under every mode, in these processes, same weights and batches, the modes in
-rotation (one step of each mode per batch, so that a shared machine's drift
-falls on every mode alike):
+under every mode, in these processes, one after another, same weights and
+batches:
 
     eager                  PyTorch, collectives on torch.distributed
     inductor               torch.compile(backend="inductor")
@@ -70,7 +69,7 @@ def worker(out: str, steps: int, modes: list[str]) -> None:
     cfg = GPTConfig(vocab_size=256, n_positions=128, n_embd=256, n_head=4, n_layer=4)
     torch.manual_seed(100 + rank)
     batches = [torch.randint(0, cfg.vocab_size, (4, 128)) for _ in range(steps)]
-    results, steppers = {}, {}
+    results = {}
     for mode in [m for m in MODES if m in modes]:
         device = "neuron" if mode == "neuron-device" else "cpu"
         torch.manual_seed(0)
@@ -88,8 +87,8 @@ def worker(out: str, steps: int, modes: list[str]) -> None:
             step_model = torch.compile(model, backend="neuron", options=options)
         # foreach=False: a device's default foreach kernel refuses the mix of DTensor and plain parameters
         opt = torch.optim.SGD(model.parameters(), lr=0.01, foreach=False)
-
-        def step(ids, model=model, step_model=step_model, opt=opt, device=device):
+        times, losses = [], []
+        for ids in batches:
             ids = ids.to(device)
             dist.barrier()
             start = time.perf_counter()
@@ -97,22 +96,10 @@ def worker(out: str, steps: int, modes: list[str]) -> None:
             loss = step_model(ids, labels=ids)
             loss.backward()
             opt.step()
-            loss = loss.item()
-            return time.perf_counter() - start, loss
-
-        steppers[mode] = step
-        results[mode] = {"times": [], "losses": []}
-    # the modes in rotation, one step of each per batch: the machine's drift falls on every mode alike
-    # (timed one mode after the other, a busy minute landed on one of them: 0.99x and 1.09x in two runs)
-    for ids in batches:
-        for mode, step in steppers.items():
-            took, loss = step(ids)
-            results[mode]["times"].append(took)
-            results[mode]["losses"].append(loss)
-    for mode, r in results.items():
-        times = r.pop("times")
-        r.update(first_s=times[0], steady_ms=statistics.median(times[2:]) * 1e3)
-    torch._dynamo.reset()
+            losses.append(loss.item())
+            times.append(time.perf_counter() - start)
+        results[mode] = {"first_s": times[0], "steady_ms": statistics.median(times[2:]) * 1e3, "losses": losses}
+        torch._dynamo.reset()
     neuron_group = dist.new_group(backend="neuron")
     for mode in [m for m in DDP_MODES if m in modes]:
         results[mode] = _ddp_steps(mode, cfg, batches, neuron_group)
@@ -212,7 +199,7 @@ def main() -> None:
     lines = [
         "# Tensor-parallel training step on 2 processes", "",
         f"{result['workload']}. Both ranks on one machine: {m['cpu']}, {m['cores']} cores, {m['platform']}, "
-        f"torch {result['torch']}; one thread per rank. rank 0's times; steady = median of steps 3..{args.steps}, the modes' steps in rotation. "
+        f"torch {result['torch']}; one thread per rank. rank 0's times; steady = median of steps 3..{args.steps}. "
         "Shared machine: ratios matter, not times.", "",
         "Rerun: `python benchmarks/bench_distributed.py`", "",
         "| mode | first step (s) | steady step (ms) | steady / eager | max loss diff vs eager |",
