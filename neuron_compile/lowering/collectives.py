@@ -210,6 +210,54 @@ def _region(op: str, scalar: str) -> str:
             f"        stablehlo.return %r : {scalar}\n    }})")
 
 
+def _layout_attr(groups: list) -> str:
+    rows = ", ".join("[" + ", ".join(map(str, group)) + "]" for group in groups)
+    return f"replica_groups = dense<[{rows}]> : tensor<{len(groups)}x{len(groups[0])}xi64>"
+
+
+def _collective_lines(kind: str, value: str, result: str, fresh, source, tout: str, groups: list, type_of,
+                      op: str | None = None, root: int = 0) -> list[str]:
+    """StableHLO lines that compute SSA ``result`` (of type ``tout``) from ``value`` (shaped as ``source``,
+    a tensor; meta will do) by one collective in the replica groups ``groups``: ``all_reduce`` or
+    ``reduce_scatter`` of ``op`` (avg: the sum over the group's size), ``all_gather`` or ``all_to_all``
+    (even splits) along dim 0, or ``broadcast`` of group rank ``root``'s rows (an all-gather, then its rows).
+    ``fresh()`` names an intermediate. Compiled graphs' collectives (``lower_group``) and the device's eager
+    ones (``eager_module``) both lower through here."""
+    layout, size = _layout_attr(groups), len(groups[0])
+    tin = type_of(torch.empty(source.shape, dtype=source.dtype, device="meta"))
+    if kind == "all_gather":
+        return [f'    {result} = "stablehlo.all_gather"({value}) {{all_gather_dim = 0 : i64, {layout}}} : '
+                f"({tin}) -> {tout}"]
+    if kind == "all_to_all":
+        return [f'    {result} = "stablehlo.all_to_all"({value}) {{split_dimension = 0 : i64, concat_dimension = '
+                f"0 : i64, split_count = {size} : i64, {layout}}} : ({tin}) -> {tout}"]
+    if kind == "broadcast":
+        shape = list(source.shape)
+        gathered_type = type_of(torch.empty([shape[0] * size, *shape[1:]], dtype=source.dtype, device="meta"))
+        gathered = fresh()
+        start, limit = [root * shape[0]] + [0] * (len(shape) - 1), [(root + 1) * shape[0]] + shape[1:]
+        return [f'    {gathered} = "stablehlo.all_gather"({value}) {{all_gather_dim = 0 : i64, {layout}}} : '
+                f"({tin}) -> {gathered_type}",
+                f'    {result} = "stablehlo.slice"({gathered}) {{start_indices = array<i64: '
+                f"{', '.join(map(str, start))}>, limit_indices = array<i64: {', '.join(map(str, limit))}>, "
+                f"strides = array<i64: {', '.join('1' for _ in shape)}>}} : ({gathered_type}) -> {tout}"]
+    scalar = type_of(torch.empty((), dtype=source.dtype, device="meta"))
+    extra = "scatter_dimension = 0 : i64, " if kind == "reduce_scatter" else ""
+    reduced = fresh() if op == "avg" else result
+    lines = [f'    {reduced} = "stablehlo.{kind}"({value}) {_region(op, scalar)} {{{extra}{layout}}} : '
+             f"({tin}) -> {tout}"]
+    if op == "avg":
+        divisor = fresh()
+        lines += [f"    {divisor} = stablehlo.constant dense<{float(size)}> : {tout}",
+                  f"    {result} = stablehlo.divide {reduced}, {divisor} : {tout}"]
+    return lines
+
+
+# a compiled collective node's op -> the kind ``_collective_lines`` lowers
+_LOWERED_AS = {"all_reduce": "all_reduce", "reduce_scatter_tensor": "reduce_scatter",
+               "all_gather_into_tensor": "all_gather", "all_to_all_single": "all_to_all", "broadcast": "broadcast"}
+
+
 def lower_group(sub: torch.fx.GraphModule, type_of) -> str:
     """StableHLO text (a module with ``@main``) of a group of compiled collective nodes.
 
@@ -239,48 +287,18 @@ def lower_group(sub: torch.fx.GraphModule, type_of) -> str:
         if node.target is operator.getitem or name is None:
             raise NotImplementedError(f"unexpected node {node.format_node()} in a collective group")
         x = node.args[0]
-        tin, tout = type_of(x.meta["val"]), type_of(node.meta["val"])
+        tout = type_of(node.meta["val"])
         if name == "wait_tensor":
             names[node] = names[x]
             continue
         result = fresh()
-        layout = replica_groups(node.args[-1], world)
-        size = len(layout[0])  # the ranks of each group
-        rows = ", ".join("[" + ", ".join(map(str, group)) + "]" for group in layout)
-        groups = f"replica_groups = dense<[{rows}]> : tensor<{len(layout)}x{size}xi64>"
-        if name in ("all_reduce", "reduce_scatter_tensor"):
-            op = node.args[1]
-            scalar = type_of(torch.empty((), dtype=x.meta["val"].dtype, device="meta"))
-            region = _region(op, scalar)
-            kind, extra = (("all_reduce", "") if name == "all_reduce"
-                           else ("reduce_scatter", "scatter_dimension = 0 : i64, "))
-            reduced = fresh() if op == "avg" else result
-            body.append(f'    {reduced} = "stablehlo.{kind}"({names[x]}) {region} {{{extra}{groups}}} : '
-                        f"({tin}) -> {tout}")
-            if op == "avg":
-                divisor = fresh()
-                body.append(f"    {divisor} = stablehlo.constant dense<{float(size)}> : {tout}")
-                body.append(f"    {result} = stablehlo.divide {reduced}, {divisor} : {tout}")
-        elif name == "all_gather_into_tensor":
-            body.append(f'    {result} = "stablehlo.all_gather"({names[x]}) {{all_gather_dim = 0 : i64, {groups}}} : '
-                        f"({tin}) -> {tout}")
-        elif name == "all_to_all_single":
-            body.append(f'    {result} = "stablehlo.all_to_all"({names[x]}) {{split_dimension = 0 : i64, '
-                        f"concat_dimension = 0 : i64, split_count = {size} : i64, {groups}}} : ({tin}) -> {tout}")
-        elif name == "broadcast":
-            shape = list(x.meta["val"].shape)
-            gathered_type = type_of(torch.empty([shape[0] * size, *shape[1:]], dtype=x.meta["val"].dtype,
-                                                  device="meta"))
-            gathered, src = fresh(), node.args[1]
-            body.append(f'    {gathered} = "stablehlo.all_gather"({names[x]}) {{all_gather_dim = 0 : i64, '
-                        f"{groups}}} : ({tin}) -> {gathered_type}")
-            start = [src * shape[0]] + [0] * (len(shape) - 1)
-            limit = [(src + 1) * shape[0]] + shape[1:]
-            body.append(f'    {result} = "stablehlo.slice"({gathered}) {{start_indices = array<i64: '
-                        f"{', '.join(map(str, start))}>, limit_indices = array<i64: {', '.join(map(str, limit))}>, "
-                        f"strides = array<i64: {', '.join('1' for _ in shape)}>}} : ({gathered_type}) -> {tout}")
-        else:
+        kind = _LOWERED_AS.get(name)
+        if kind is None:
             raise NotImplementedError(f"no lowering of {node.target}")
+        reduction = node.args[1] if kind in ("all_reduce", "reduce_scatter") else None
+        root = node.args[1] if kind == "broadcast" else 0
+        body += _collective_lines(kind, names[x], result, fresh, x.meta["val"], tout,
+                                  replica_groups(node.args[-1], world), type_of, reduction, root)
         names[node] = result
     return (f"module {{\n  func.func @main({', '.join(args)}) -> ({results}) {{\n" + "\n".join(body)
             + "\n  }\n}\n")
@@ -295,40 +313,16 @@ def eager_module(calls: list, op: str | None, groups: list, type_of) -> str:
     ``("broadcast", root)`` (``root`` the group rank whose rows every rank takes: an all-gather, then its
     rows, as the compiled lowering does). ``op``: the reductions' name. ``type_of`` spells a tensor's MLIR
     type (``splice.tensor_type``)."""
-    world, size = sum(map(len, groups)), len(groups[0])
-    rows = ", ".join("[" + ", ".join(map(str, group)) + "]" for group in groups)
-    layout = f"replica_groups = dense<[{rows}]> : tensor<{len(groups)}x{size}xi64>"
+    world = sum(map(len, groups))
+    counter = itertools.count()
     args, body, values, types = [], [], [], []
     for i, (kind, source, result) in enumerate(calls):
-        scalar = type_of(torch.empty((), dtype=source.dtype, device="meta"))
-        tin = type_of(torch.empty(source.shape, dtype=source.dtype, device="meta"))
         tout = type_of(torch.empty(result.shape, dtype=result.dtype, device="meta"))
-        args.append(f"%arg{i}: {tin}")
-        value = f"%r{i}"
-        if kind == "all_gather":
-            body.append(f'    %r{i} = "stablehlo.all_gather"(%arg{i}) {{all_gather_dim = 0 : i64, {layout}}} : '
-                        f"({tin}) -> {tout}")
-        elif kind == "all_to_all":
-            body.append(f'    %r{i} = "stablehlo.all_to_all"(%arg{i}) {{split_dimension = 0 : i64, concat_dimension = '
-                        f"0 : i64, split_count = {size} : i64, {layout}}} : ({tin}) -> {tout}")
-        elif isinstance(kind, tuple) and kind[0] == "broadcast":
-            shape = list(source.shape)
-            gathered = type_of(torch.empty([shape[0] * size, *shape[1:]], dtype=source.dtype, device="meta"))
-            start, limit = [kind[1] * shape[0]] + [0] * (len(shape) - 1), [(kind[1] + 1) * shape[0]] + shape[1:]
-            body.append(f'    %g{i} = "stablehlo.all_gather"(%arg{i}) {{all_gather_dim = 0 : i64, {layout}}} : '
-                        f"({tin}) -> {gathered}")
-            body.append(f'    %r{i} = "stablehlo.slice"(%g{i}) {{start_indices = array<i64: {", ".join(map(str, start))}>, '
-                        f'limit_indices = array<i64: {", ".join(map(str, limit))}>, strides = array<i64: '
-                        f'{", ".join("1" for _ in shape)}>}} : ({gathered}) -> {tout}')
-        else:
-            extra = "scatter_dimension = 0 : i64, " if kind == "reduce_scatter" else ""
-            body.append(f'    %r{i} = "stablehlo.{kind}"(%arg{i}) {_region(op, scalar)} {{{extra}{layout}}} : '
-                        f"({tin}) -> {tout}")
-            if op == "avg":
-                body += [f"    %n{i} = stablehlo.constant dense<{float(size)}> : {tout}",
-                         f"    %a{i} = stablehlo.divide %r{i}, %n{i} : {tout}"]
-                value = f"%a{i}"
-        values.append(value)
+        args.append(f"%arg{i}: {type_of(torch.empty(source.shape, dtype=source.dtype, device='meta'))}")
+        kind, root = kind if isinstance(kind, tuple) else (kind, 0)
+        body += _collective_lines(kind, f"%arg{i}", f"%r{i}", lambda: f"%v{next(counter)}", source, tout, groups,
+                                  type_of, op, root)
+        values.append(f"%r{i}")
         types.append(tout)
     return (f"module attributes {{mhlo.num_replicas = {world} : i32}} {{\n"
             f"  func.func @main({', '.join(args)}) -> ({', '.join(types)}) {{\n" + "\n".join(body)
