@@ -47,10 +47,14 @@ def dense_saved_views(forward: torch.fx.GraphModule, saved_from: int) -> None:
     changed = False
     for index, view in enumerate(find_output_views(forward)):
         node = values[index]
-        if index < saved_from or view is None or view.symbols() or not isinstance(node, torch.fx.Node):
-            continue  # a symbolic graph's views are XLA's results already (compiler.plan_graph)
+        if (index < saved_from or view is None or view.symbols() or view.base_is_input
+                or not isinstance(node, torch.fx.Node)):
+            # a symbolic graph's views are XLA's results already (compiler.plan_graph); a view of an input
+            # (a transposed weight) stays a view: held dense from forward to backward it would be a copy of
+            # the parameter in memory (the partitioner recomputes those in the backward anyway)
+            continue
         val = node.meta["val"]
-        if view.offset == 0 and val.is_contiguous() and not view.base_is_input and view.dtype is None:
+        if view.offset == 0 and val.is_contiguous() and view.dtype is None:
             base = values[view.base].meta["val"]
             if tuple(base.shape) == tuple(val.shape):
                 continue  # the base's own buffer: no copy either way
