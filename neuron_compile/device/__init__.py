@@ -14,6 +14,11 @@ torch-mlir and the compiler load on the first op.
   passes, artifact cache and executor; ``opkernel`` holds a call's signature
   and the compiled kernel, ``index`` the persistent op index (a new process
   skips tracing);
+* ``optim``: Adam's and AdamW's steps as one executable each (fused, and the
+  default foreach step, routed through ``_optim_hooks``: the one private
+  ``torch.optim`` function replaced);
+* ``distributed`` and ``xla_collectives``: the ``neuron`` process group, its
+  collectives run by XLA on the device's buffers or staged through gloo;
 * ``autocast``: ``torch.autocast("neuron")`` kernels.
 
 ``neuron_compile.dynamo_skips`` keeps Dynamo out of the kernels
