@@ -26,7 +26,6 @@ def partition(joint_module: torch.fx.GraphModule, joint_inputs, **kwargs):
     """
     from functorch.compile import min_cut_rematerialization_partition
 
-
     if eliminate_common_subexpressions(joint_module.graph):
         joint_module.recompile()
     with torch._functorch.config.patch(cse=False):

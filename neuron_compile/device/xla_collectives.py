@@ -16,7 +16,7 @@ from ._torch_hooks import NAME
 
 DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64})
 _REDUCTIONS = {}  # ReduceOp's RedOpType -> the lowering's name, filled on first use
-_EXECUTABLES: dict = {}  # (kind, shapes, dtype, op, world) -> the XlaExecutable
+_EXECUTABLES: dict = {}  # (per call: kind, shapes, dtype; op, replica groups) -> the XlaExecutable
 
 
 def run(calls: list, op: str | None, groups: list) -> None:

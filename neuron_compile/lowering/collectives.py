@@ -253,11 +253,6 @@ def _collective_lines(kind: str, value: str, result: str, fresh, source, tout: s
     return lines
 
 
-# a compiled collective node's op -> the kind ``_collective_lines`` lowers
-_LOWERED_AS = {"all_reduce": "all_reduce", "reduce_scatter_tensor": "reduce_scatter",
-               "all_gather_into_tensor": "all_gather", "all_to_all_single": "all_to_all", "broadcast": "broadcast"}
-
-
 def lower_group(sub: torch.fx.GraphModule, type_of) -> str:
     """StableHLO text (a module with ``@main``) of a group of compiled collective nodes.
 
@@ -292,7 +287,7 @@ def lower_group(sub: torch.fx.GraphModule, type_of) -> str:
             names[node] = names[x]
             continue
         result = fresh()
-        kind = _LOWERED_AS.get(name)
+        kind = _KINDS.get(name)  # wait_tensor went above
         if kind is None:
             raise NotImplementedError(f"no lowering of {node.target}")
         reduction = node.args[1] if kind in ("all_reduce", "reduce_scatter") else None
