@@ -342,7 +342,11 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
             works = launch(staging)
         except Exception as error:  # noqa: BLE001
             raise self._error(collective, error) from error
-        work = NeuronWork(self, collective, works if isinstance(works, list) else [works], staging, result)
+        return self._issued(NeuronWork(self, collective, works if isinstance(works, list) else [works], staging,
+                                        result))
+
+    def _issued(self, work: NeuronWork) -> NeuronWork:
+        """``work``, kept among the coalesced ones inside ``_coalescing_manager`` (whose last Work waits on all)."""
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
@@ -389,10 +393,7 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
             xla_collectives.run(calls, op or None, self._replica_groups())
         except Exception as error:  # noqa: BLE001 - names the collective, the rank and the group
             raise self._error(f"{collective} (XLA, on the device's buffers)", error) from error
-        work = NeuronWork(self, collective, [], _Staging(), result)
-        if self._coalesced is not None:
-            self._coalesced.append(work)
-        return work
+        return self._issued(NeuronWork(self, collective, [], _Staging(), result))
 
     def _reduce_staging(self, opts) -> tuple:
         """A staging for a reduction; AVG (which gloo lacks) becomes SUM, divided by the size afterwards."""

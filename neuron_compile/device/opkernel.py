@@ -176,7 +176,7 @@ class OpKernel:
     """One op at one signature: which buffers feed the executable and what its results become."""
 
     __slots__ = ("executable", "inputs", "fresh", "written", "returns", "name", "_run", "_direct", "_count",
-                 "_offsets")
+                 "_scalars")
 
     def __init__(self, executable, inputs, fresh, written, returns, name):
         from ..compiler import FROM_XLA
@@ -197,7 +197,7 @@ class OpKernel:
         self._direct = (tuple(inputs[i][1] if inputs[i][0] == "slot" else ~inputs[i][1] if inputs[i][0] == "offset"
                               else inputs[i][1:2] if inputs[i][0] == "host" else inputs[i][1:]
                               for i in plan.tensor_args) if direct else None)
-        self._offsets = direct and any(entry[0] != "slot" for entry in inputs)
+        self._scalars = direct and any(entry[0] != "slot" for entry in inputs)  # any parameter but a buffer
         self._count = plan.num_xla_outputs
 
     def __call__(self, leaves: Leaves):
@@ -206,7 +206,7 @@ class OpKernel:
         index = leaves.index
         if slots is not None:
             try:
-                if self._offsets:  # scalars too: a view's offset (~k), a float ((k, dtype)), a 0-d CPU tensor ((k,))
+                if self._scalars:  # a view's offset (~k), a float ((k, dtype)), a 0-d CPU tensor ((k,))
                     offsets, floats, host, device = leaves.offsets, leaves.floats, leaves.host, index or 0
                     params = [(datas[i].buffer if i >= 0 else _scalar_buffer(offsets[~i][2], torch.int64, device))
                               if i.__class__ is int else _scalar_buffer(floats[i[0]], i[1], device) if len(i) == 2

@@ -126,10 +126,10 @@ def multi_tensor_adam(original, params, grads, exp_avgs, exp_avg_sqs, max_exp_av
 def _one_device_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, grad_scale, found_inf,
                      amsgrad, has_complex, scalars, capturable, differentiable) -> bool:
     """Whether this step is one the device takes whole: every tensor on one neuron device, the step counts
-    on the CPU (torch's non-capturable branch), real parameters, Python scalars, not under Dynamo."""
+    on the CPU (torch's non-capturable branch), real parameters, Python scalars (under Dynamo the router,
+    ``dynamo_skips.traced_through``, calls torch's function without asking)."""
     if (not params or capturable or differentiable or has_complex or grad_scale is not None
-            or found_inf is not None or torch.compiler.is_compiling()
-            or not all(type(s) in (float, int) for s in scalars)):
+            or found_inf is not None or not all(type(s) in (float, int) for s in scalars)):
         return False
     device = params[0].device
     if device.type != "neuron":
