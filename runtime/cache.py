@@ -35,7 +35,11 @@ stored; a folder that cannot be created or written gives one warning and
 compiling goes on without it; a folder owned by another user or writable by
 group/others is refused with one warning (an artifact is machine code); above
 ``max_bytes`` the least recently used artifacts (by mtime, touched on every
-hit) are evicted.
+hit) are evicted. A write does not list the folder each time (a cache of
+thousands of eager-op artifacts took milliseconds a write to list): the folder's
+size is counted when it is listed and kept up to date with this process's
+writes, and it is listed again when that count passes the cap, or after
+``RESCAN_EVERY`` writes (other processes write too), whichever comes first.
 """
 
 from __future__ import annotations
@@ -75,6 +79,10 @@ LOCK_TIMEOUT_S = 600.0
 _STALE_TEMP_S = 3600.0
 
 
+# writes between two listings of the artifacts folder (``ArtifactCache.put``)
+RESCAN_EVERY = 64
+
+
 class CacheWarning(UserWarning):
     """The cache could not be used as asked (broken entry, unusable or unsafe folder); compiling goes on."""
 
@@ -97,6 +105,8 @@ class ArtifactCache:
         self._writable = True
         self._warned: set[str] = set()
         self._lock = threading.Lock()
+        self._bytes: int | None = None  # the artifacts' size when last listed, plus this process's writes
+        self._writes = 0  # writes since the folder was last listed
 
     # -- paths --------------------------------------------------------------------------------
     def artifact_path(self, digest: str) -> Path:
@@ -256,7 +266,13 @@ class ArtifactCache:
         except OSError as exc:
             self._write_failed("an artifact", exc)
             return 0
-        self._evict(keep=path)
+        with self._lock:
+            self._writes += 1
+            if self._bytes is not None:
+                self._bytes += len(data)
+            due = self._bytes is None or self._bytes > self.max_bytes or self._writes >= RESCAN_EVERY
+        if due:
+            self._evict(keep=path)
         return len(data)
 
     def put_index(self, front: CacheKey, content_digest: str, graph: str = "") -> None:
@@ -325,6 +341,8 @@ class ArtifactCache:
             total -= size
             removed += 1
             log.debug("cache evict %s (%d bytes)", path.name, size)
+        with self._lock:
+            self._bytes, self._writes = total, 0
         return removed
 
     # -- the CLI's interface ------------------------------------------------------------------

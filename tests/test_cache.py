@@ -332,6 +332,32 @@ def test_eviction_keeps_the_most_recently_used(tmp_path):
     assert cache.stats()["entries"] == 0
 
 
+def test_a_write_lists_the_folder_only_when_the_cap_may_be_passed(tmp_path, monkeypatch):
+    """Listing thousands of artifacts on every write cost an eager op's cold build milliseconds: the
+    folder is listed on the first write, when this process's count passes the cap, and every
+    RESCAN_EVERY writes (for what other processes wrote)."""
+    import runtime.cache as cache_module
+
+    listings = []
+    original = ArtifactCache._artifact_files
+    monkeypatch.setattr(ArtifactCache, "_artifact_files", lambda self: listings.append(1) or original(self))
+    monkeypatch.setattr(cache_module, "RESCAN_EVERY", 8)
+    cache = ArtifactCache(tmp_path / "c", max_bytes=20_000)
+    for n in range(8):
+        cache.put(*fake_artifact(n))
+    assert len(listings) == 1, "only the first write lists the folder while far under the cap"
+    other = ArtifactCache(tmp_path / "c", max_bytes=20_000)  # another process fills the folder past the cap
+    for n in range(8, 30):
+        other.put(*fake_artifact(n))
+    assert other.stats()["bytes"] <= 20_000
+    listings.clear()
+    cache.put(*fake_artifact(30))  # its 8th write since it listed: listed again, though its own count is low
+    assert len(listings) == 1 and cache.stats()["bytes"] <= 20_000
+    for n in range(31, 60):  # past the cap by this process's own count: listed, and the cap holds
+        cache.put(*fake_artifact(n))
+        assert cache.stats()["bytes"] <= 20_000
+
+
 def test_cap_applies_to_compiles(fresh_cache, monkeypatch):
     monkeypatch.setenv("NEURON_COMPILE_CACHE_MAX_BYTES", "1")  # below one artifact: only the newest stays
     for width in (8, 16, 24):
