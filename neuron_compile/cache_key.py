@@ -155,13 +155,14 @@ def _kernels(gm: torch.fx.GraphModule | None) -> dict:
     return {"kernels": sorted(found)} if found else {}
 
 
-def fx_cache_key(gm: torch.fx.GraphModule, pipeline_spec: str) -> CacheKey:
+def fx_cache_key(gm: torch.fx.GraphModule, pipeline_spec: str, lowering: str = "direct") -> CacheKey:
     from .lowering.collectives import key_parts
 
     return CacheKey.build("fx", {
         "fx_graph": fx_graph_text(gm),
         "input_signature": input_signature(gm),
         "pass_pipeline": pipeline_spec,
+        "lowering": lowering,  # the same graph written directly or through Torch-MLIR: two executables
         "neuron_compile": _ours(),
         **toolchain_parts(),
         **_kernels(gm),

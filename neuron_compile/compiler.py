@@ -244,7 +244,7 @@ def compile_graph(gm: torch.fx.GraphModule, *, report: CompileReport, options) -
             platform_description()
         # key: the FX graph and its input signature, known without lowering
         with report.stage("cache-key"):
-            front = fx_cache_key(gm, options.passes or "default")
+            front = fx_cache_key(gm, options.passes or "default", lowering=options.lowering)
         signature = input_signature(gm)
         xla = _from_cache(cache, front, lambda: LoweredGraph(gm, report, options, dump, front=front, plan=plan),
                           _fits(signature, plan), report, dump)
@@ -305,7 +305,8 @@ class LoweredGraph:
         # analysis, the importer's Python)
         with report.remainder("lowering-setup"):
             lowered = lower_to_stablehlo(gm, report=report, graph_name=report.graph,
-                                         keep_torch_ir=dump is not None, kernel_rule=kernel_rule)
+                                         keep_torch_ir=dump is not None, kernel_rule=kernel_rule,
+                                         direct=report.kind == "eager" and options.lowering == "direct")
         COUNTERS["lowerings"] += 1
         if dump:
             dump.write("01-torch.mlir", lowered.torch_mlir)

@@ -15,6 +15,7 @@ known ones (a typo must not be silently ignored).
 | verify     | NEURON_COMPILE_VERIFY (1 = on)| off: verify IR after every pass |
 | buckets    | NEURON_COMPILE_BUCKETS        | 128: symbolic sizes padded to multiples of 128; a list "128,512,1024"; 0/off: exact shapes |
 | collectives | NEURON_COMPILE_COLLECTIVES   | "compiled": into the executable where they can be (or "eager": on torch.distributed) |
+| lowering   | NEURON_COMPILE_LOWERING       | "direct": the device's eager ops written as StableHLO where every op has a rule (or "torch-mlir": always Torch-MLIR) |
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ class Options:
     verify: bool = False
     buckets: object = 128  # int multiple, sorted tuple of sizes, or 0 (exact shapes only)
     collectives: str = "compiled"  # or "eager": functional collectives run on torch.distributed
+    lowering: str = "direct"  # or "torch-mlir": no direct StableHLO for the device's eager ops
 
     @classmethod
     def resolve(cls, user: dict | None = None) -> "Options":
@@ -102,6 +104,7 @@ class Options:
             "verify": _env_flag("NEURON_COMPILE_VERIFY", False),
             "buckets": os.environ.get("NEURON_COMPILE_BUCKETS", "128"),
             "collectives": os.environ.get("NEURON_COMPILE_COLLECTIVES") or "compiled",
+            "lowering": os.environ.get("NEURON_COMPILE_LOWERING") or "direct",
         }
         env.update(user)
         env["buckets"] = parse_buckets(env["buckets"])
@@ -109,4 +112,6 @@ class Options:
             raise ValueError(f"option fallback must be 'error' or 'eager', not {env['fallback']!r}")
         if env["collectives"] not in ("compiled", "eager"):
             raise ValueError(f"option collectives must be 'compiled' or 'eager', not {env['collectives']!r}")
+        if env["lowering"] not in ("direct", "torch-mlir"):
+            raise ValueError(f"option lowering must be 'direct' or 'torch-mlir', not {env['lowering']!r}")
         return cls(**env)

@@ -61,14 +61,21 @@ class Lowered:
 
 
 def lower_to_stablehlo(gm: torch.fx.GraphModule, *, report=None, graph_name: str = "graph",
-                       keep_torch_ir: bool = False, kernel_rule=None) -> Lowered:
+                       keep_torch_ir: bool = False, kernel_rule=None, direct: bool = False) -> Lowered:
     """Lower a static, decomposed FX graph to a StableHLO module (parameters as arguments).
-    ``kernel_rule(node)``: the JAX rule of a registered kernel serving that node, or None."""
+    ``kernel_rule(node)``: the JAX rule of a registered kernel serving that node, or None. ``direct``: a
+    graph whose every op has a rule in ``direct`` is written as StableHLO there (stage ``direct``),
+    with no Torch-MLIR; any other graph takes the path below."""
     drop_error_checks(gm)
     _refuse_data_dependent_shapes(gm, graph_name)
     from .collectives import has_collectives
     from .splice import jax_nodes, lower_spliced
 
+    if direct and (kernel_rule is None or not any(kernel_rule(n) for n in gm.graph.nodes if n.op == "call_function")):
+        with _stage(report, "direct"):
+            module = _direct(gm)
+        if module is not None:
+            return Lowered(module, "// written directly as StableHLO: no Torch-MLIR stage\n" if keep_torch_ir else None)
     chosen = jax_nodes(gm, kernel_rule)
     if chosen or has_collectives(gm):
         # collectives lower to StableHLO collectives of their own (``collectives``)
@@ -80,6 +87,20 @@ def lower_to_stablehlo(gm: torch.fx.GraphModule, *, report=None, graph_name: str
                                kernel_rule=kernel_rule)
         return Lowered(module, "// spliced graph: see the Torch-MLIR parts' dumps\n" if keep_torch_ir else None)
     return _lower_torch_mlir(gm, report, graph_name, keep_torch_ir=keep_torch_ir)
+
+
+def _direct(gm):
+    """``direct.lower``'s text parsed into a module of this thread's context, or None (no rule for an op)."""
+    from torch_mlir import ir
+
+    from .direct import lower
+
+    text = lower(gm)
+    if text is None:
+        return None
+    ctx = shared_context()
+    with ctx:
+        return ir.Module.parse(text)
 
 
 def _refuse_data_dependent_shapes(gm, graph_name: str) -> None:

@@ -1,0 +1,126 @@
+"""The direct lowering (``lowering/direct.py``): an eager op's graph written as StableHLO with no Torch-MLIR.
+
+Each case runs on the ``neuron`` device against CPU eager, at several shapes (a kernel is built per
+signature), and checks which path built its kernels: every graph of the case written directly (the
+compile report has a ``direct`` stage and no Torch-MLIR stage), and the same results with
+``lowering="torch-mlir"``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import neuron_compile.report as report
+from neuron_compile.cache_key import fx_cache_key
+from neuron_compile.capture.options import Options
+from neuron_compile.lowering import direct
+
+TORCH_MLIR_STAGES = {"import", "torch-backend", "stablehlo"}
+
+# name -> (function of (x, y, index), shapes of x at each call); y is x's last dim, index six int64 rows below 3
+CASES = {
+    "add_alpha": lambda x, y, i: torch.add(x, y, alpha=0.5),
+    "sub_scalar": lambda x, y, i: x - 2,
+    "mul_broadcast": lambda x, y, i: x * y,
+    "div": lambda x, y, i: x / (y.abs() + 1),
+    "maximum": lambda x, y, i: torch.maximum(x, y),
+    "compare_int_float": lambda x, y, i: (x * 4).long() <= y,
+    "where": lambda x, y, i: torch.where(x > 0, x, y),
+    "unary": lambda x, y, i: torch.stack([x.exp(), x.tanh(), x.sigmoid(), x.abs().sqrt(), x.abs().log1p(), x.sin(),
+                                          x.floor(), x.ceil(), x.neg(), (x.abs() + 1).reciprocal()]),
+    "pow": lambda x, y, i: torch.stack([x ** 2, x ** 3, x.abs() ** 0.5, x.abs() ** -0.5, x.abs() ** 1.7]),
+    "logical": lambda x, y, i: torch.logical_and(x > 0, y < 0.5) | torch.logical_not(x > 1),
+    "bitwise": lambda x, y, i: (i & 6) ^ (~i),
+    "clamp": lambda x, y, i: x.clamp(-0.5, 0.25),
+    "layout": lambda x, y, i: x.t().contiguous().unsqueeze(0).expand(2, -1, -1).reshape(-1) * 1,
+    "slice_select": lambda x, y, i: x[1::2, ::3] * 1 + x[-1, 1:2],
+    "cat_pad": lambda x, y, i: F.pad(torch.cat([x, x * 2], 1), (1, 2, -1, 0), value=3.0),
+    "to_dtypes": lambda x, y, i: torch.stack([(x * 10).long().float(), x.half().float(), x.bool().float()]),
+    "creation": lambda x, y, i: torch.arange(3, 3 + 2 * x.shape[0], 2, device=x.device) * 1.5 + torch.ones(
+        x.shape[0], device=x.device) + torch.full((x.shape[0],), 2, device=x.device),
+    "reductions": lambda x, y, i: torch.stack([x.sum(1), x.mean(1), x.amax(1), x.amin(1)]),
+    "sum_all_and_bool": lambda x, y, i: torch.stack([x.sum(), (x > 0).sum().float(), (x > -9).all().float()]),
+    "half_sum": lambda x, y, i: (x.half() * 3).sum(1),
+    "matmul": lambda x, y, i: torch.stack([x @ x.t(), torch.bmm(x[None], x.t()[None])[0]]),
+    "softmax": lambda x, y, i: torch.stack([x.softmax(-1), x.log_softmax(0).t().t()]),
+    "layer_norm": lambda x, y, i: F.layer_norm(x, x.shape[-1:]),
+    "index_select": lambda x, y, i: x.index_select(0, i),
+    "tril": lambda x, y, i: x.tril(),
+}
+SHAPES = [(4, 6), (5, 6), (3, 7)]
+
+
+def _run(fn, device):
+    torch.manual_seed(0)
+    outs = []
+    for shape in SHAPES:
+        x, y = torch.randn(shape), torch.randn(shape[-1])
+        index = torch.tensor([2, 0, 2, 1, 0, 2])
+        out = fn(*(t.to(device) for t in (x, y, index)))
+        outs.append(out.cpu())
+    return outs
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_an_eager_op_written_directly_matches_cpu(name, monkeypatch):
+    fn = CASES[name]
+    expected = _run(fn, "cpu")
+    before = len(report.compile_reports())
+    got = _run(fn, "neuron")
+    built = [r for r in report.compile_reports()[before:] if r.kind == "eager"]
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, equal_nan=True)
+    for r in built:
+        assert "direct" in r.stages and not TORCH_MLIR_STAGES & r.stages.keys(), (r.graph, r.stages)
+
+    monkeypatch.setenv("NEURON_COMPILE_LOWERING", "torch-mlir")  # the same ops through Torch-MLIR
+    before = len(report.compile_reports())
+    through = _run(fn, "neuron")
+    for g, e in zip(through, expected):
+        torch.testing.assert_close(g, e, equal_nan=True)
+    rebuilt = [r for r in report.compile_reports()[before:] if r.kind == "eager"]
+    assert all("torch-backend" in r.stages for r in rebuilt), [r.graph for r in rebuilt]
+
+
+def test_an_op_with_no_rule_takes_torch_mlir():
+    """nll_loss's graph holds a gather, which has no rule here: the graph is Torch-MLIR's, unchanged."""
+    logits, target = torch.randn(5, 7), torch.tensor([1, 0, 6, 3, 2])
+    before = len(report.compile_reports())
+    got = F.nll_loss(logits.to("neuron").log_softmax(1), target.to("neuron"))
+    torch.testing.assert_close(got.cpu(), F.nll_loss(logits.log_softmax(1), target))
+    nll = [r for r in report.compile_reports()[before:] if "nll_loss_forward" in r.graph]
+    assert nll and all({"direct", "torch-backend"} <= r.stages.keys() for r in nll)
+
+
+def test_lower_refuses_what_it_cannot_write_exactly():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(lambda x: torch.ops.aten.add.Tensor(x, x))(torch.ones(3))
+    text = direct.lower(gm)
+    assert text is not None and '"stablehlo.add"' in text and "tensor<3xf32>" in text
+    for fn, example in [(lambda x: torch.ops.aten.gather.default(x, 0, x.long()), torch.ones(3)),  # no rule
+                        (lambda x: torch.ops.aten.add.Tensor(x, x), torch.ones(3, dtype=torch.complex64)),
+                        (lambda x: torch.ops.aten.div.Tensor_mode(x, x, rounding_mode="floor"), torch.ones(3))]:
+        assert direct.lower(make_fx(fn)(example)) is None
+    symbolic = make_fx(lambda x: torch.ops.aten.add.Tensor(x, x), tracing_mode="symbolic")(torch.ones(3))
+    assert direct.lower(symbolic) is None
+
+
+def test_constants_are_exact_bit_patterns():
+    assert direct._literal(float("inf"), torch.float32) == "0x7F800000"
+    assert direct._literal(-0.0, torch.float16) == "0x8000"
+    assert direct._literal(1.0, torch.bfloat16) == "0x3F80"
+    assert direct._literal(0.1, torch.float64) == "0x3FB999999999999A"
+    assert direct._literal(2.9, torch.int64) == "2" and direct._literal(3, torch.bool) == "true"
+
+
+def test_the_lowering_option_is_checked_and_keyed(monkeypatch):
+    monkeypatch.setenv("NEURON_COMPILE_LOWERING", "fast")
+    with pytest.raises(ValueError, match="lowering must be 'direct' or 'torch-mlir'"):
+        Options.resolve()
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(lambda x: x + 1)(torch.ones(3))
+    assert fx_cache_key(gm, "default", "direct").digest != fx_cache_key(gm, "default", "torch-mlir").digest
