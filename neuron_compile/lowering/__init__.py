@@ -4,6 +4,9 @@
   (import, torch-backend, stablehlo), the graph fixes around them
   (``drop_error_checks``, ``fix_unsigned_compares``) and the reproducer a
   failure leaves;
+* ``direct``: a graph whose every op has a rule (``direct_rules``) written as
+  StableHLO text (``direct_ir``) with no Torch-MLIR (the device's eager ops;
+  ``lower_to_stablehlo(direct=True)``);
 * ``splice``: for graphs holding ops Torch-MLIR cannot lower, the partition
   into Torch-MLIR and JAX groups, the JAX lowering of a group, and the splice
   of the parts under one ``@main``;
@@ -12,8 +15,9 @@
 * ``diagnostics``: what both share, the MLIR context and pass runner, and
   ``LoweringError``.
 
-Imports go one way: ``fx_to_stablehlo`` -> ``splice`` -> ``jax_rules`` ->
-``jax_ldl``, and each of them -> ``diagnostics``. Nothing here imports the
+Imports go one way: ``fx_to_stablehlo`` -> ``direct`` -> ``direct_rules`` ->
+``direct_ir``; ``fx_to_stablehlo`` -> ``splice`` -> ``jax_rules`` -> ``jax_ldl``,
+and each of them -> ``diagnostics``. Nothing here imports the
 rest of ``neuron_compile``. The names below are the stage's API
 (``neuron_compile.LoweringError`` is this one).
 """
