@@ -51,9 +51,10 @@ Eight measurements, each against its peer:
    section 3's GPT-2 for ``--sample-tokens`` tokens, on neuron and CPU eager:
    ops compiled per token, time, and whether the tokens are CPU's.
 7. Cold compile of one op: a NEW process on an empty cache runs one section-3
-   training step and times every op kernel it builds (trace, Torch-MLIR,
+   training step and times every op kernel it builds (trace, lowering,
    passes, XLA, cache), with each compile stage's median (target: median at
-   most 50 ms per op; XLA's own compile of the same ops is the floor).
+   most 50 ms per op; XLA's own compile of the same ops is the floor), with
+   the direct lowering and through Torch-MLIR, processes alternating.
 8. Compiled training steps (``torch.compile(model)``, eager AdamW) of
    section 3's GPT-2 and a llama of the same size: our backend with the model
    on neuron, our backend on CPU tensors, Inductor (target: the neuron row at
@@ -717,12 +718,29 @@ def cold_ops_worker(result: str) -> int:
     return 0
 
 
-def cold_ops() -> dict:
-    cache = tempfile.mkdtemp(prefix="bench_device_ops_")
+LOWERINGS = ("direct", "torch-mlir")
+
+
+def cold_ops(pairs: int) -> dict:
+    """The cold step's op builds with each lowering (``NEURON_COMPILE_LOWERING``), the two alternating, a fresh
+    process and an empty cache each: {lowering: [run, ...]}."""
+    out: dict = {name: [] for name in LOWERINGS}
+    saved = os.environ.get("NEURON_COMPILE_LOWERING")
     try:
-        return _run_worker("ops", 1, cache, "")
+        for _ in range(pairs):
+            for name in LOWERINGS:
+                os.environ["NEURON_COMPILE_LOWERING"] = name
+                cache = tempfile.mkdtemp(prefix="bench_device_ops_")
+                try:
+                    out[name].append(_run_worker("ops", 1, cache, ""))
+                finally:
+                    shutil.rmtree(cache, ignore_errors=True)
     finally:
-        shutil.rmtree(cache, ignore_errors=True)
+        if saved is None:
+            os.environ.pop("NEURON_COMPILE_LOWERING", None)
+        else:
+            os.environ["NEURON_COMPILE_LOWERING"] = saved
+    return out
 
 
 # ---- 8. compiled training steps: the model on neuron, CPU tensors, Inductor ----------------------
@@ -1095,36 +1113,62 @@ def report(res: dict, args) -> str:
     k = res.get("cold_ops", {})
     lines += ["", "## 7. Cold compile of one op: the ops of a GPT-2 training step, empty cache", "",
               "A fresh process on an empty cache runs one section-3 training step; every op kernel it builds is "
-              "timed (`ops._build`: the op's trace with make_fx, Torch-MLIR, our passes, the XLA compile, the "
+              "timed (`ops._build`: the op's trace with make_fx, its lowering, our passes, the XLA compile, the "
               "cache's reads and writes). Target: median at most 50 ms per op. XLA's own compile of the same "
-              "ops (the `xla-compile` stage) is the floor this path cannot go under.", ""]
-    if isinstance(k, dict) and "builds" in k:
-        per_op = sorted(b for _, b in k["builds"])
+              "ops (the `xla-compile` stage) is the floor this path cannot go under. Each lowering "
+              "(`NEURON_COMPILE_LOWERING`: `direct`, an op's graph written as StableHLO where every op has a rule; "
+              "`torch-mlir`, every graph through Torch-MLIR) runs in processes of its own, the two alternating "
+              f"({args.pairs} each); the table is the `direct` run with the median per-op median.", ""]
+    runs = {name: [r for r in k.get(name, []) if isinstance(r, dict) and r.get("builds")] for name in LOWERINGS} \
+        if isinstance(k, dict) else {}
+
+    def op_median(run):
+        return statistics.median(b for _, b in run["builds"]) * 1e3
+
+    if runs.get("direct"):
+        chosen = sorted(runs["direct"], key=op_median)[len(runs["direct"]) // 2]
+        per_op = sorted(b for _, b in chosen["builds"])
         stages: dict = {}
-        for entry in k["stages"]:
+        for entry in chosen["stages"]:
             for name, seconds in entry.items():
                 stages.setdefault(name, []).append(seconds)
         xla = statistics.median(stages["xla-compile"]) if stages.get("xla-compile") else None
+
         def spread(what, values):
             values = sorted(values)
             return [what, len(values), f"{statistics.median(values) * 1e3:.1f}",
                     f"{values[int(0.9 * (len(values) - 1))] * 1e3:.1f}", f"{sum(values):.2f}"]
 
         rows = [spread("op kernel built (all of it)", per_op)]
-        if k.get("traces_s"):
-            rows.append(spread("trace (make_fx)", k["traces_s"]))
+        if chosen.get("traces_s"):
+            rows.append(spread("trace (make_fx)", chosen["traces_s"]))
         rows += [spread(f"stage {name}", values) for name, values in sorted(stages.items(), key=lambda kv: -sum(kv[1]))]
         lines.append(tabulate(rows, headers=["what", "count", "median ms", "p90 ms", "total s"], tablefmt="github"))
-        slow = sorted(k["builds"], key=lambda b: -b[1])[:5]
-        lines += ["", f"The whole step took {k['step_s']:.1f} s. Slowest builds: "
-                  + ", ".join(f"`{name}` {b * 1e3:.0f} ms" for name, b in slow) + "."]
-        median = statistics.median(per_op) * 1e3
+        slow = sorted(chosen["builds"], key=lambda b: -b[1])[:5]
+        lines += ["", f"The whole step took {chosen['step_s']:.1f} s. Slowest builds: "
+                  + ", ".join(f"`{name}` {b * 1e3:.0f} ms" for name, b in slow) + ".", ""]
+        side = []
+        for name in LOWERINGS:
+            medians = sorted(op_median(r) for r in runs.get(name, []))
+            if medians:
+                side.append([name, len(medians), f"{statistics.median(medians):.1f}",
+                             ", ".join(f"{m:.1f}" for m in medians),
+                             f"{statistics.median(r['step_s'] for r in runs[name]):.1f}"])
+        lines.append(tabulate(side, headers=["lowering", "processes", "per-op median ms (median run)",
+                                             "each run's per-op median", "cold step s (median)"], tablefmt="github"))
+        median = statistics.median(op_median(r) for r in runs["direct"])
         summary.append(["cold compile per op, GPT-2 step's ops (ms, median)", f"{median:.1f}",
                         "XLA compile alone", f"{xla * 1e3:.1f}" if xla else "-",
                         f"{median / (xla * 1e3):.2f}" if xla else "-", "<= 50 ms",
                         "met" if median <= 50 else "missed"])
-    elif isinstance(k, dict) and "error" in k:
-        lines.append(f"- {k['error']}")
+        if runs.get("torch-mlir"):
+            through = statistics.median(op_median(r) for r in runs["torch-mlir"])
+            summary.append(["cold compile per op, GPT-2 step's ops (ms, median)", f"{median:.1f}",
+                            "through Torch-MLIR", f"{through:.1f}", f"{median / through:.2f}", "<= 50 ms",
+                            "met" if median <= 50 else "missed"])
+    errors = [r["error"] for name in LOWERINGS for r in (k.get(name, []) if isinstance(k, dict) else [])
+              if isinstance(r, dict) and "error" in r]
+    lines += [f"- {e}" for e in errors]
 
     # 8. compiled training steps
     c8 = res.get("compiled", {})
@@ -1210,7 +1254,8 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, help="training warm-up steps (default 3; quick 2)")
     parser.add_argument("--steps", type=int, help="steady training steps timed (default 10; quick 3)")
     parser.add_argument("--cold-steps", type=int, help="training steps per cold-start process (default 3; quick 2)")
-    parser.add_argument("--pairs", type=int, help="cold/warm process pairs (default 3; quick 1)")
+    parser.add_argument("--pairs", type=int, help="cold/warm process pairs, and processes per lowering in section 7 "
+                        "(default 3; quick 1)")
     parser.add_argument("--offset-batches", type=int, help="word_language_model batches (default 8; quick 4)")
     parser.add_argument("--sample-tokens", type=int, help="tokens sampled one at a time (default 4; quick 2)")
     parser.add_argument("--skip", default="",
@@ -1246,7 +1291,7 @@ def main(argv=None) -> int:
                     ("cold", lambda: cold_start(args.cold_steps, args.pairs)),
                     ("offsets", lambda: offsets(args.offset_batches)),
                     ("sampling", lambda: sampling(args.sample_tokens)),
-                    ("cold_ops", cold_ops),
+                    ("cold_ops", lambda: cold_ops(args.pairs)),
                     ("compiled", lambda: compiled_all(args.warmup, args.steps))]
         for name, run in sections:
             if name in skip:
