@@ -155,10 +155,12 @@ def _kernels(gm: torch.fx.GraphModule | None) -> dict:
     return {"kernels": sorted(found)} if found else {}
 
 
-def fx_cache_key(gm: torch.fx.GraphModule, pipeline_spec: str, lowering: str = "direct") -> CacheKey:
+def fx_cache_key(gm: torch.fx.GraphModule, pipeline_spec: str, lowering: str = "direct",
+                 donated: tuple = ()) -> CacheKey:
     from .lowering.collectives import key_parts
 
     return CacheKey.build("fx", {
+        **({"donated": [list(pair) for pair in donated]} if donated else {}),  # (XLA parameter, result) pairs
         "fx_graph": fx_graph_text(gm),
         "input_signature": input_signature(gm),
         "pass_pipeline": pipeline_spec,

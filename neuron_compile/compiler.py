@@ -222,10 +222,24 @@ def op_counts(gm: torch.fx.GraphModule) -> dict[str, int]:
     return counts
 
 
-def compile_graph(gm: torch.fx.GraphModule, *, report: CompileReport, options) -> Executable:
-    """Compile one static, decomposed FX graph into an ``Executable``."""
+def xla_aliases(plan: GraphPlan, donate: dict | None) -> tuple:
+    """``donate`` (graph input -> the graph output that overwrites it) as (XLA parameter, XLA result) pairs:
+    what ``LoweredGraph`` marks ``tf.aliasing_output``, so XLA may write the result into the input's buffer
+    (donated: the input buffer is gone after the call)."""
+    pairs = []
+    for graph_input, graph_output in sorted((donate or {}).items()):
+        kind, value = plan.outputs[graph_output]
+        if graph_input in plan.tensor_args and kind == FROM_XLA:
+            pairs.append((plan.tensor_args.index(graph_input), value))
+    return tuple(pairs)
+
+
+def compile_graph(gm: torch.fx.GraphModule, *, report: CompileReport, options, donate: dict | None = None) -> Executable:
+    """Compile one static, decomposed FX graph into an ``Executable``. ``donate``: graph input -> graph
+    output of the same shape and dtype that overwrites it (``xla_aliases``), part of the cache keys."""
     dump = GraphDump(options.dump_dir, report.graph) if options.dump_dir else None
     plan = prepare_graph(gm)
+    aliases = xla_aliases(plan, donate)
     report.nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
     report.ops = op_counts(gm)
     if dump:
@@ -236,7 +250,7 @@ def compile_graph(gm: torch.fx.GraphModule, *, report: CompileReport, options) -
     cache = compile_cache(options)
     if cache is None:
         # lower, passes, compile: no key, no artifact
-        xla = LoweredGraph(gm, report, options, dump, front=None).compile()[1]
+        xla = LoweredGraph(gm, report, options, dump, front=None, aliases=aliases).compile()[1]
         front = signature = None
     else:
         # xla-client: start the PJRT client (first graph of a process; the platform is a key part)
@@ -244,9 +258,10 @@ def compile_graph(gm: torch.fx.GraphModule, *, report: CompileReport, options) -
             platform_description()
         # key: the FX graph and its input signature, known without lowering
         with report.stage("cache-key"):
-            front = fx_cache_key(gm, options.passes or "default", lowering=options.lowering)
+            front = fx_cache_key(gm, options.passes or "default", lowering=options.lowering, donated=aliases)
         signature = input_signature(gm)
-        xla = _from_cache(cache, front, lambda: LoweredGraph(gm, report, options, dump, front=front, plan=plan),
+        xla = _from_cache(cache, front, lambda: LoweredGraph(gm, report, options, dump, front=front, plan=plan,
+                                                             aliases=aliases),
                           _fits(signature, plan), report, dump)
     if dump:
         dump.write_json("report.json", report.as_dict())
@@ -256,7 +271,7 @@ def compile_graph(gm: torch.fx.GraphModule, *, report: CompileReport, options) -
 
 
 def cached_executable(front: CacheKey, plan: GraphPlan, signature: list, rebuild, *, report: CompileReport,
-                      options) -> Executable:
+                      options, aliases: tuple = ()) -> Executable:
     """A compiled graph found by its FX key, with no FX graph at hand: how a precompiled package loads.
 
     ``rebuild()`` returns the unplanned FX graph; it is only called when the
@@ -267,7 +282,7 @@ def cached_executable(front: CacheKey, plan: GraphPlan, signature: list, rebuild
         gm = rebuild()
         if prepare_graph(gm) != plan:
             raise RuntimeError(f"{report.graph}: the rebuilt graph plans differently from the one saved")
-        return LoweredGraph(gm, report, options, None, front=front, plan=plan)
+        return LoweredGraph(gm, report, options, None, front=front, plan=plan, aliases=tuple(map(tuple, aliases)))
 
     with report.stage("xla-client"):
         platform_description()
@@ -287,8 +302,10 @@ def _from_cache(cache: CompileCache, front: CacheKey, lower, check, report: Comp
 class LoweredGraph:
     """A graph lowered to StableHLO, keyed, waiting for passes and the XLA compile (``runtime.cache.Pending``)."""
 
-    def __init__(self, gm: torch.fx.GraphModule, report: CompileReport, options, dump, *, front, plan=None):
+    def __init__(self, gm: torch.fx.GraphModule, report: CompileReport, options, dump, *, front, plan=None,
+                 aliases: tuple = ()):
         self.gm, self.report, self.options, self.dump, self.front, self.plan = gm, report, options, dump, front, plan
+        self.aliases = aliases
         self._stages_before = set(report.stages)
         distributed = key_parts(gm)  # before lowering, which fuses the graph's nodes in place
         # mlir-setup: load torch-mlir and the passes (first graph of a process; a cache hit never does)
@@ -318,7 +335,9 @@ class LoweredGraph:
             # key: the StableHLO without debug locations, so other FX graphs and source lines share it
             with report.stage("cache-key"):
                 text = self.module.operation.get_asm(enable_debug_info=False)
-                self.key = stablehlo_cache_key(text, input_signature(gm), self.pipeline.spec, distributed)
+                self.key = stablehlo_cache_key(text, input_signature(gm), self.pipeline.spec,
+                                               {**distributed, "donated": [list(pair) for pair in aliases]} if aliases
+                                               else distributed)
 
     def compile(self) -> tuple[Artifact | None, XlaExecutable]:
         report, dump = self.report, self.dump
@@ -328,6 +347,8 @@ class LoweredGraph:
         # kernels: registered kernels swapped in for the fuse pass's composites, by name
         self.kernels += swap_kernels(self.module, report)
         report.kernels = self.kernels
+        if self.aliases:
+            mark_donated(self.module, self.aliases)
         # mlir-print: the module as the text XLA is given
         with report.stage("mlir-print"):
             text = self.module.operation.get_asm(enable_debug_info=False)
@@ -372,8 +393,31 @@ class LoweredGraph:
             "stages": {k: round(v, 6) for k, v in report.stages.items() if k not in self._stages_before},
             "stablehlo": encoding,
             "kernels": self.kernels,
+            "donated": [list(pair) for pair in self.aliases],
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         }
+
+
+def mark_donated(module, aliases: tuple) -> None:
+    """Mark ``@main``'s parameters ``tf.aliasing_output = result``: XLA may write that result into the
+    parameter's buffer (PJRT donates it; one with a DLPack export alive is copied instead)."""
+    from torch_mlir import ir
+
+    with module.context:
+        main = next(op.operation for op in module.body.operations
+                    if op.operation.name == "func.func"
+                    and ir.StringAttr(op.operation.attributes["sym_name"]).value == "main")
+        signature = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
+        count = len(signature.inputs)
+        old = main.attributes["arg_attrs"] if "arg_attrs" in main.attributes else None
+        attrs = [{named.name: named.attr for named in ir.DictAttr(old[i])} if old is not None else {}
+                 for i in range(count)]
+        for parameter, result in aliases:
+            if signature.inputs[parameter] != signature.results[result]:
+                raise ValueError(f"cannot donate parameter {parameter} to result {result}: "
+                                 f"{signature.inputs[parameter]} is not {signature.results[result]}")
+            attrs[parameter]["tf.aliasing_output"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32), result)
+        main.attributes["arg_attrs"] = ir.ArrayAttr.get([ir.DictAttr.get(a) for a in attrs])
 
 
 def _aliases(plan: GraphPlan | None) -> list[dict]:

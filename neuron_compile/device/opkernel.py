@@ -11,6 +11,8 @@ results into neuron tensors and new storage contents.
 
 from __future__ import annotations
 
+from sys import getrefcount as _getrefcount
+
 import torch
 
 from . import storage as _storage
@@ -176,9 +178,9 @@ class OpKernel:
     """One op at one signature: which buffers feed the executable and what its results become."""
 
     __slots__ = ("executable", "inputs", "fresh", "written", "returns", "name", "_run", "_direct", "_count",
-                 "_scalars")
+                 "_scalars", "_donated")
 
-    def __init__(self, executable, inputs, fresh, written, returns, name):
+    def __init__(self, executable, inputs, fresh, written, returns, name, donated=()):
         from ..compiler import FROM_XLA
 
         self.executable = executable
@@ -199,11 +201,16 @@ class OpKernel:
                               for i in plan.tensor_args) if direct else None)
         self._scalars = direct and any(entry[0] != "slot" for entry in inputs)  # any parameter but a buffer
         self._count = plan.num_xla_outputs
+        self._donated = tuple(donated)  # slots whose buffers the executable takes (``ops.donated_storages``)
 
     def __call__(self, leaves: Leaves):
         datas = leaves.datas
         slots = self._direct
         index = leaves.index
+        if self._donated:
+            for s in self._donated:  # a buffer the executable takes must be this storage's alone
+                if _getrefcount(datas[s].buffer) > 2 and datas[s].buffer is not None:
+                    _unshare(datas[s], index or 0)
         if slots is not None:
             try:
                 if self._scalars:  # a view's offset (~k), a float ((k, dtype)), a 0-d CPU tensor ((k,))
@@ -247,7 +254,9 @@ class OpKernel:
                 data = datas[index]
                 buffer = data.buffer
                 if buffer is None:  # never written (torch.empty): its contents are unspecified; zeros
-                    buffer = _storage.zeros_buffer(data.numel, data.dtype, device)
+                    # (its own when the executable takes it: the kept constant is every storage's)
+                    buffer = (_storage.host_to_buffer(torch.zeros(data.numel, dtype=data.dtype), device)
+                              if index in self._donated else _storage.zeros_buffer(data.numel, data.dtype, device))
                     data.set(buffer)
                 params.append(buffer)
             elif kind == "host":  # a 0-d CPU tensor: its value's buffer, kept as a runtime float's is
@@ -262,6 +271,14 @@ class OpKernel:
 
 
 _SCALARS: dict = {}
+
+
+def _unshare(data: Data, index: int) -> None:
+    """Give ``data`` a copy of its buffer, which another storage or the kept constants also hold (buffers
+    are immutable, so storages share them: ``torch.zeros``, a storage's clone): an executable that takes
+    its parameter's buffer (donation) must not take theirs."""
+    buffer = data.buffer
+    data.set(_storage.host_to_buffer(_storage.buffer_to_host(buffer, data.dtype).reshape(buffer.shape), index))
 
 
 def _host_scalar_buffer(tensor: torch.Tensor, index: int = 0):

@@ -392,14 +392,14 @@ def _from_index(op, args, kwargs, leaves, entry: dict, options):
 
     try:
         executable = cached_executable(entry["front"], entry["plan"], entry["signature"], rebuild,
-                                       report=report, options=options)
+                                       report=report, options=options, aliases=entry.get("aliases", ()))
     except Exception as exc:  # the entry no longer fits what tracing gives: build as if it were absent
         log.debug("device op index entry for %s does not fit (%s): tracing again", op, exc)
         return _MISSING
     record(report)
     COUNTS["index_hits"] += 1
     kernel = OpKernel(executable, entry["inputs"], entry["fresh"], entry["written"], entry["returns"],
-                      f"eager.{op}")
+                      f"eager.{op}", entry.get("donated", ()))
     return ByValue(kernel, leaves.floats) if by_value else kernel
 
 
@@ -461,7 +461,7 @@ def user_line() -> str:
 
 def _compile(op, traced, options=None, index_name: str | None = None, retry=None) -> OpKernel | None:
     from ..capture.options import Options
-    from ..compiler import compile_graph
+    from ..compiler import compile_graph, xla_aliases
     from ..lowering import LoweringError
     from ..report import CompileReport, record
     from . import index
@@ -469,8 +469,10 @@ def _compile(op, traced, options=None, index_name: str | None = None, retry=None
     options = options or Options.resolve()
     name = f"eager.{op}"
     report = CompileReport(graph=name, kind="eager")
+    donate = donated_storages(traced)
     try:
-        executable = compile_graph(traced.gm, report=report, options=options)
+        executable = compile_graph(traced.gm, report=report, options=options,
+                                   donate={i: o for i, o, _ in donate} or None)
     except LoweringError as exc:
         if retry is not None:  # decomposed further by torch's own table, it may lower
             try:
@@ -501,5 +503,42 @@ def _compile(op, traced, options=None, index_name: str | None = None, retry=None
     if index_name is not None and executable.front is not None:
         index.store(options, index_name, {
             "kind": "kernel", "front": executable.front, "plan": executable.plan, "signature": executable.signature,
-            "inputs": traced.inputs, "fresh": traced.fresh, "written": traced.written, "returns": traced.returns})
-    return OpKernel(executable, traced.inputs, traced.fresh, traced.written, traced.returns, name)
+            "inputs": traced.inputs, "fresh": traced.fresh, "written": traced.written, "returns": traced.returns,
+            "aliases": xla_aliases(executable.plan, {i: o for i, o, _ in donate}),
+            "donated": _donated_slots(executable, donate)})
+    return OpKernel(executable, traced.inputs, traced.fresh, traced.written, traced.returns, name,
+                    _donated_slots(executable, donate))
+
+
+# an op that overwrites storages of at least this many bytes in all donates their buffers to XLA, which then
+# writes the new contents in place (an optimizer step, a large ``copy_``): no new buffers a call. Below it a
+# fresh buffer costs about what the donation saves.
+DONATE_BYTES = 1 << 20
+
+
+def _donated_slots(executable, donate: list) -> list:
+    """The slots whose buffers the executable takes (those ``xla_aliases`` kept)."""
+    from ..compiler import FROM_XLA
+
+    plan = executable.plan
+    return [slot for i, o, slot in donate if i in plan.tensor_args and plan.outputs[o][0] == FROM_XLA] \
+        if donate and executable.xla is not None else []
+
+
+def donated_storages(traced) -> list:
+    """(graph input, graph output, storage slot) for each storage the op overwrites whole, when those
+    storages hold ``DONATE_BYTES`` or more: the buffers its executable may write in place."""
+    nodes = traced.gm.graph.nodes
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    results = next(n for n in reversed(nodes) if n.op == "output").args[0]
+    pairs, size = [], 0
+    for w, slot in enumerate(traced.written):
+        if ("slot", slot) not in traced.inputs:
+            continue
+        position = traced.inputs.index(("slot", slot))
+        old, new = placeholders[position].meta.get("val"), getattr(results[len(traced.fresh) + w], "meta", {}).get("val")
+        if old is None or new is None or old.shape != new.shape or old.dtype != new.dtype:
+            continue  # XLA aliases a result to a parameter of the same shape and dtype only
+        size += old.numel() * old.element_size()
+        pairs.append((position, len(traced.fresh) + w, slot))
+    return pairs if size >= DONATE_BYTES else []
