@@ -32,7 +32,7 @@ CASES = {
                                           x.floor(), x.ceil(), x.neg(), (x.abs() + 1).reciprocal()]),
     "pow": lambda x, y, i: torch.stack([x ** 2, x ** 3, x.abs() ** 0.5, x.abs() ** -0.5, x.abs() ** 1.7]),
     "logical": lambda x, y, i: torch.logical_and(x > 0, y < 0.5) | torch.logical_not(x > 1),
-    "bitwise": lambda x, y, i: (i & 6) ^ (~i),
+    "bitwise": lambda x, y, i: ((x * 10).long() & 6) ^ (~(x * 10).long()) | i[:1],
     "clamp": lambda x, y, i: x.clamp(-0.5, 0.25),
     "layout": lambda x, y, i: x.t().contiguous().unsqueeze(0).expand(2, -1, -1).reshape(-1) * 1,
     "slice_select": lambda x, y, i: x[1::2, ::3] * 1 + x[-1, 1:2],
@@ -54,12 +54,13 @@ CASES = {
     "tril": lambda x, y, i: x.tril(),
 }
 SHAPES = [(4, 6), (5, 6), (3, 7)]
+OTHER_SHAPES = [(6, 5), (4, 9)]  # new signatures: kernels built again, not found in this process's memory
 
 
-def _run(fn, device):
+def _run(fn, device, shapes=SHAPES):
     torch.manual_seed(0)
     outs = []
-    for shape in SHAPES:
+    for shape in shapes:
         x, y = torch.randn(shape), torch.randn(shape[-1])
         index = torch.tensor([2, 0, 2, 1, 0, 2])
         out = fn(*(t.to(device) for t in (x, y, index)))
@@ -80,12 +81,13 @@ def test_an_eager_op_written_directly_matches_cpu(name, monkeypatch):
         assert "direct" in r.stages and not TORCH_MLIR_STAGES & r.stages.keys(), (r.graph, r.stages)
 
     monkeypatch.setenv("NEURON_COMPILE_LOWERING", "torch-mlir")  # the same ops through Torch-MLIR
+    expected = _run(fn, "cpu", OTHER_SHAPES)
     before = len(report.compile_reports())
-    through = _run(fn, "neuron")
+    through = _run(fn, "neuron", OTHER_SHAPES)
     for g, e in zip(through, expected):
         torch.testing.assert_close(g, e, equal_nan=True)
     rebuilt = [r for r in report.compile_reports()[before:] if r.kind == "eager"]
-    assert all("torch-backend" in r.stages for r in rebuilt), [r.graph for r in rebuilt]
+    assert rebuilt and all("torch-backend" in r.stages for r in rebuilt), [(r.graph, r.stages) for r in rebuilt]
 
 
 def test_an_op_with_no_rule_takes_torch_mlir():
@@ -127,3 +129,34 @@ def test_the_lowering_option_is_checked_and_keyed(monkeypatch):
 
     gm = make_fx(lambda x: x + 1)(torch.ones(3))
     assert fx_cache_key(gm, "default", "direct").digest != fx_cache_key(gm, "default", "torch-mlir").digest
+
+
+def test_a_warm_cache_serves_each_lowering_its_own_kernels(tmp_path):
+    """The persistent op index is salted with the lowering: a process that asks for Torch-MLIR after a
+    direct one traced the same ops gets Torch-MLIR's kernels, and a third direct process traces nothing."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import json, torch
+        import neuron_compile.report as report
+        from neuron_compile.device import ops
+        a, b = torch.randn(3, 5, device="neuron"), torch.randn(5, device="neuron")
+        (a * b).sum().cpu()
+        stages = [sorted(r.stages) for r in report.compile_reports() if r.kind == "eager"]
+        print(json.dumps({"torch_mlir": any("torch-backend" in s for s in stages), "traced": ops.COUNTS["op_compiles"],
+                          "index_hits": ops.COUNTS["index_hits"]}))
+    """)
+    runs = []
+    for lowering in ("direct", "torch-mlir", "direct"):
+        env = dict(os.environ, NEURON_COMPILE_CACHE_DIR=str(tmp_path / "cache"), NEURON_COMPILE_LOWERING=lowering)
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    first, other, again = runs
+    assert not first["torch_mlir"] and first["traced"] >= 2
+    assert other["torch_mlir"] and other["index_hits"] == 0, other
+    assert again["traced"] == 0 and again["index_hits"] == first["traced"], again

@@ -35,8 +35,10 @@ def _salt() -> str:
     from runtime.cache_key import toolchain_parts
 
     from ..cache_key import source_fingerprint
+    from ..capture.options import Options
 
-    return repr((FORMAT, source_fingerprint(), sorted(toolchain_parts().items())))
+    # the lowering option picks another executable for the same signature (its FX key says so)
+    return repr((FORMAT, source_fingerprint(), sorted(toolchain_parts().items()), Options.resolve().lowering))
 
 
 def _folder(options) -> str | None:
