@@ -59,6 +59,9 @@ Eight measurements, each against its peer:
    section 3's GPT-2 and a llama of the same size: our backend with the model
    on neuron, our backend on CPU tensors, Inductor (target: the neuron row at
    most 1.0x each of the others), with the losses against the CPU-tensor row.
+9. Large in-place writes: a 4M-float ``add_`` and a static KV cache's
+   ``index_copy_`` on neuron with its buffer donation and without (processes
+   of their own), ``jax.jit`` with ``donate_argnums`` and without, CPU eager.
 
 The benchmark makes its own cache folders (a fresh one for this process, one
 per cold/warm pair) and removes them. A measurement that fails records the
@@ -791,6 +794,89 @@ def compiled_all(warmup: int, steps: int) -> dict:
     return out
 
 
+# ---- 9. large in-place writes: donated buffers ---------------------------------------------------
+
+INPLACE_FLOATS = 1 << 22  # 16 MiB of float32
+INPLACE_ROWS = ("neuron, buffer donated", "neuron, fresh buffers", "jax.jit, donated", "jax.jit, fresh buffers",
+                "CPU eager")
+
+
+def _inplace_times(step_add, step_kv, sync, calls: int = 50, rounds: int = 5) -> dict:
+    out = {}
+    for name, step in (("add", step_add), ("kv", step_kv)):
+        for i in range(5):
+            step(i)
+        sync()
+        best = float("inf")
+        for _ in range(rounds):
+            start = time.perf_counter()
+            for i in range(calls):
+                step(i)
+            sync()
+            best = min(best, (time.perf_counter() - start) / calls)
+        out[name] = best
+    return out
+
+
+def _torch_inplace(device: str) -> dict:
+    import torch
+
+    a, b = torch.randn(INPLACE_FLOATS, device=device), torch.randn(INPLACE_FLOATS, device=device)
+    cache, k = torch.zeros(1, 8, 2048, 64, device=device), torch.randn(1, 8, 1, 64, device=device)
+    positions = [torch.tensor([i], device=device) for i in range(64)]
+    return _inplace_times(lambda i: a.add_(b, alpha=0.5), lambda i: cache.index_copy_(2, positions[i % 64], k),
+                          lambda: (a[0].item(), cache[0, 0, 0, 0].item()))
+
+
+def inplace_worker(donate: bool, result: str) -> int:
+    """The in-place ops on neuron in a process of its own (its own cache): donation on, or off."""
+    out: dict = {}
+    try:
+        from neuron_compile.device import ops
+
+        if not donate:
+            ops.DONATE_BYTES = 1 << 62
+        out = _torch_inplace("neuron")
+    except Exception as exc:
+        out["error"] = _error(exc)
+    Path(result).write_text(json.dumps(out))
+    return 0
+
+
+def _jax_inplace(donate: bool) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    argnums = (0,) if donate else ()
+    add = jax.jit(lambda a, b: a + 0.5 * b, donate_argnums=argnums)
+    put = jax.jit(lambda c, k, i: jax.lax.dynamic_update_slice(c, k, (0, 0, i, 0)), donate_argnums=argnums)
+    state = {"a": jnp.ones(INPLACE_FLOATS, jnp.float32), "c": jnp.zeros((1, 8, 2048, 64), jnp.float32)}
+    b, k = jnp.ones(INPLACE_FLOATS, jnp.float32), jnp.ones((1, 8, 1, 64), jnp.float32)
+    positions = [jnp.int32(i) for i in range(64)]
+
+    def step_add(i):
+        state["a"] = add(state["a"], b)
+
+    def step_kv(i):
+        state["c"] = put(state["c"], k, positions[i % 64])
+
+    return _inplace_times(step_add, step_kv, lambda: (state["a"].block_until_ready(), state["c"].block_until_ready()))
+
+
+def inplace_all() -> dict:
+    out: dict = {}
+    for row, donate in (("neuron, buffer donated", True), ("neuron, fresh buffers", False)):
+        cache = tempfile.mkdtemp(prefix="bench_device_inplace_")
+        try:
+            out[row] = _run_worker("inplace" if donate else "inplace-fresh", 1, cache, "")
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
+    _measure(out, "jax.jit, donated", lambda: _jax_inplace(True))
+    _measure(out, "jax.jit, fresh buffers", lambda: _jax_inplace(False))
+    _measure(out, "CPU eager", lambda: _torch_inplace("cpu"))
+    return out
+
+
 # ---- the report --------------------------------------------------------------------------------
 
 def _machine() -> tuple[str, dict]:
@@ -1210,6 +1296,33 @@ def report(res: dict, args) -> str:
     elif isinstance(c8, dict) and "error" in c8:
         lines.append(f"- {c8['error']}")
 
+    # 9. large in-place writes
+    c9 = res.get("inplace", {})
+    lines += ["", "## 9. Large in-place writes: donated buffers", "",
+              f"`a.add_(b, alpha=0.5)` on {INPLACE_FLOATS:,} floats (16 MiB), and `cache.index_copy_(2, position, k)` "
+              "of one position into a (1, 8, 2048, 64) float32 cache (4 MiB, a static KV cache's update), each "
+              "called in a loop (best of 5 rounds of 50 calls). Neuron runs in processes of its own, with its "
+              "donation (an op overwriting one storage of `ops.DONATE_BYTES` or more hands XLA the buffer) and "
+              "without (`DONATE_BYTES` raised: a new buffer every call); `jax.jit` with `donate_argnums` and "
+              "without, and CPU eager, in this process.", ""]
+    if isinstance(c9, dict) and c9:
+        rows = []
+        for row in INPLACE_ROWS:
+            cell = c9.get(row)
+            if isinstance(cell, dict) and "add" in cell:
+                rows.append([row, f"{cell['add'] * 1e6:.1f}", f"{cell['kv'] * 1e6:.1f}"])
+            elif isinstance(cell, dict) and "error" in cell:
+                rows.append([row, cell["error"][:80], "-"])
+        lines.append(tabulate(rows, headers=["row", "add_ 4M floats (us)", "index_copy_ into 4 MiB (us)"],
+                              tablefmt="github"))
+        donated, fresh, jaxd = (c9.get(r) for r in INPLACE_ROWS[:3])
+        for key, what in (("add", "in-place add_ of 4M floats (us)"), ("kv", "KV-cache index_copy_ into 4 MiB (us)")):
+            if all(isinstance(c, dict) and key in c for c in (donated, fresh, jaxd)):
+                for peer_name, peer, target in (("fresh buffers", fresh, 1.0), ("jax.jit, donated", jaxd, 1.5)):
+                    r = donated[key] / peer[key]
+                    summary.append([what, f"{donated[key] * 1e6:.1f}", peer_name, f"{peer[key] * 1e6:.1f}",
+                                    f"{r:.2f}", f"<= {target}", "met" if r <= target else "missed"])
+
     # sections skipped (--skip) leave no table and no summary row
     skipped = set(filter(None, args.skip.split(",")))
     for name in skipped & set(_SECTIONS):
@@ -1230,7 +1343,7 @@ def report(res: dict, args) -> str:
 _SECTIONS = {"per_op": ("## 1.", "per-op"), "matmul": ("## 2.", "matmul"), "train": ("## 3.", "GPT-2"),
              "cold": ("## 4.", "cold start"), "offsets": ("## 5.", "moving-offset"),
              "sampling": ("## 6.", "sampling"), "cold_ops": ("## 7.", "cold compile per op"),
-             "compiled": ("## 8.", "compiled ")}
+             "compiled": ("## 8.", "compiled "), "inplace": ("## 9.", "in-place add_")}
 
 
 def _fmt(value, digits: int = 2) -> str:
@@ -1260,9 +1373,9 @@ def main(argv=None) -> int:
     parser.add_argument("--sample-tokens", type=int, help="tokens sampled one at a time (default 4; quick 2)")
     parser.add_argument("--skip", default="",
                         help="comma-separated sections to skip: per_op,matmul,train,cold,offsets,sampling,cold_ops,"
-                             "compiled")
+                             "compiled,inplace")
     parser.add_argument("--out", default=str(HERE / "results" / "device"))
-    parser.add_argument("--worker", choices=["neuron", "cpu", "ops"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=["neuron", "cpu", "ops", "inplace", "inplace-fresh"], help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     defaults = dict(iters=(300, 5000), mm_iters=(30, 300), repeats=(3, 9), warmup=(2, 3), steps=(3, 10),
@@ -1272,6 +1385,8 @@ def main(argv=None) -> int:
             setattr(args, name, quick if args.quick else full)
     if args.worker == "ops":
         return cold_ops_worker(args.result)
+    if args.worker in ("inplace", "inplace-fresh"):
+        return inplace_worker(args.worker == "inplace", args.result)
     if args.worker:
         return worker(args.worker, args.cold_steps, args.result)
 
@@ -1292,7 +1407,8 @@ def main(argv=None) -> int:
                     ("offsets", lambda: offsets(args.offset_batches)),
                     ("sampling", lambda: sampling(args.sample_tokens)),
                     ("cold_ops", lambda: cold_ops(args.pairs)),
-                    ("compiled", lambda: compiled_all(args.warmup, args.steps))]
+                    ("compiled", lambda: compiled_all(args.warmup, args.steps)),
+                    ("inplace", inplace_all)]
         for name, run in sections:
             if name in skip:
                 continue
