@@ -470,9 +470,9 @@ def _compile(op, traced, options=None, index_name: str | None = None, retry=None
     name = f"eager.{op}"
     report = CompileReport(graph=name, kind="eager")
     donate = donated_storages(traced)
+    pairs = {i: o for i, o, _ in donate}
     try:
-        executable = compile_graph(traced.gm, report=report, options=options,
-                                   donate={i: o for i, o, _ in donate} or None)
+        executable = compile_graph(traced.gm, report=report, options=options, donate=pairs or None)
     except LoweringError as exc:
         if retry is not None:  # decomposed further by torch's own table, it may lower
             try:
@@ -500,14 +500,13 @@ def _compile(op, traced, options=None, index_name: str | None = None, retry=None
         raise
     record(report)
     COUNTS["op_compiles"] += 1
+    donated = _donated_slots(executable, donate)
     if index_name is not None and executable.front is not None:
         index.store(options, index_name, {
             "kind": "kernel", "front": executable.front, "plan": executable.plan, "signature": executable.signature,
             "inputs": traced.inputs, "fresh": traced.fresh, "written": traced.written, "returns": traced.returns,
-            "aliases": xla_aliases(executable.plan, {i: o for i, o, _ in donate}),
-            "donated": _donated_slots(executable, donate)})
-    return OpKernel(executable, traced.inputs, traced.fresh, traced.written, traced.returns, name,
-                    _donated_slots(executable, donate))
+            "aliases": xla_aliases(executable.plan, pairs), "donated": donated})
+    return OpKernel(executable, traced.inputs, traced.fresh, traced.written, traced.returns, name, donated)
 
 
 # an op that overwrites storages of at least this many bytes in all donates their buffers to XLA, which then
@@ -519,12 +518,12 @@ DONATE_BYTES = 1 << 20
 
 
 def _donated_slots(executable, donate: list) -> list:
-    """The slots whose buffers the executable takes (those ``xla_aliases`` kept)."""
-    from ..compiler import FROM_XLA
+    """The slots whose buffers the executable takes (the pairs ``xla_aliases`` kept)."""
+    from ..compiler import xla_aliases
 
-    plan = executable.plan
-    return [slot for i, o, slot in donate if i in plan.tensor_args and plan.outputs[o][0] == FROM_XLA] \
-        if donate and executable.xla is not None else []
+    if executable.xla is None:
+        return []
+    return [slot for i, o, slot in donate if xla_aliases(executable.plan, {i: o})]
 
 
 _RESHAPES = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.reshape.default,

@@ -99,8 +99,16 @@ class Function:
             return v
         if len(v.shape) > len(shape) or any(a not in (1, b) for a, b in zip(v.shape[::-1], shape[::-1])):
             raise NoRule(f"broadcast {v.shape} -> {shape}")
-        dims = ", ".join(str(i) for i in range(len(shape) - len(v.shape), len(shape)))
-        return self.op("broadcast_in_dim", [v], shape, v.dtype, f"broadcast_dimensions = array<i64{_ints(dims)}>")
+        dims = range(len(shape) - len(v.shape), len(shape))
+        return self.op("broadcast_in_dim", [v], shape, v.dtype, f"broadcast_dimensions = {_array(dims)}")
+
+    def slice(self, v: V, dim: int, start: int, length: int, step: int = 1) -> V:
+        """``length`` elements of ``v`` along ``dim`` from ``start``, every ``step``-th."""
+        starts, limits, steps, shape = [0] * len(v.shape), list(v.shape), [1] * len(v.shape), list(v.shape)
+        starts[dim], limits[dim], steps[dim] = start, start + (length - 1) * step + 1 if length else start, step
+        shape[dim] = length
+        return self.op("slice", [v], shape, v.dtype, f"start_indices = {_array(starts)}, limit_indices = "
+                       f"{_array(limits)}, strides = {_array(steps)}")
 
     def operand(self, x, dtype, shape) -> V:
         """A tensor (``V``) or a Python number as a value of ``dtype`` at ``shape``."""
@@ -138,9 +146,6 @@ class Function:
         return out
 
 
-def _ints(text: str) -> str:
-    return f": {text}" if text else ""
-
-
 def _array(values) -> str:
-    return f"array<i64{_ints(', '.join(str(int(v)) for v in values))}>"
+    text = ", ".join(str(int(v)) for v in values)
+    return f"array<i64: {text}>" if text else "array<i64>"

@@ -226,31 +226,18 @@ def _slice(fn, node, args, out):
     x, dim, start, _end, step = list(args) + [0, None, None, 1][len(args) - 1:]
     dim, step = node.kwargs.get("dim", dim), node.kwargs.get("step", step)
     start = node.kwargs.get("start", start) or 0
-    rank = len(x.shape)
-    dim %= rank
-    size, length = x.shape[dim], out[0][dim]
+    dim %= len(x.shape)
+    size = x.shape[dim]
     if start < 0:
         start += size
-    start = min(max(start, 0), size)
-    starts, limits, steps = [0] * rank, list(x.shape), [1] * rank
-    starts[dim], limits[dim], steps[dim] = start, start + (length - 1) * step + 1 if length else start, step
-    return fn.op("slice", [x], out[0], x.dtype, f"start_indices = {_array(starts)}, limit_indices = "
-                 f"{_array(limits)}, strides = {_array(steps)}")
+    return fn.slice(x, dim, min(max(start, 0), size), out[0][dim], step)
 
 
 @rule(aten.select.int)
 def _select(fn, node, args, out):
     x, dim, index = args
-    rank = len(x.shape)
-    dim %= rank
-    index %= x.shape[dim]
-    starts, limits = [0] * rank, list(x.shape)
-    starts[dim], limits[dim] = index, index + 1
-    shape = list(x.shape)
-    shape[dim] = 1
-    part = fn.op("slice", [x], shape, x.dtype, f"start_indices = {_array(starts)}, limit_indices = "
-                 f"{_array(limits)}, strides = {_array([1] * rank)}")
-    return fn.reshape(part, out[0])
+    dim %= len(x.shape)
+    return fn.reshape(fn.slice(x, dim, index % x.shape[dim], 1), out[0])
 
 
 @rule(aten.cat.default)
