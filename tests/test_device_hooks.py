@@ -311,3 +311,26 @@ def test_adams_foreach_step_is_ours_and_the_function_it_mirrors_is_unchanged():
     assert digest == MULTI_TENSOR_ADAM_SHA256, (
         "torch changed torch.optim.adam._multi_tensor_adam: check that neuron_compile.device.optim.foreach_adam_ "
         "still issues its non-capturable branch's foreach ops in its order, then update the digest")
+
+
+# torch 2.13's _single_tensor_sgd and _multi_tensor_sgd; optim.foreach_sgd_ issues the foreach ops of the second,
+# the per-tensor ops of the first in the same order
+SGD_SHA256 = {"_single_tensor_sgd": "e6431c7daa0fbfae", "_multi_tensor_sgd": "c96f003b79477a10"}
+
+
+@pytest.mark.parametrize("name", sorted(SGD_SHA256))
+def test_sgds_step_functions_are_ours_and_the_functions_they_mirror_are_unchanged(name):
+    """``torch.optim.sgd.sgd`` looks its step function up in its module at each step: ours is there, and
+    torch's own (which ``optim.foreach_sgd_`` mirrors) is the source it was written against."""
+    import hashlib
+    import inspect
+
+    import torch.optim.sgd as sgd
+
+    routed = getattr(sgd, name)
+    assert getattr(routed, "_neuron", False)
+    assert f"func = {name}" in inspect.getsource(sgd.sgd)
+    digest = hashlib.sha256(inspect.getsource(routed.__wrapped__).encode()).hexdigest()[:16]
+    assert digest == SGD_SHA256[name], (
+        f"torch changed torch.optim.sgd.{name}: check that neuron_compile.device.optim.foreach_sgd_ still "
+        f"computes what it computes, in its order (and the cases sgd_step leaves to torch), then update the digest")

@@ -14,9 +14,9 @@ torch-mlir and the compiler load on the first op.
   passes, artifact cache and executor; ``opkernel`` holds a call's signature
   and the compiled kernel, ``index`` the persistent op index (a new process
   skips tracing);
-* ``optim``: Adam's and AdamW's steps as one executable each (fused, and the
-  default foreach step, routed through ``_optim_hooks``: the one private
-  ``torch.optim`` function replaced);
+* ``optim``: Adam's, AdamW's and SGD's steps as one executable each (fused, and
+  the foreach and for-loop steps, routed through ``_optim_hooks``: the private
+  ``torch.optim`` functions replaced), DTensor parameters on their local tensors;
 * ``distributed`` and ``xla_collectives``: the ``neuron`` process group, its
   collectives run by XLA on the device's buffers or staged through gloo;
 * ``autocast``: ``torch.autocast("neuron")`` kernels.
@@ -57,6 +57,7 @@ def register() -> None:
     _torch_hooks.route_default_compiler(_default_compiler)
     _torch_hooks.route_accelerator_to(module)
     _optim_hooks.multi_tensor_adam_through(optim.multi_tensor_adam)  # one executable a step
+    _optim_hooks.sgd_through(optim.sgd_step)  # the same for SGD
     _accelerate_hooks.install()  # accelerate finds this device under torchrun (patched when it imports)
     if _several_devices():
         _index_less.index_less_moves_follow_current()  # x.to("neuron") lands on the current device

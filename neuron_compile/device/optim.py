@@ -97,11 +97,14 @@ def multi_tensor_adam(original, params, grads, exp_avgs, exp_avg_sqs, max_exp_av
     so foreach ops one executable (``foreach_adam_``, traced as one op), where torch runs each foreach op
     as an executable of its own. The same ops in the same order on the same values: the same numbers.
 
-    Anything else (CPU tensors, capturable steps on the device, complex parameters, tensor betas,
-    ``torch.compile``) goes to ``original`` unchanged."""
-    if not _one_device_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, grad_scale,
-                            found_inf, amsgrad, has_complex, (beta1, beta2, lr, weight_decay, eps), capturable,
-                            differentiable):
+    DTensor parameters (tensor parallel, FSDP2) take the step on their local tensors (``local_groups``):
+    torch's own foreach step refuses a mix of DTensor and plain parameters. Anything else (CPU tensors,
+    capturable steps on the device, complex parameters, tensor betas, ``torch.compile``) goes to
+    ``original`` unchanged."""
+    local = _one_device_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, grad_scale,
+                             found_inf, amsgrad, has_complex, (beta1, beta2, lr, weight_decay, eps), capturable,
+                             differentiable)
+    if local is None:
         return original(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, grad_scale,
                         found_inf, amsgrad=amsgrad, has_complex=has_complex, beta1=beta1, beta2=beta2, lr=lr,
                         weight_decay=weight_decay, eps=eps, maximize=maximize, capturable=capturable,
@@ -116,28 +119,64 @@ def multi_tensor_adam(original, params, grads, exp_avgs, exp_avg_sqs, max_exp_av
     decay = None
     if weight_decay != 0:
         decay = 1 - lr * weight_decay if decoupled_weight_decay else weight_decay
-    _foreach_adam_op()(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if amsgrad else [], step_size,
-                       bias_correction2_sqrt, decay, 1 - beta1, beta2, 1 - beta2, eps, amsgrad, maximize,
-                       decoupled_weight_decay)
-    written = params + exp_avgs + exp_avg_sqs + (max_exp_avg_sqs if amsgrad else [])
-    torch.autograd.graph.increment_version(written)  # as the in-place foreach ops would
+    _foreach_adam_op()(*local[:4], local[4] if amsgrad else [], step_size, bias_correction2_sqrt, decay,
+                       1 - beta1, beta2, 1 - beta2, eps, amsgrad, maximize, decoupled_weight_decay)
+    _written(params, exp_avgs, exp_avg_sqs, *([max_exp_avg_sqs] if amsgrad else []), local=[local[0]] + local[2:])
 
 
 def _one_device_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, grad_scale, found_inf,
-                     amsgrad, has_complex, scalars, capturable, differentiable) -> bool:
-    """Whether this step is one the device takes whole: every tensor on one neuron device, the step counts
-    on the CPU (torch's non-capturable branch), real parameters, Python scalars (under Dynamo the router,
-    ``dynamo_skips.traced_through``, calls torch's function without asking)."""
+                     amsgrad, has_complex, scalars, capturable, differentiable):
+    """The step's tensors as local neuron tensors (``local_groups``) where the device takes this step whole:
+    the step counts on the CPU (torch's non-capturable branch), real parameters, Python scalars (under
+    Dynamo the router, ``dynamo_skips.traced_through``, calls torch's function without asking); else None."""
     if (not params or capturable or differentiable or has_complex or grad_scale is not None
             or found_inf is not None or not all(type(s) in (float, int) for s in scalars)):
-        return False
-    device = params[0].device
-    if device.type != "neuron":
-        return False
-    for group in (params, grads, exp_avgs, exp_avg_sqs) + ((max_exp_avg_sqs,) if amsgrad else ()):
-        if len(group) != len(params) or any(t.device != device for t in group):
-            return False
-    return len(state_steps) == len(params) and all(s.device.type == "cpu" and s.dim() == 0 for s in state_steps)
+        return None
+    if len(state_steps) != len(params) or not all(s.device.type == "cpu" and s.dim() == 0 for s in state_steps):
+        return None
+    return local_groups([params, grads, exp_avgs, exp_avg_sqs] + ([max_exp_avg_sqs] if amsgrad else []))
+
+
+def local_groups(groups: list[list]) -> list[list] | None:
+    """``groups`` (parallel lists: parameters, gradients, states) as plain tensors of one neuron device, or
+    None. A DTensor (tensor or FSDP2 parallel) counts as its local tensor where every tensor at its index is a
+    DTensor of the same mesh and the same Shard/Replicate placements: an elementwise step of such tensors
+    is the same step of their local tensors (DTensor would run it so, op by op). Anything else (a Partial
+    placement, mixed layouts at one index) is None: torch's own path, which redistributes."""
+    import sys
+
+    first = groups[0]
+    if not first or any(len(group) != len(first) for group in groups):
+        return None
+    dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)  # none made: not imported
+    if dtensor is not None and any(isinstance(t, dtensor) for group in groups for t in group):
+        columns = []
+        for column in zip(*groups):
+            if isinstance(column[0], dtensor):
+                spec = (column[0].device_mesh, tuple(column[0].placements))
+                if any(p.is_partial() for p in spec[1]) or not all(
+                        isinstance(t, dtensor) and (t.device_mesh, tuple(t.placements)) == spec for t in column):
+                    return None
+                with torch.no_grad():  # the local tensor itself, no autograd view
+                    column = [t.to_local() for t in column]
+            elif any(isinstance(t, dtensor) for t in column):
+                return None
+            columns.append(column)
+        groups = [list(group) for group in zip(*columns)]
+    device = groups[0][0].device
+    if device.type != "neuron" or any(t.device != device or t.layout != torch.strided
+                                      for group in groups for t in group):
+        return None
+    return groups
+
+
+def _written(*groups, local) -> None:
+    """Bump the version of each tensor a routed step wrote (``groups``) and of its local tensor (``local``
+    holds them where a DTensor was unwrapped), as the in-place ops it replaces would."""
+    written = [t for group in groups for t in group]
+    seen = set(map(id, written))
+    written += [t for group in local for t in group if id(t) not in seen]
+    torch.autograd.graph.increment_version(written)
 
 
 def foreach_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, step_size, bias_correction2_sqrt, decay,
@@ -180,20 +219,83 @@ FOREACH_ADAM_SCHEMA = (
     "Tensor(d!)[] max_exp_avg_sqs, float[] step_size, float[] bias_correction2_sqrt, float? decay, "
     "float lerp_weight, float beta2, float square_weight, float eps, bool amsgrad, bool maximize, "
     "bool decoupled) -> ()")
+
+# --- SGD's step (torch's for-loop and foreach functions) -----------------------------------------------
+
+def sgd_step(original, params, grads, momentum_buffer_list, grad_scale, found_inf, *, weight_decay, momentum, lr,
+             dampening, nesterov, maximize, has_sparse_grad):
+    """torch's ``_single_tensor_sgd`` or ``_multi_tensor_sgd`` (``original``) as one op on neuron tensors
+    (``foreach_sgd_``), where torch runs one to four ops per parameter (the for-loop, ``foreach=False``, what
+    a mix of DTensor and plain parameters needs) or per foreach op, each an executable of its own. DTensor
+    parameters take the step on their local tensors (``local_groups``).
+
+    Anything else goes to ``original``: CPU tensors, tensor hyperparameters, a first momentum step (torch
+    clones the gradients into new buffers), foreach Nesterov on the gradients themselves (torch's foreach
+    path writes the sum into ``.grad``)."""
+    def torchs():
+        return original(params, grads, momentum_buffer_list, grad_scale, found_inf, weight_decay=weight_decay,
+                        momentum=momentum, lr=lr, dampening=dampening, nesterov=nesterov, maximize=maximize,
+                        has_sparse_grad=has_sparse_grad)
+
+    if (not params or grad_scale is not None or found_inf is not None or has_sparse_grad
+            or not all(type(s) in (float, int) for s in (weight_decay, momentum, lr, dampening))):
+        return torchs()
+    buffers = momentum_buffer_list if momentum != 0 else []
+    if any(b is None for b in buffers) or (nesterov and momentum != 0 and weight_decay == 0 and not maximize
+                                           and original.__name__ == "_multi_tensor_sgd"):
+        return torchs()
+    local = local_groups([params, grads] + ([buffers] if buffers else []))
+    if local is None:
+        return torchs()
+    # the numbers torch computes on the host (-lr, 1 - dampening), computed here: a float the graph holds as
+    # it came is a runtime input (``trace._float_sites``), so a new learning rate compiles nothing
+    _foreach_sgd_op()(local[0], local[1], local[2] if buffers else [], -lr, weight_decay, momentum, 1 - dampening,
+                      nesterov, maximize)
+    _written(params, buffers, local=[local[0]] + local[2:])
+
+
+def foreach_sgd_(params, grads, momentum_buffers, neg_lr, weight_decay, momentum, grad_weight, nesterov, maximize):
+    """The foreach ops of torch 2.13's ``_multi_tensor_sgd`` (``torch/optim/sgd.py``) in its order, every
+    momentum buffer present (``neg_lr`` is its ``-lr``, ``grad_weight`` its ``1 - dampening``);
+    ``_single_tensor_sgd`` runs the same ops one tensor at a time."""
+    if maximize:
+        grads = torch._foreach_neg(grads)
+    if weight_decay != 0:
+        grads = torch._foreach_add(grads, params, alpha=weight_decay)
+    if momentum != 0:
+        torch._foreach_mul_(momentum_buffers, momentum)
+        torch._foreach_add_(momentum_buffers, grads, alpha=grad_weight)
+        grads = torch._foreach_add(grads, momentum_buffers, alpha=momentum) if nesterov else momentum_buffers
+    torch._foreach_add_(params, grads, alpha=neg_lr)
+
+
+FOREACH_SGD_SCHEMA = (
+    "_foreach_sgd_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, float neg_lr, "
+    "float weight_decay, float momentum, float grad_weight, bool nesterov, bool maximize) -> ()")
 _library = None
+_OPS: dict = {}
+
+
+def _define(name: str, schema: str, body):
+    """``torch.ops.neuron_compile.<name>``, defined on first use: neuron tensors reach the device's fallback
+    with it (one op, one signature, one executable), which traces ``body`` in its place."""
+    global _library
+    if name not in _OPS:
+        if _library is None:
+            _library = torch.library.Library("neuron_compile", "FRAGMENT")
+        _library.define(schema)
+        _library.impl(name, lambda *args: None, "Meta")
+        _OPS[name] = getattr(torch.ops.neuron_compile, name).default
+        REWRITES[_OPS[name]] = body
+    return _OPS[name]
 
 
 def _foreach_adam_op():
-    """``torch.ops.neuron_compile._foreach_adam_``, defined on first use: neuron tensors reach the device's
-    fallback with it (one op, one signature, one executable), which traces ``foreach_adam_`` in its place."""
-    global _library
-    if _library is None:
-        library = torch.library.Library("neuron_compile", "FRAGMENT")
-        library.define(FOREACH_ADAM_SCHEMA)
-        library.impl("_foreach_adam_", lambda *args: None, "Meta")
-        _library = library
-        REWRITES[torch.ops.neuron_compile._foreach_adam_.default] = foreach_adam_
-    return torch.ops.neuron_compile._foreach_adam_.default
+    return _define("_foreach_adam_", FOREACH_ADAM_SCHEMA, foreach_adam_)
+
+
+def _foreach_sgd_op():
+    return _define("_foreach_sgd_", FOREACH_SGD_SCHEMA, foreach_sgd_)
 
 
 # the ops the trace runs as these functions
