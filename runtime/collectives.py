@@ -218,7 +218,12 @@ class _Worker:
                 done.value = work()
             except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
                 done.error = exc
+            # before the caller wakes: the job (its input buffers) is not this thread's to keep until the next
+            # one (a device tensor's buffer crossed to this client counts a reference more while it lives,
+            # and a buffer with another holder is copied before an executable may take it: donation)
+            work = None
             done.event.set()
+            done = None
 
 
 _TARGET: DistributedTarget | None = None

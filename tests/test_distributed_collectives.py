@@ -75,12 +75,12 @@ WORKER = textwrap.dedent('''
         return t.detach().reshape(-1).tolist()
 
 
-    def train(model, step_model, step=None, device="cpu"):
+    def train(model, step_model, step=None, device="cpu", optimizer=None):
         from neuron_compile.device.opkernel import COUNTS
-        # foreach=False: on a device (neuron, CUDA) SGD's default foreach kernel refuses a mix of DTensor and
-        # plain parameters (a tensor-parallel model's unsharded layers); CPU runs the same per-tensor loop
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, foreach=False)
-        losses, grads, host_copies = [], [], []
+        # foreach=False: on CUDA SGD's default foreach kernel refuses a mix of DTensor and plain parameters (a
+        # tensor-parallel model's unsharded layers); CPU runs the same per-tensor loop
+        opt = (optimizer or (lambda ps: torch.optim.SGD(ps, lr=0.1, foreach=False)))(model.parameters())
+        losses, grads, host_copies, opt_ops, held = [], [], [], [], []
         for x, y in batches():
             x, y = x.to(device), y.to(device)
             opt.zero_grad()
@@ -91,11 +91,30 @@ WORKER = textwrap.dedent('''
             else:
                 loss = step(x, y)
             host_copies.append(COUNTS["host_copies"] - copies)  # forward and backward, collectives included
+            held.append(holders(model))
             grads.append([local(p.grad) for p in model.parameters()])
+            ops = sum(COUNTS[k] for k in ("op_compiles", "index_hits", "op_cache_hits"))
             opt.step()
+            opt_ops.append(sum(COUNTS[k] for k in ("op_compiles", "index_hits", "op_cache_hits")) - ops)
             losses.append(loss.item())
         return {"losses": losses, "grads": grads, "params": [local(p) for p in model.parameters()],
-                "host_copies": host_copies}
+                "host_copies": host_copies, "opt_ops": opt_ops, "holders": held}
+
+
+    def holders(model):
+        """Per neuron parameter, the references to its buffer beyond its storage's own after a step's
+        backward: a graph's crossing to the distributed client that outlived its run (an executable may then
+        not take the buffer in place). jaxlib's deferred releases (a DLPack import PJRT freed off the GIL)
+        go first, as the device's donation check lets them."""
+        from jaxlib import _jax
+        from neuron_compile.device import storage
+        _jax.collect_garbage()
+        out = []
+        for p in model.parameters():
+            t = p.to_local() if hasattr(p, "to_local") else p
+            if t.device.type == "neuron":
+                out.append(sys.getrefcount(storage.data_of(t.detach()).buffer) - 2)
+        return out
 
 
     def reports_since(before):
@@ -340,6 +359,10 @@ WORKER = textwrap.dedent('''
                 model, step = ddp_python_reducer(True)
                 results[name] = {"eager": train(eager_model, eager_step), "compiled": train(model, None, step=step),
                                  "reports": reports_since(before)}
+            elif name == "tp_neuron_adamw":  # eager: AdamW's default (foreach) step against its for-loop
+                results[name] = {kind: train(*tp_neuron(False), device="neuron", optimizer=lambda ps, f=foreach:
+                                             torch.optim.AdamW(ps, lr=0.01, foreach=f))
+                                 for kind, foreach in (("foreach", None), ("loop", False))}
             elif name in ("collectives_fn", "mesh2d_fn", "neuron_subgroups"):
                 results[name] = globals()[name]()
             elif name in ("all_reduce_fn", "stuck"):
@@ -369,8 +392,8 @@ def parallel(tmp_path_factory, launch_two_ranks):
     """Both ranks' results: one torchrun launch runs every training scenario (starting two processes
     that import torch and jax is most of its time)."""
     folder = tmp_path_factory.mktemp("ranks")
-    return folder, _launch(launch_two_ranks, folder, "tp,tp_neuron,tp_eager_collectives,simple_fsdp,all_reduce_fn,collectives_fn,"
-                                   "ddp,fsdp2,ddp_python_reducer", 60)
+    return folder, _launch(launch_two_ranks, folder, "tp,tp_neuron,tp_neuron_adamw,tp_eager_collectives,simple_fsdp,all_reduce_fn,"
+                                   "collectives_fn,ddp,fsdp2,ddp_python_reducer", 60)
 
 
 @pytest.fixture(scope="module")
@@ -482,7 +505,28 @@ def test_tensor_parallel_on_neuron_tensors_runs_its_collectives_in_the_executabl
         assert len(_graphs(run, "backward")) == 1  # (the all_reduce's backward is the identity: none there)
         assert run["compiled"]["host_copies"] == [0, 0, 0]
         assert all(copies > 0 for copies in run["eager"]["host_copies"])
+        # SGD's for-loop over DTensor and plain parameters: one op a step, on the local tensors
+        assert run["compiled"]["opt_ops"] == run["eager"]["opt_ops"] == [1, 1, 1]
+        # the graphs' crossings died with their runs (the collectives' worker thread kept its last job)
+        held = run["compiled"]["holders"]
+        assert held and all(step and not any(step) for step in held), held
         assert_close(run["compiled"]["losses"], result["tp"]["compiled"]["losses"], rtol=1e-5, atol=1e-6)
+
+
+def test_adamw_steps_a_tensor_parallel_model_on_neuron_in_one_op_as_its_for_loop_does(parallel):
+    """AdamW's default step (foreach) over a tensor-parallel model's mix of DTensor and plain parameters on
+    neuron: one op a step on the local tensors (torch's own foreach path refuses the mix, as on CUDA), the
+    parameters its for-loop (a DTensor op per parameter and operation) gives."""
+    folder, results = parallel
+    for rank, result in enumerate(results):
+        run = result["tp_neuron_adamw"]
+        assert "exception" not in run, f"rank {rank}:\n{run['exception']}"
+        foreach, loop = run["foreach"], run["loop"]
+        assert foreach["opt_ops"] == [1, 1, 1], foreach["opt_ops"]
+        assert min(loop["opt_ops"]) > len(loop["params"]), loop["opt_ops"]
+        assert_close(foreach["losses"], loop["losses"], rtol=1e-6, atol=1e-6)
+        for p, q in zip(foreach["params"], loop["params"]):
+            assert_close(torch.tensor(p), torch.tensor(q), rtol=1e-6, atol=1e-6)
 
 
 def test_tensor_parallel_forward_stablehlo_holds_the_all_reduce(parallel):

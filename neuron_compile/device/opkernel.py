@@ -276,7 +276,17 @@ _SCALARS: dict = {}
 def _unshare(data: Data, index: int) -> None:
     """Give ``data`` a copy of its buffer, which another storage or the kept constants also hold (buffers
     are immutable, so storages share them: ``torch.zeros``, a storage's clone): an executable that takes
-    its parameter's buffer (donation) must not take theirs."""
+    its parameter's buffer (donation) must not take theirs.
+
+    A reference may also be one jaxlib has yet to drop: a buffer released off the GIL (the DLPack import
+    through which a compiled graph's collectives read a device tensor, freed by PJRT's thread after the
+    run) queues its Python reference until ``collect_garbage`` (which jax otherwise runs at Python's next
+    garbage collection). Those go first; only a holder that remains costs a copy."""
+    from jaxlib import _jax
+
+    _jax.collect_garbage()
+    if _getrefcount(data.buffer) <= 2:  # the storage's and getrefcount's argument
+        return
     buffer = data.buffer
     data.set(_storage.host_to_buffer(_storage.buffer_to_host(buffer, data.dtype).reshape(buffer.shape), index))
 
