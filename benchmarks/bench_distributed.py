@@ -6,8 +6,8 @@ layers, 256 wide, batch 4x128), its MLPs split Megatron-style over 2 ranks with
 ``parallelize_module`` (``fc`` column-parallel, ``out`` row-parallel: one
 all_reduce per block forward, one per block backward for the input gradient),
 gloo on 127.0.0.1, CPU tensors. Each rank trains it (forward, backward, SGD)
-under every mode, in these processes, one after another, same weights and
-batches:
+under every mode, in these processes, the modes interleaved step by step (so
+each meets the same machine load), same weights and batches:
 
     eager                  PyTorch, collectives on torch.distributed
     inductor               torch.compile(backend="inductor")
@@ -20,7 +20,8 @@ batches:
                            most 1.0x the CPU-tensor "neuron" row)
 
 and reports the first step and the median steady step (rank 0's), steady
-step ratios to eager, and checks every mode's losses against eager's.
+step ratios to eager, the median forward, backward and optimizer phases, and
+checks every mode's losses against eager's.
 
 Then eager data parallel, the same model unsplit under DDP (each rank its own
 batches), its gradients all-reduced per bucket:
@@ -70,6 +71,7 @@ def worker(out: str, steps: int, modes: list[str]) -> None:
     torch.manual_seed(100 + rank)
     batches = [torch.randint(0, cfg.vocab_size, (4, 128)) for _ in range(steps)]
     results = {}
+    runs = {}
     for mode in [m for m in MODES if m in modes]:
         device = "neuron" if mode == "neuron-device" else "cpu"
         torch.manual_seed(0)
@@ -87,19 +89,35 @@ def worker(out: str, steps: int, modes: list[str]) -> None:
             step_model = torch.compile(model, backend="neuron", options=options)
         # foreach=False: a device's default foreach kernel refuses the mix of DTensor and plain parameters
         opt = torch.optim.SGD(model.parameters(), lr=0.01, foreach=False)
-        times, losses = [], []
-        for ids in batches:
-            ids = ids.to(device)
+        runs[mode] = (step_model, opt, device, {"times": [], "losses": [], "phases": []})
+    # the modes interleaved step by step (their order turning): each mode's steady steps meet the same load
+    # on a shared machine, where mode after mode met whatever the machine did meanwhile (10-30% apart)
+    order = list(runs)
+    for step, ids in enumerate(batches):
+        for mode in order[step % len(order):] + order[:step % len(order)]:
+            step_model, opt, device, record = runs[mode]
+            x = ids.to(device)
             dist.barrier()
             start = time.perf_counter()
             opt.zero_grad(set_to_none=True)
-            loss = step_model(ids, labels=ids)
+            loss = step_model(x, labels=x)
+            forward = time.perf_counter()
             loss.backward()
+            backward = time.perf_counter()
             opt.step()
-            losses.append(loss.item())
-            times.append(time.perf_counter() - start)
-        results[mode] = {"first_s": times[0], "steady_ms": statistics.median(times[2:]) * 1e3, "losses": losses}
-        torch._dynamo.reset()
+            optimizer = time.perf_counter()
+            record["losses"].append(loss.item())
+            end = time.perf_counter()
+            record["times"].append(end - start)
+            record["phases"].append((forward - start, backward - forward, optimizer - backward, end - optimizer))
+    for mode, (_, _, _, record) in runs.items():
+        times, phases = record["times"], record["phases"][2:]
+        results[mode] = {"first_s": times[0], "steady_ms": statistics.median(times[2:]) * 1e3,
+                         "losses": record["losses"],
+                         "phases_ms": {name: round(statistics.median(p[k] for p in phases) * 1e3, 2)
+                                       for k, name in enumerate(("forward", "backward", "optimizer", "item"))}}
+    del runs
+    torch._dynamo.reset()
     neuron_group = dist.new_group(backend="neuron")
     for mode in [m for m in DDP_MODES if m in modes]:
         results[mode] = _ddp_steps(mode, cfg, batches, neuron_group)
@@ -202,14 +220,19 @@ def main() -> None:
         f"torch {result['torch']}; one thread per rank. rank 0's times; steady = median of steps 3..{args.steps}. "
         "Shared machine: ratios matter, not times.", "",
         "Rerun: `python benchmarks/bench_distributed.py`", "",
-        "| mode | first step (s) | steady step (ms) | steady / eager | max loss diff vs eager |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "| mode | first step (s) | steady step (ms) | steady / eager | forward / backward / optimizer (ms) | "
+        "max loss diff vs eager |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for mode in MODES:
         r = modes.get(mode)
         if r is not None:
-            lines.append(f"| {mode} | {r['first_s']:.2f} | {r['steady_ms']:.1f} | {r['ratio_to_eager']:.2f} | "
-                         f"{r['max_loss_diff']:.1e} |")
+            ph = r.get("phases_ms", {})
+            split = " / ".join(f"{ph[k]:.1f}" for k in ("forward", "backward", "optimizer")) if ph else "-"
+            ratio, diff = r.get("ratio_to_eager"), r.get("max_loss_diff")
+            lines.append(f"| {mode} | {r['first_s']:.2f} | {r['steady_ms']:.1f} | "
+                         f"{'-' if ratio is None else f'{ratio:.2f}'} | {split} | "
+                         f"{'-' if diff is None else f'{diff:.1e}'} |")
     neuron, split = modes.get("neuron"), modes.get("neuron-eager-coll")
     if neuron and split:
         lines += ["", f"Collectives compiled into the executable against run eagerly between compiled parts: "
