@@ -334,3 +334,28 @@ def test_sgds_step_functions_are_ours_and_the_functions_they_mirror_are_unchange
     assert digest == SGD_SHA256[name], (
         f"torch changed torch.optim.sgd.{name}: check that neuron_compile.device.optim.foreach_sgd_ still "
         f"computes what it computes, in its order (and the cases sgd_step leaves to torch), then update the digest")
+
+
+def test_the_autograd_engine_says_when_it_runs_a_backward():
+    """``_autograd_hooks.in_backward`` (growing lengths stay exact inside a backward, where grad mode is off
+    too) reads ``torch._C._current_graph_task_id()``: -1 outside the engine, a task id inside it."""
+    from neuron_compile.device._autograd_hooks import in_backward
+
+    seen = []
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            seen.append((in_backward(), torch.is_grad_enabled()))
+            return grad * 2
+
+    x = torch.ones(2, requires_grad=True)
+    assert not in_backward()
+    Probe.apply(x).sum().backward()
+    with torch.no_grad():
+        assert not in_backward()
+    assert seen == [(True, False)]

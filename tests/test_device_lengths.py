@@ -24,7 +24,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 @pytest.fixture(autouse=True)
 def _lengths_on(monkeypatch):
-    """Growing lengths are opt-in (``NEURON_COMPILE_DEVICE_LENGTHS=1``)."""
+    """Growing lengths everywhere (``NEURON_COMPILE_DEVICE_LENGTHS=1``): by default only where no autograd
+    graph is recorded; the tests of the default unset it."""
     monkeypatch.setenv("NEURON_COMPILE_DEVICE_LENGTHS", "1")
 
 
@@ -69,12 +70,12 @@ class _GPT(torch.nn.Module):
         return self.lm_head(self.ln_f(x)[:, [-1], :])
 
 
-def _sample(device, tokens=40):
+def _sample(device, tokens=40, batch=1):
     """nanoGPT sample.py's loop: logits of the last position over a temperature, softmax, multinomial
     (CPU's generator on both devices: the same draws), cat. Returns the tokens and compiles per token."""
     torch.manual_seed(0)
     model = _GPT().eval().to(device)
-    idx = torch.randint(0, 50, (1, 4)).to(device)
+    idx = torch.randint(0, 50, (batch, 4)).to(device)
     compiles, snapshot = [], {}
     with torch.no_grad():
         for token in range(tokens):
@@ -92,7 +93,8 @@ def _kernels() -> dict:
     return {id(f): (f.op, len(f.kernels)) for f in lengths._FAMILIES.values() if not isinstance(f, str)}
 
 
-def test_sampling_40_tokens_compiles_once_per_op_per_bucket():
+def test_sampling_40_tokens_compiles_once_per_op_per_bucket(monkeypatch):
+    monkeypatch.delenv("NEURON_COMPILE_DEVICE_LENGTHS")  # the default: sampling runs under no_grad
     # a length's sighting is recorded when its signature misses: exact kernels another test compiled
     # in this process would hide some lengths (the counts below are the point)
     device_ops._KERNELS.clear()
@@ -108,6 +110,43 @@ def test_sampling_40_tokens_compiles_once_per_op_per_bucket():
     after = _kernels()
     assert {k: v for k, v in after.items() if k in snapshot} == snapshot
     assert all(n <= 1 for k, (_, n) in after.items() if k not in snapshot)
+
+
+def test_sampling_a_batch_matches_cpu_through_cpps_own_views(monkeypatch):
+    """Two sequences at once: the ids' growing length is an inner dim of a bucket, and C++ ``embedding``
+    reshapes them (a clone it ``_unsafe_view``s, past the device's ``view``: it raised before the device took
+    ``_unsafe_view``), by default under no_grad."""
+    monkeypatch.delenv("NEURON_COMPILE_DEVICE_LENGTHS")
+    before = device_ops.COUNTS["bucketed_ops"]
+    got, _, _ = _sample("neuron", tokens=14, batch=2)
+    assert device_ops.COUNTS["bucketed_ops"] > before
+    expected, _, _ = _sample("cpu", tokens=14, batch=2)
+    assert_close(got, expected, rtol=0, atol=0)
+
+
+def _train_growing(device, lengths_range=range(4, 20)):
+    """A training step (forward, backward) of the nanoGPT model at each length: each parameter's gradients."""
+    torch.manual_seed(0)
+    model = _GPT().to(device)
+    idx = torch.randint(0, 50, (2, 24)).to(device)
+    grads = []
+    for t in lengths_range:
+        model.zero_grad()
+        model(idx[:, :t]).pow(2).mean().backward()
+        grads.append([p.grad.cpu().clone() for p in model.parameters()])
+    return grads
+
+
+def test_training_on_growing_lengths_stays_exact_by_default(monkeypatch):
+    """By default an op runs bucketed only where autograd records nothing and no backward runs: a training
+    step at growing lengths after a sampling loop bucketed the same ops (a Hugging Face XLNet trained after a
+    ``generate``) keeps exact shapes, and CPU's gradients. (Bucketed there, with ``=1``, a gradient with a
+    bucket's strides reached autograd's C++ ``view``, ``ViewBackward0``, which refused it.)"""
+    monkeypatch.delenv("NEURON_COMPILE_DEVICE_LENGTHS")
+    _sample("neuron", tokens=16)  # the forward's ops bucketed, under no_grad
+    before = device_ops.COUNTS["bucketed_ops"]
+    assert_close(_train_growing("neuron"), _train_growing("cpu"), rtol=1e-4, atol=1e-5)
+    assert device_ops.COUNTS["bucketed_ops"] == before
 
 
 def test_reductions_over_a_growing_dim_are_exact():

@@ -51,6 +51,7 @@ def register() -> None:
     _torch_hooks.pin_memory_as_copy()
     _torch_hooks.load_onto_device()
     _data_library = _torch_hooks.data_moves_across_devices()
+    _data_library.impl("_unsafe_view", _unsafe_view, "PrivateUse1")  # past CPU's composite kernel
     _torch_hooks.print_through_cpu()
     _torch_hooks.make_storages_with(storage.new_storage, storage.clone_storage, storage.byteswap_storage)
     distributed.register()  # init_process_group("neuron"): names the backend, connects nothing
@@ -72,6 +73,12 @@ def _several_devices() -> bool:
         return local_device_count() > 1
     except ValueError:
         return False
+
+
+def _unsafe_view(tensor, size):
+    from .kernels import unsafe_view
+
+    return unsafe_view(tensor, size)
 
 
 def _fallback(op, *args, **kwargs):

@@ -162,6 +162,14 @@ def _view(op, *args, **kwargs):
         return _torch_hooks.meta_redispatch(op, dense, *args[1:], **kwargs)
 
 
+def unsafe_view(tensor, size):
+    """``aten::_unsafe_view`` of a neuron tensor: ``view`` (``_view``: of a dense copy where a bucketed
+    tensor's strides refuse it). CPU's composite kernel computes the strides itself, past the device's
+    ``view``: C++ ``reshape`` clones a tensor it cannot view and ``_unsafe_view``s the clone, which a growing
+    length leaves on a bucket's storage (an embedding of a batch of growing ids failed so)."""
+    return _view(aten.view.default, tensor, size)
+
+
 # --- factories -------------------------------------------------------------------------------
 
 def _dtype(dtype):

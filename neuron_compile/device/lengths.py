@@ -22,9 +22,11 @@ here the compiled path's shape bucketing (``capture.bucketing``) serves the eage
 
 ``torch.empty`` at a growing leading length (``contiguous()``'s, an ``out=``'s) and ``arange(t, out=)``
 (a position embedding's) give the true part of a bucket as well; in-place and ``out=`` ops writing such
-a storage run bucketed. Opt-in: ``NEURON_COMPILE_DEVICE_LENGTHS=1`` turns it on (off by default since
-a bucketed tensor's strides can reach a C++ ``view`` CPU's contiguous tensor allows: a Hugging Face XLNet
-trained after a ``generate`` failed in its backward). Kernels are kept in memory
+a storage run bucketed. Only where no autograd graph is recorded and no backward runs, by default
+(``active``: sampling loops and ``generate`` run under ``no_grad``): in training a bucketed tensor's
+strides can reach a C++ ``view`` of autograd's that CPU's contiguous tensor allows (a Hugging Face XLNet
+trained after a ``generate`` failed in its backward when every op was bucketed).
+``NEURON_COMPILE_DEVICE_LENGTHS=1`` buckets everywhere, ``=0`` nowhere. Kernels are kept in memory
 only (a new process traces each bucket again; the artifact cache still spares the XLA compile).
 
 What differs from CPU: a bucketed result padded along an inner dim (attention scores ``(b, h, t, t)``)
@@ -45,6 +47,7 @@ import weakref
 import torch
 
 from . import storage as _storage
+from ._autograd_hooks import in_backward
 from .opkernel import COUNTS, rebuild
 from .trace import RUNTIME, _replace_tensors
 
@@ -60,7 +63,17 @@ _STATE = threading.local()
 
 
 def active() -> bool:
-    return os.environ.get("NEURON_COMPILE_DEVICE_LENGTHS", "0") == "1" and not getattr(_STATE, "exact", 0)
+    """Whether an op may run bucketed: by default where no autograd graph is recorded and no backward runs
+    (``torch.no_grad``, ``inference_mode``: sampling loops, ``generate``); ``NEURON_COMPILE_DEVICE_LENGTHS=1``
+    everywhere, ``=0`` nowhere. In training a bucketed tensor can reach a C++ ``view`` of autograd's (a
+    ``ViewBackward0``) that the bucket's strides refuse and CPU's contiguous tensor allows (a Hugging Face
+    XLNet trained after a ``generate``: its backward's gradients were bucketed)."""
+    if getattr(_STATE, "exact", 0):
+        return False
+    setting = os.environ.get("NEURON_COMPILE_DEVICE_LENGTHS", "")
+    if setting:
+        return setting == "1"
+    return not torch.is_grad_enabled() and not in_backward()
 
 
 @contextlib.contextmanager
@@ -548,4 +561,4 @@ def check_write(op, args, kwargs) -> None:
                 f"here it does not: the view (a .view() the bucket's strides do not allow) was taken of a "
                 f"copy, so the write would not reach the other. Called at {OPS.user_line()}. A bucketed "
                 f"tensor holds a length that kept growing (neuron_compile/device/lengths.py); take the "
-                f"view of .contiguous() or use .reshape(), or unset NEURON_COMPILE_DEVICE_LENGTHS.")
+                f"view of .contiguous() or use .reshape(), or set NEURON_COMPILE_DEVICE_LENGTHS=0.")
