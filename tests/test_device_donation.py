@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 from neuron_compile.device import ops
@@ -57,10 +58,14 @@ def test_a_buffer_held_elsewhere_is_copied_not_taken():
     assert _address(a) == before
 
 
-def test_a_cache_updated_in_place_by_index_copy():
-    """A static KV cache's update: ``index_copy_`` of one position into a 2 MiB cache, step after step."""
+@pytest.mark.parametrize("made", ["moved", "zeros on the device"])
+def test_a_cache_updated_in_place_by_index_copy(made):
+    """A static KV cache's update: ``index_copy_`` of one position into a 2 MiB cache, step after step. The
+    cache made on the device (transformers' ``StaticCache``: ``torch.zeros(..., device=...)``) holds the
+    kept zeros at its own shape, so the op reads it as its buffer and takes it in place (flat, it was read
+    reshaped and never donated)."""
     cpu = torch.zeros(2, 4, 1024, 64)
-    dev = cpu.to("neuron")
+    dev = cpu.to("neuron") if made == "moved" else torch.zeros(2, 4, 1024, 64, device="neuron")
     for step in range(4):
         k = torch.randn(2, 4, 1, 64)
         position = torch.tensor([step])
@@ -73,9 +78,9 @@ def test_a_cache_updated_in_place_by_index_copy():
 
 
 def test_adamw_writes_its_large_parameters_in_place():
-    """AdamW's fused step writes parameters and moments: the parameters (read at their buffers' shape) are
-    donated; the weight's moments, held flat by ``zeros_like``'s storage and read reshaped, are not (XLA ran
-    the step slower with them donated). The values are CPU's either way."""
+    """AdamW's step writes parameters and moments, all read at their buffers' shapes, all donated: the
+    moments' storages start as ``zeros_like``'s shared constant at the moment's shape (held flat and read
+    reshaped, XLA ran the step slower with them donated, so they were not). The values are CPU's."""
     torch.manual_seed(0)
     cpu = torch.nn.Linear(512, 1024)
     dev = copy.deepcopy(cpu).to("neuron")
@@ -91,7 +96,7 @@ def test_adamw_writes_its_large_parameters_in_place():
             opt.zero_grad()
         assert _address(dev.weight) == before, step
         if moment is not None:
-            assert _address(opts[1].state[dev.weight]["exp_avg"]) != moment
+            assert _address(opts[1].state[dev.weight]["exp_avg"]) == moment, step
     for p, q in zip(cpu.parameters(), dev.parameters()):
         # Adam turns gradients' float noise into steps of about lr where a gradient is near 0
         torch.testing.assert_close(q.cpu(), p, rtol=1e-3, atol=1e-4)

@@ -201,11 +201,12 @@ def _zero_tensor(op, size, dtype=None, layout=None, device=None, pin_memory=None
 @kernel(aten.zero_.default, aten.fill_.Scalar)
 def _fill_(op, tensor, value=0):
     # a tensor over its whole storage (torch.zeros, ones, full, autograd's zero gradients of unused outputs)
-    # takes a constant buffer storages share (storage.shared_constant): no executable, no allocation
+    # takes a constant buffer storages share (storage.shared_constant), at its shape: no executable, no
+    # allocation, and an op reads it as the storage's own buffer (so may take it in place: donation)
     data = _storage.data_of(tensor)
     buffer = None
     if type(value) in (int, float, bool) and ops.whole(tensor, data):
-        buffer = _storage.shared_constant(data.numel, data.dtype, value, tensor.device.index or 0)
+        buffer = _storage.shared_constant(data.numel, data.dtype, value, tensor.device.index or 0, tensor.shape)
     if buffer is None:
         return ops.dispatch(op, (tensor,) if op is aten.zero_.default else (tensor, value), {})
     data.set(buffer)

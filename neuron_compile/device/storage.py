@@ -316,25 +316,30 @@ _CONSTANT_BYTES, _CONSTANTS_BYTES = 4 << 20, 64 << 20  # the largest one kept, a
 _constants_held = 0
 
 
-def shared_constant(numel: int, dtype: torch.dtype, value, index: int = 0):
+def shared_constant(numel: int, dtype: torch.dtype, value, index: int = 0, shape: tuple | None = None):
     """A buffer of ``numel`` copies of ``value`` that storages may share, or None above 4 MiB: PJRT buffers
     are never written in place (an op's results are new buffers), so a storage filled whole takes this
     one, with no executable run and nothing allocated (``torch.zeros``, ``ones``, ``full``, autograd's zero
     gradients of a model's unused outputs and its ones for ``loss.backward()``, each step). The most
-    recently used are kept, up to 64 MiB of them."""
+    recently used are kept, up to 64 MiB of them.
+
+    ``shape``: the buffer's shape (flat by default), the filled tensor's where it covers its storage
+    contiguously: an op then reads the storage as its own buffer, not through a reshape, and may take it
+    in place (donation: an optimizer's moments made by ``zeros_like``, a static KV cache's ``zeros``)."""
     global _constants_held
     nbytes = numel * dtype.itemsize
     if nbytes > _CONSTANT_BYTES:
         return None
-    key = (numel, dtype, index, repr(value))
+    shape = (numel,) if shape is None else tuple(shape)
+    key = (shape, dtype, index, repr(value))
     buffer = _CONSTANTS.pop(key, None)
     if buffer is None:
-        buffer = host_to_buffer(torch.full((numel,), value, dtype=dtype), index)
+        buffer = host_to_buffer(torch.full(shape, value, dtype=dtype), index)
         _constants_held += nbytes
     _CONSTANTS[key] = buffer
     while _constants_held > _CONSTANTS_BYTES:
-        (n, d, _, _), _ = _CONSTANTS.popitem(last=False)
-        _constants_held -= n * d.itemsize
+        (_, d, _, _), old = _CONSTANTS.popitem(last=False)
+        _constants_held -= old.size * d.itemsize
     return buffer
 
 
