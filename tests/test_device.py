@@ -344,6 +344,16 @@ def test_changing_float_arguments_are_right_and_compile_once(case):
     assert device_ops.COUNTS["op_compiles"] - compiles == expected
 
 
+def test_a_float_that_changes_an_out_tensors_size_resizes_it():
+    """``mvlgamma`` fills ``arange(-p / 2 + 0.5, 0.5, 0.5, out=...)``: each new float start is a kernel of its
+    own (arange keeps its floats) and a new length of the ``out=`` tensor, which is resized first (the
+    OpInfo sweep's mvlgamma samples crashed there)."""
+    x = torch.rand(5, 5) + 2
+    with torch.no_grad():
+        for p in range(1, 8):
+            assert_close(torch.mvlgamma(N(x), p).cpu(), torch.mvlgamma(x, p))
+
+
 def test_an_adam_step_with_changing_bias_corrections_compiles_nothing_after_the_first():
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 4).to("neuron")

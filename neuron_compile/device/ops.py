@@ -421,6 +421,8 @@ class ByValue:
                 from . import index
 
                 traced = trace_op(op, args, kwargs, leaves, _written_positions(op, args, kwargs), bake_floats=True)
+                if traced.resized:  # this value changes an out= tensor's size (arange's length): resize it
+                    return ResizeOuts(traced.resized)(op, args, kwargs, leaves)
                 kernel = self.kernels[key] = _compile(
                     op, traced, index_name=index.entry_name(op, tuple(leaves.parts), key))
             if kernel is None:
