@@ -20,10 +20,7 @@ def multi_tensor_adam_through(handler) -> None:
     Dynamo (a compiled optimizer step) the router calls torch's own (``dynamo_skips.traced_through``)."""
     import torch.optim.adam as adam
 
-    from ..dynamo_skips import traced_through
-
-    if not getattr(adam._multi_tensor_adam, "_neuron", False):
-        adam._multi_tensor_adam = traced_through(adam._multi_tensor_adam, handler)  # Dynamo sees torch's
+    _route(adam, ("_multi_tensor_adam",), handler)
 
 
 def sgd_through(handler) -> None:
@@ -33,8 +30,14 @@ def sgd_through(handler) -> None:
     ``func = _single_tensor_sgd``)."""
     import torch.optim.sgd as sgd
 
+    _route(sgd, ("_single_tensor_sgd", "_multi_tensor_sgd"), handler)
+
+
+def _route(module, names, handler) -> None:
+    """Replace each function ``module.<name>`` by a router to ``handler`` (once: a router is marked
+    ``_neuron``); under Dynamo the router calls torch's own (``dynamo_skips.traced_through``)."""
     from ..dynamo_skips import traced_through
 
-    for name in ("_single_tensor_sgd", "_multi_tensor_sgd"):
-        if not getattr(getattr(sgd, name), "_neuron", False):
-            setattr(sgd, name, traced_through(getattr(sgd, name), handler))
+    for name in names:
+        if not getattr(getattr(module, name), "_neuron", False):
+            setattr(module, name, traced_through(getattr(module, name), handler))
