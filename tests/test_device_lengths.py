@@ -200,3 +200,58 @@ def test_a_view_the_bucket_strides_refuse_is_a_copy_and_writes_through_either_ra
     del flat
     device_scores.mul_(2)  # no copy lives: the write has nobody to miss it
     assert_close(device_scores.cpu(), scores * 2)
+
+
+def _hf_sample(device, tokens, settled=14):
+    """Hugging Face GPT-2 unchanged (SDPA attention), sampled one token at a time with no cache: its
+    position ids come from ``torch.arange(t, device=)`` and, through C++ SDPA's causal path, its mask
+    from ``ones(t, t).tril()``; the head size (16) lies among the lengths. Returns the tokens, per token
+    the kernels built (``ops._build``: traces and exact compiles) and the ops compiled (bucketed ones
+    too), and each bucketed op's kernels at token ``settled``."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=64, attn_pdrop=0.0,
+                        resid_pdrop=0.0, embd_pdrop=0.0)
+    model = GPT2LMHeadModel(config).eval().to(device)
+    idx = torch.randint(0, 64, (1, 4)).to(device)
+    built, per_token, compiles, snapshot = [], [], [], {}
+    original = device_ops._build
+
+    def counted(op, *args):
+        built.append(str(op))
+        return original(op, *args)
+
+    device_ops._build = counted
+    try:
+        with torch.no_grad():
+            for token in range(tokens):
+                if token == settled:
+                    snapshot.update(_kernels())
+                built.clear()
+                before = device_ops.COUNTS["op_compiles"]
+                logits = model(input_ids=idx).logits[:, -1, :]
+                idx = torch.cat((idx, torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)), dim=1)
+                per_token.append(list(built))
+                compiles.append(device_ops.COUNTS["op_compiles"] - before)
+    finally:
+        device_ops._build = original
+    return idx.cpu(), per_token, compiles, snapshot
+
+
+def test_hugging_face_sampling_builds_nothing_once_every_op_is_bucketed(monkeypatch):
+    """A causal mask made by ``ones(t, t)`` sits in a bucket padded along both dims (a leading-dim bucket
+    gave its ``tril`` a new layout and kernel each token); ``arange(t)`` into arange's empty ``out`` is
+    bucketed (it was traced each token); a length equal to the head size stays bucketed (it compiled
+    every op of attention at exact shapes once more, and the ops after it for the next two tokens)."""
+    monkeypatch.delenv("NEURON_COMPILE_DEVICE_LENGTHS")
+    device_ops._KERNELS.clear()
+    lengths.forget()
+    expected, _, _, _ = _hf_sample("cpu", 24)
+    got, per_token, compiles, snapshot = _hf_sample("neuron", 24)
+    assert_close(got, expected, rtol=0, atol=0)
+    # lengths 4 to 27 (the head size 16 at token 12): nothing built or compiled from length 18 on
+    assert all(not built for built in per_token[14:]), [(i, b) for i, b in enumerate(per_token) if b]
+    assert not any(compiles[14:]), compiles
+    assert len(snapshot) > 10, "the forward did not run bucketed"
+    assert _kernels() == snapshot  # no bucketed op compiled another kernel in the bucket

@@ -23,7 +23,7 @@ import sys
 
 import torch
 
-from . import _torch_hooks, lengths, ops
+from . import _torch_hooks, grown, lengths, ops
 from . import storage as _storage
 from .storage import device_index, new_tensor
 
@@ -182,7 +182,7 @@ def _empty(op, size, dtype=None, layout=None, device=None, pin_memory=None, memo
     if memory_format not in (None, torch.contiguous_format, torch.preserve_format):
         stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
         return new_tensor(size, _dtype(dtype), stride=stride, addressed=True, index=index)
-    padded = lengths.empty_padded(size, _dtype(dtype), index)  # at a length that keeps changing: its bucket
+    padded = grown.empty_padded(size, _dtype(dtype), index)  # at a length that keeps changing: its bucket
     return padded if padded is not None else new_tensor(size, _dtype(dtype), addressed=True, index=index)
 
 
@@ -207,6 +207,8 @@ def _fill_(op, tensor, value=0):
     buffer = None
     if type(value) in (int, float, bool) and ops.whole(tensor, data):
         buffer = _storage.shared_constant(data.numel, data.dtype, value, tensor.device.index or 0, tensor.shape)
+    elif type(value) in (int, float, bool) and grown.fill_bucket(tensor, value):  # a factory at a growing length
+        return tensor
     if buffer is None:
         return ops.dispatch(op, (tensor,) if op is aten.zero_.default else (tensor, value), {})
     data.set(buffer)

@@ -7,8 +7,10 @@ here the compiled path's shape bucketing (``capture.bucketing``) serves the eage
     sighting   every signature miss records, per op and shape-free signature (dtypes, ranks, storages,
                scalars), the sizes each dim of each tensor had. A dim is a growing length at size n
                when it had n - 1 and n - 2 before (``_growing``) and n is no size of the op's first
-               sighting (widths, heads); a Parameter's dims never are. Sizes that merely differ (layer
-               widths, a last smaller batch) and the first lengths compile at exact shapes, as before
+               sighting (widths, heads), or is but no larger size was seen at that dim (a length
+               reaching the head size, ``_length``); a Parameter's dims never are. Sizes that merely
+               differ (layer widths, a last smaller batch) and the first lengths compile at exact
+               shapes, as before
     family     the op traced once on fake tensors whose dynamic dims are size symbols, then the padding
                analysis (``bucketing.analyze``): which reductions, contractions, cats and indexing need
                masks or true sizes. An op it cannot prove exact keeps exact shapes (``refused``)
@@ -20,8 +22,9 @@ here the compiled path's shape bucketing (``capture.bucketing``) serves the eage
                at the same bucket shape and compiles nothing new. Values past the true sizes are
                never read as values: every consumer is bucketed or reads the true view.
 
-``torch.empty`` at a growing leading length (``contiguous()``'s, an ``out=``'s) and ``arange(t, out=)``
-(a position embedding's) give the true part of a bucket as well; in-place and ``out=`` ops writing such
+``torch.empty`` at a growing leading length (``contiguous()``'s, an ``out=``'s), ``arange(t, out=)``
+(a position embedding's) and a filled factory (a causal mask's ``ones(t, t)``) give the true part of a
+bucket as well (``grown``); in-place and ``out=`` ops writing such
 a storage run bucketed. Only where no autograd graph is recorded and no backward runs, by default
 (``active``: sampling loops and ``generate`` run under ``no_grad``): in training a bucketed tensor's
 strides can reach a C++ ``view`` of autograd's that CPU's contiguous tensor allows (a Hugging Face XLNet
@@ -60,6 +63,8 @@ _OP_SIZES: dict = {}  # (op, tensor leaf, rank, dim) -> the sizes seen
 _SEEN: dict = {}  # shape-free signature -> per tensor leaf, per dim: the sizes seen
 _FAMILIES: dict = {}  # (shape-free signature, dynamic dims, floats) -> Family, or a refusal reason (str)
 _STATE = threading.local()
+SIGHTINGS = [_OP_SIZES, _SEEN, _FAMILIES]  # what ``forget`` clears (``grown`` adds its factories' sightings)
+FACTORY_KERNELS: dict = {}  # op -> its kernel at a growing length, or None (``grown``: ``arange(out=)``)
 
 
 def active() -> bool:
@@ -89,7 +94,7 @@ def exact():
 def forget() -> None:
     """Forget every sighting and bucketed kernel: sizes seen from now on start a new history (tensors
     already on a bucket's storage keep it)."""
-    for table in (_OP_SIZES, _SEEN, _FAMILIES, _EMPTY_SEEN, _ARANGE_SEEN):
+    for table in SIGHTINGS:
         table.clear()
 
 
@@ -149,11 +154,20 @@ def _growing(sizes: set, n: int) -> bool:
     return n > MIN_SIZES and all(n - k in sizes for k in range(1, MIN_SIZES))
 
 
+def _length(sizes: set, n: int, first: set) -> bool:
+    """A dim whose sizes so far are ``sizes`` (``n`` among them) is a length at ``n``: it grew through the
+    sizes below, and ``n`` is no size of the first sighting (a width, the heads), or is but the dim just
+    grew to it (a length reaching the head size; a dim that stays at the head size beside a length
+    that grew past it, two call sites of one signature, is no length)."""
+    return _growing(sizes, n) and (n not in first or n >= max(sizes))
+
+
 def kernel_for(op, args, kwargs, leaves):
     """Called on a signature miss: the op's bucketed kernel family when some dim of it varies, else None
     (the op compiles at exact shapes)."""
-    if op in _ARANGE_OUTS:
-        return _arange_kernel(op, args, kwargs, leaves)
+    factory = FACTORY_KERNELS.get(op)
+    if factory is not None:
+        return factory(op, args, kwargs, leaves)
     if not _eligible(op, leaves) or not _buckets():
         return None
     written = _written(op, args, kwargs, leaves)
@@ -175,7 +189,7 @@ def kernel_for(op, args, kwargs, leaves):
             # the op's sizes at this argument and dim, whatever storages and layouts held the tensor
             across = _OP_SIZES.setdefault((op, position, len(shape), d), set())
             across.add(n)
-            if _growing(across, n) and n not in first and not parameter:
+            if not parameter and _length(across, n, first):
                 dims.append(d)
         dynamic.append(tuple(dims))
         family_shapes.append(tuple(None if d in dims else n for d, n in enumerate(shape)))
@@ -459,75 +473,6 @@ def _padded_tensor(real, shape, dtype, buffer, index: int, addressed: bool = Fal
     data = tensor.untyped_storage()._neuron = _storage.Data(dtype, numel, buffer)
     _PADDED[data] = shape
     return tensor
-
-
-# --- factories at a growing length ---------------------------------------------------------------
-
-def _bucket_shape(key, shape, table: dict):
-    """``shape`` with its lengths (dims seen at ``MIN_SIZES`` sizes, none of the first sighting's) at
-    their buckets, or None where it has none; ``table`` records the sightings under ``key``."""
-    from ..capture.bucket_sizes import round_up
-
-    if not active() or not shape or not _buckets():
-        return None
-    seen = table.get(key)
-    if seen is None:
-        table[key] = (set(shape), [{n} for n in shape])
-        return None
-    first, per_dim = seen
-    for sizes, n in zip(per_dim, shape):
-        sizes.add(n)
-    # the leading dim larger than 1 only: the result stays contiguous, as CPU's (a view of it works)
-    d = next((d for d, n in enumerate(shape) if n > 1), None)
-    if d is None or not _growing(per_dim[d], shape[d]) or shape[d] in first:
-        return None
-    return tuple(shape[:d]) + (round_up(shape[d], _buckets()),) + tuple(shape[d + 1:])
-
-
-_EMPTY_SEEN: dict = {}
-
-
-def empty_padded(size, dtype, index: int):
-    """``torch.empty(size)`` on the device at a length that keeps changing: the leading part of a bucket
-    (an ``out=`` or in-place op then writes it bucketed)."""
-    size = tuple(size)
-    shape = _bucket_shape((dtype, len(size)), size, _EMPTY_SEEN)
-    return None if shape is None else _padded_tensor(size, shape, dtype, None, index, addressed=True)
-
-
-_ARANGE_OUTS = {torch.ops.aten.arange.out, torch.ops.aten.arange.start_out}
-_ARANGE_SEEN: dict = {}
-
-
-def _arange_kernel(op, args, kwargs, leaves):
-    """``arange(t, out=...)`` into a fresh tensor at a length that keeps changing: made on the host into
-    the leading part of a bucket (its consumers then read it bucketed); None otherwise."""
-    out = kwargs.get("out")
-    if out is None or out.dim() != 1 or out.untyped_storage()._neuron.buffer is not None:
-        return None
-    shape = _bucket_shape((op, out.dtype), tuple(out.shape), _ARANGE_SEEN)
-    return None if shape is None else _host_arange
-
-
-def _host_arange(op, args, kwargs, leaves):
-    from . import _torch_hooks
-
-    out = kwargs["out"]
-    data = out.untyped_storage()._neuron
-    if out.dim() != 1 or data.buffer is not None:  # not a fresh vector: as any out= op
-        return OPS.run_on_host(op, args, kwargs)
-    values = op(*args, out=torch.empty(0, dtype=out.dtype))
-    from ..capture.bucket_sizes import round_up
-
-    n = out.shape[0]
-    padded = _padded_tensor((n,), (round_up(n, _buckets()),), out.dtype, None, leaves.index or 0, addressed=True)
-    host = torch.zeros(padded.untyped_storage()._neuron.numel, dtype=out.dtype)
-    host[:n] = values
-    COUNTS["host_copies"] += 1
-    padded.untyped_storage()._neuron.set(_storage.host_to_buffer(host.view(_PADDED[padded.untyped_storage()._neuron]),
-                                                                 leaves.index or 0))
-    _torch_hooks.place(out, padded.untyped_storage(), 0, (n,), (1,))
-    return out
 
 
 _UNALIASED = weakref.WeakKeyDictionary()  # a bucket's storage and its dense copies: Data -> WeakSet of the others
