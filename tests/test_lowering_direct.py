@@ -51,6 +51,10 @@ CASES = {
     "nll_loss": lambda x, y, i: F.nll_loss(x.log_softmax(1), i[:x.shape[0]]),
     "index_put": lambda x, y, i: torch.stack([x.index_put((i - 1,), y), x.index_put((i[:2],), y[:1] * 2, True),
                                               x.index_put((i.view(2, 3),), torch.ones(()), accumulate=True)]),
+    # along an inner dim (leading full slices): index_copy's decomposition, a KV cache's update
+    "index_put_inner": lambda x, y, i: torch.stack([
+        x.index_copy(1, i[1:4], x[:, :3] * 2), torch.ops.aten.index_put.default(x, [None, i[1:4] - 3], x[:, 3:6] - 1),
+        torch.ops.aten.index_put.default(x, [None, i[:2]], torch.ones(()), True)]),
     "tril": lambda x, y, i: x.tril(),
 }
 SHAPES = [(4, 6), (5, 6), (3, 7)]

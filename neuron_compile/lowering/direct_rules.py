@@ -435,21 +435,27 @@ def _gather(fn, node, args, out):
 
 @rule(aten.index_put.default)
 def _index_put(fn, node, args, out):
-    """``x[index] = values`` (``+=`` with ``accumulate``) for one integer index along dim 0: a scatter of
-    the rows ``values`` gives (broadcast to ``index.shape + x.shape[1:]``)."""
+    """``x[..., index] = values`` (``+=`` with ``accumulate``) for one integer index after leading full
+    slices (``None``: ``index_copy``'s decomposition along ``dim``, a KV cache's update): a scatter of the
+    windows ``values`` gives (broadcast to ``x.shape[:dim] + index.shape + x.shape[dim + 1:]``), each
+    window all of ``x`` but ``dim``."""
     x, indices, values = args[:3]
     accumulate = args[3] if len(args) > 3 else node.kwargs.get("accumulate", False)
-    if len(indices) != 1 or not isinstance(indices[0], V) or indices[0].dtype not in (torch.int64, torch.int32) \
-            or not x.shape or (accumulate and x.dtype is torch.bool):
-        raise NoRule("index_put with other than one integer index")
-    index = fn.convert(indices[0], torch.int64)
+    dim = next((d for d, index in enumerate(indices) if index is not None), len(indices))
+    if len(indices) != dim + 1 or not isinstance(indices[dim], V) \
+            or indices[dim].dtype not in (torch.int64, torch.int32) or dim >= len(x.shape) \
+            or (accumulate and x.dtype is torch.bool):
+        raise NoRule("index_put with other than one integer index after full slices")
+    index = fn.convert(indices[dim], torch.int64)
     depth = len(index.shape)
     negative = fn.compare(index, fn.const(0, torch.int64, index.shape), "LT")  # x[-1]: the last row, as on CPU
-    index = fn.op("select", [negative, fn.op("add", [index, fn.const(x.shape[0], torch.int64, index.shape)],
+    index = fn.op("select", [negative, fn.op("add", [index, fn.const(x.shape[dim], torch.int64, index.shape)],
                                              index.shape, torch.int64), index], index.shape, torch.int64)
-    rows = fn.operand(values, x.dtype, (*index.shape, *x.shape[1:]))
-    numbers = (f"#stablehlo.scatter<update_window_dims = [{', '.join(map(str, range(depth, depth + len(x.shape) - 1)))}], "
-               f"inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = {depth}>")
+    rows_shape = (*x.shape[:dim], *index.shape, *x.shape[dim + 1:])
+    rows = fn.operand(values, x.dtype, rows_shape)
+    window = [d for d in range(len(rows_shape)) if d < dim or d >= dim + depth]
+    numbers = (f"#stablehlo.scatter<update_window_dims = [{', '.join(map(str, window))}], "
+               f"inserted_window_dims = [{dim}], scatter_dims_to_operand_dims = [{dim}], index_vector_dim = {depth}>")
     return fn.region("scatter", [x, index, rows], x.shape, x.dtype, "add" if accumulate else None,
                      f"scatter_dimension_numbers = {numbers}, indices_are_sorted = false, unique_indices = false")
 
