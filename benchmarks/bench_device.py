@@ -58,7 +58,8 @@ Eight measurements, each against its peer:
 8. Compiled training steps (``torch.compile(model)``, eager AdamW) of
    section 3's GPT-2 and a llama of the same size: our backend with the model
    on neuron, our backend on CPU tensors, Inductor (target: the neuron row at
-   most 1.0x each of the others), with the losses against the CPU-tensor row.
+   most 1.0x each of the others), with the losses against the CPU-tensor row;
+   the rows' timed steps interleave, their order turning each step.
 9. Large in-place writes: a 4M-float ``add_`` and a static KV cache's
    ``index_copy_`` on neuron with its buffer donation and without (processes
    of their own), ``jax.jit`` with ``donate_argnums`` and without, CPU eager.
@@ -753,36 +754,49 @@ def build_llama():
     return model, torch.randint(0, LLAMA["vocab_size"], (BATCH, TOKENS))
 
 
-def compiled_step(model_name: str, row: str, warmup: int, steps: int) -> dict:
+COMPILED_ROWS = ("neuron, model on neuron", "neuron, CPU tensors", "Inductor")
+
+
+def compiled_model(model_name: str, warmup: int, steps: int) -> dict:
     """``torch.compile(model)`` and eager AdamW, as a user writes it: forward, backward, step, zero_grad,
-    ``loss.item()``. Rows: our backend with the model on neuron, our backend on CPU tensors, Inductor."""
+    ``loss.item()``. Rows: our backend with the model on neuron, our backend on CPU tensors, Inductor, each
+    its own model. Each row warms up in turn (the first step timed apart), then the timed steps
+    interleave, the rows' order turning each step, so load from other jobs falls on each alike."""
     import torch
 
     torch._dynamo.reset()
-    step = make_step("neuron" if "on neuron" in row else "cpu", build=build_gpt2 if model_name == "gpt2" else build_llama,
-                     backend="inductor" if row == "Inductor" else "neuron")
-    start = time.perf_counter()
-    losses = [step()]
-    first = time.perf_counter() - start
-    for _ in range(warmup - 1):
-        losses.append(step())
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        losses.append(step())
-        times.append(time.perf_counter() - start)
-    return {"median_s": statistics.median(times), "steps_s": times, "first_s": first, "losses": losses}
+    build = build_gpt2 if model_name == "gpt2" else build_llama
+    cells: dict = {}
+    steps_of: dict = {}
+    for row in COMPILED_ROWS:
+        def warm(row=row):
+            step = make_step("neuron" if "on neuron" in row else "cpu", build=build,
+                             backend="inductor" if row == "Inductor" else "neuron")
+            start = time.perf_counter()
+            losses = [step()]
+            first = time.perf_counter() - start
+            for _ in range(warmup - 1):
+                losses.append(step())
+            steps_of[row] = step
+            return {"first_s": first, "losses": losses, "steps_s": []}
 
-
-COMPILED_ROWS = ("neuron, model on neuron", "neuron, CPU tensors", "Inductor")
+        _measure(cells, row, warm)
+    rows = [row for row in COMPILED_ROWS if row in steps_of]
+    for i in range(steps):
+        for row in rows[i % len(rows):] + rows[:i % len(rows)]:
+            start = time.perf_counter()
+            loss = steps_of[row]()
+            cells[row]["steps_s"].append(time.perf_counter() - start)
+            cells[row]["losses"].append(loss)
+    for row in rows:
+        cells[row]["median_s"] = statistics.median(cells[row]["steps_s"])
+    return cells
 
 
 def compiled_all(warmup: int, steps: int) -> dict:
     out: dict = {}
     for model_name in ("gpt2", "llama"):
-        cells = out[model_name] = {}
-        for row in COMPILED_ROWS:
-            _measure(cells, row, lambda row=row: compiled_step(model_name, row, warmup, steps))
+        _measure(out, model_name, lambda model_name=model_name: compiled_model(model_name, warmup, steps))
     return out
 
 
@@ -1263,11 +1277,15 @@ def report(res: dict, args) -> str:
               "of Inductor and ours on CPU tensors were within 5% here). Targets: the neuron row at most 1.0x each "
               "of the "
               f"other two. Steps: {args.warmup} warm-up (the first one timed apart), then the median of "
-              f"{args.steps}. First step: the rows run in this order in one process, and our backend's CPU-tensor "
-              "row finds the graphs the device row compiled (the same FX graphs) in the cache.", ""]
+              f"{args.steps}, the rows' steps interleaved (their order turning each step). First step: the rows warm "
+              "up in this order in one process, and our backend's CPU-tensor row finds the graphs the device row "
+              "compiled (the same FX graphs) in the cache.", ""]
     rows = []
     for model_name, cells in (c8.items() if isinstance(c8, dict) else []):
         if not isinstance(cells, dict):
+            continue
+        if "error" in cells:  # the model's rows did not run
+            rows.append([model_name, "-", cells["error"]] + ["-"] * 4)
             continue
         cpu_t, ind = cells.get("neuron, CPU tensors"), cells.get("Inductor")
         for row, cell in cells.items():
