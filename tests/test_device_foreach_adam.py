@@ -4,11 +4,16 @@ step, no new compile as the learning rate and step count change, and everything 
 
 from __future__ import annotations
 
+import functools
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch.testing import assert_close
 
-from neuron_compile.device import ops as device_ops
+sys.path.insert(0, str(Path(__file__).parent / "shared"))
+from optim_steps import model as _model, train  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -19,34 +24,14 @@ OPTIONS = {
     "adam-amsgrad-maximize-decay": (torch.optim.Adam, {"weight_decay": 0.05, "amsgrad": True, "maximize": True}),
     "adamw-betas": (torch.optim.AdamW, {"betas": (0.3, 0.95), "eps": 1e-6}),  # lerp's other formula
 }
-LRS = [0.01, 0.0071, 0.0042, 0.0013, 0.001]  # a scheduler's decay
-
-
-def _model(device):
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
-    model[2].double()  # two dtypes: torch's foreach groups them, the device's one op takes both
-    return model.to(device)
 
 
 def _train(device, make, options, steps=5):
-    """``steps`` optimizer steps on the same gradients on either device (made on the CPU, moved)."""
-    model = _model(device)
-    opt = make(model.parameters(), lr=LRS[0], foreach=True, **options)
-    generator = torch.Generator().manual_seed(1)
-    calls, compiles = [], []
-    for step in range(steps):
-        for group in opt.param_groups:
-            group["lr"] = LRS[step]
-        for p in model.parameters():
-            p.grad = torch.randn(p.shape, dtype=p.dtype, generator=generator).to(device)
-        before = dict(device_ops.COUNTS)
-        opt.step()
-        calls.append(sum(device_ops.COUNTS[k] - before[k] for k in ("op_compiles", "index_hits", "op_cache_hits")))
-        compiles.append(device_ops.COUNTS["op_compiles"] - before["op_compiles"])
-        opt.zero_grad()
-    state = [{k: v.cpu() for k, v in opt.state[p].items()} for p in model.parameters()]
-    return [p.detach().cpu() for p in model.parameters()], state, calls, compiles
+    """``steps`` foreach steps on the same gradients on either device (``optim_steps.train``): (parameters,
+    state, op calls per step, compiles per step)."""
+    params, state, _, calls, compiles = train(device, functools.partial(make, foreach=True, **options), steps,
+                                              zero_grad=True)
+    return params, state, calls, compiles
 
 
 @pytest.mark.parametrize("name", sorted(OPTIONS))

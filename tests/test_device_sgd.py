@@ -4,11 +4,16 @@ compile as the learning rate changes, and torch's own path where the device cann
 
 from __future__ import annotations
 
+import functools
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch.testing import assert_close
 
-from neuron_compile.device import ops as device_ops
+sys.path.insert(0, str(Path(__file__).parent / "shared"))
+from optim_steps import LRS, model as _model, op_calls as _calls, train  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -21,38 +26,11 @@ OPTIONS = {  # foreach named on both sides: CPU's default is the for-loop, a dev
     "maximize-dampening-foreach": {"maximize": True, "weight_decay": 0.01, "momentum": 0.5, "dampening": 0.1,
                                    "foreach": True},
 }
-LRS = [0.01, 0.0071, 0.0042, 0.0013, 0.001]  # a scheduler's decay
-
-
-def _model(device, seed=0):
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
-    model[2].double()  # two dtypes: torch's foreach groups them, the device's one op takes both
-    return model.to(device)
-
-
-def _calls() -> int:
-    return sum(device_ops.COUNTS[k] for k in ("op_compiles", "index_hits", "op_cache_hits"))
 
 
 def _train(device, options, steps=5, seed=0):
-    """``steps`` SGD steps on the same gradients on either device (made on the CPU, moved)."""
-    model = _model(device, seed)
-    opt = torch.optim.SGD(model.parameters(), lr=LRS[0], **options)
-    generator = torch.Generator().manual_seed(1)
-    calls, compiles = [], []
-    for step in range(steps):
-        for group in opt.param_groups:
-            group["lr"] = LRS[step]
-        for p in model.parameters():
-            p.grad = torch.randn(p.shape, dtype=p.dtype, generator=generator).to(device)
-        before, compiled = _calls(), device_ops.COUNTS["op_compiles"]
-        opt.step()
-        calls.append(_calls() - before)
-        compiles.append(device_ops.COUNTS["op_compiles"] - compiled)
-    state = [{k: v.cpu() for k, v in opt.state[p].items() if v is not None} for p in model.parameters()]
-    grads = [p.grad.cpu() for p in model.parameters()]
-    return [p.detach().cpu() for p in model.parameters()], state, grads, calls, compiles
+    """``steps`` SGD steps on the same gradients on either device (``optim_steps.train``)."""
+    return train(device, functools.partial(torch.optim.SGD, **options), steps, seed)
 
 
 @pytest.mark.parametrize("name", sorted(OPTIONS))
