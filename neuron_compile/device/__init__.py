@@ -30,11 +30,11 @@ from __future__ import annotations
 
 _registered = False
 _library = None
-_data_library = None
+_aten_impls = None  # our PrivateUse1 kernels of aten ops past their composite kernels (one aten IMPL library)
 
 def register() -> None:
     """Make ``neuron`` a torch device (idempotent)."""
-    global _registered, _library, _data_library
+    global _registered, _library, _aten_impls
     if _registered:
         return
     import torch
@@ -50,8 +50,8 @@ def register() -> None:
     _torch_hooks.save_through_cpu()
     _torch_hooks.pin_memory_as_copy()
     _torch_hooks.load_onto_device()
-    _data_library = _torch_hooks.data_moves_across_devices()
-    _data_library.impl("_unsafe_view", _unsafe_view, "PrivateUse1")  # past CPU's composite kernel
+    _aten_impls = _torch_hooks.data_moves_across_devices()
+    _aten_impls.impl("_unsafe_view", _unsafe_view, "PrivateUse1")  # past CPU's composite kernel
     _torch_hooks.print_through_cpu()
     _torch_hooks.make_storages_with(storage.new_storage, storage.clone_storage, storage.byteswap_storage)
     distributed.register()  # init_process_group("neuron"): names the backend, connects nothing
