@@ -207,13 +207,17 @@ def _hf_sample(device, tokens, settled=14):
     position ids come from ``torch.arange(t, device=)`` and, through C++ SDPA's causal path, its mask
     from ``ones(t, t).tril()``; the head size (16) lies among the lengths. Returns the tokens, per token
     the kernels built (``ops._build``: traces and exact compiles) and the ops compiled (bucketed ones
-    too), and each bucketed op's kernels at token ``settled``."""
+    too), and each bucketed op's kernels at token ``settled``. A training step runs first (exact shapes:
+    grad is recorded)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
     config = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=64, attn_pdrop=0.0,
                         resid_pdrop=0.0, embd_pdrop=0.0)
-    model = GPT2LMHeadModel(config).eval().to(device)
+    model = GPT2LMHeadModel(config).to(device)
+    batch = torch.randint(0, 64, (2, 32)).to(device)
+    model(input_ids=batch, labels=batch).loss.backward()  # a training step first, as a fine-tune then sample
+    model.eval()
     idx = torch.randint(0, 64, (1, 4)).to(device)
     built, per_token, compiles, snapshot = [], [], [], {}
     original = device_ops._build
@@ -243,7 +247,9 @@ def test_hugging_face_sampling_builds_nothing_once_every_op_is_bucketed(monkeypa
     """A causal mask made by ``ones(t, t)`` sits in a bucket padded along both dims (a leading-dim bucket
     gave its ``tril`` a new layout and kernel each token); ``arange(t)`` into arange's empty ``out`` is
     bucketed (it was traced each token); a length equal to the head size stays bucketed (it compiled
-    every op of attention at exact shapes once more, and the ops after it for the next two tokens)."""
+    every op of attention at exact shapes once more, and the ops after it for the next two tokens), and a
+    head size beside a length that grew to it at another call site of one signature (``q @ k.T`` and
+    ``attn @ v``) stays a width: the storage of a bucketed view says which of its dims are lengths."""
     monkeypatch.delenv("NEURON_COMPILE_DEVICE_LENGTHS")
     device_ops._KERNELS.clear()
     lengths.forget()

@@ -3,7 +3,7 @@ bucket (``lengths``), so the ops that read them run bucketed too.
 
 A sampling loop makes its position ids (``arange(t)``), its causal mask (``ones(t, t)``, C++ SDPA's
 ``ones(t, t).tril()``) and ``contiguous()``'s buffers at the new length every token. Each is sighted per
-dtype and rank (``_bucket_shape``, the rule of ``lengths._length``): once a dim grows, the factory's
+dtype and rank (``_bucket_shape``, ``_length``): once a dim grows, the factory's
 result lies in a bucket's storage, and the next op reads it at the bucket's shape and compiles nothing.
 """
 
@@ -13,12 +13,20 @@ import torch
 
 from . import lengths
 from . import storage as _storage
-from .lengths import _PADDED, COUNTS, _buckets, _length, _padded_tensor, active
+from .lengths import _PADDED, COUNTS, _buckets, _growing, _padded_tensor, active
+
+
+def _length(sizes: set, n: int, first: set) -> bool:
+    """A factory's dim whose sizes so far are ``sizes`` (``n`` among them) is a length at ``n``: it grew
+    through the sizes below, and ``n`` is no size of the first sighting (a width), or is but no larger
+    size was seen at the dim (a length growing to the head size: ``contiguous()`` of the attention's
+    output at that length)."""
+    return _growing(sizes, n) and (n not in first or n >= max(sizes))
 
 
 def _bucket_shape(key, shape, table: dict):
-    """``shape`` with its leading length (``lengths._length``) at its bucket, or None where it has none;
-    ``table`` records the sightings under ``key``."""
+    """``shape`` with its leading length (``_length``) at its bucket, or None where it has none; ``table``
+    records the sightings under ``key``."""
     from ..capture.bucket_sizes import round_up
 
     if not active() or not shape or not _buckets():

@@ -7,10 +7,10 @@ here the compiled path's shape bucketing (``capture.bucketing``) serves the eage
     sighting   every signature miss records, per op and shape-free signature (dtypes, ranks, storages,
                scalars), the sizes each dim of each tensor had. A dim is a growing length at size n
                when it had n - 1 and n - 2 before (``_growing``) and n is no size of the op's first
-               sighting (widths, heads), or is but no larger size was seen at that dim (a length
-               reaching the head size, ``_length``); a Parameter's dims never are. Sizes that merely
-               differ (layer widths, a last smaller batch) and the first lengths compile at exact
-               shapes, as before
+               sighting (widths, heads); a Parameter's dims never are. A view of a bucket's storage
+               says itself which of its dims are lengths (``_padded_dims``: a length that grows to
+               the head size, the head size beside it). Sizes that merely differ (layer widths, a
+               last smaller batch) and the first lengths compile at exact shapes, as before
     family     the op traced once on fake tensors whose dynamic dims are size symbols, then the padding
                analysis (``bucketing.analyze``): which reductions, contractions, cats and indexing need
                masks or true sizes. An op it cannot prove exact keeps exact shapes (``refused``)
@@ -154,12 +154,23 @@ def _growing(sizes: set, n: int) -> bool:
     return n > MIN_SIZES and all(n - k in sizes for k in range(1, MIN_SIZES))
 
 
-def _length(sizes: set, n: int, first: set) -> bool:
-    """A dim whose sizes so far are ``sizes`` (``n`` among them) is a length at ``n``: it grew through the
-    sizes below, and ``n`` is no size of the first sighting (a width, the heads), or is but the dim just
-    grew to it (a length reaching the head size; a dim that stays at the head size beside a length
-    that grew past it, two call sites of one signature, is no length)."""
-    return _growing(sizes, n) and (n not in first or n >= max(sizes))
+def _padded_dims(tensor) -> dict:
+    """For a view of a bucket's storage: its dims that lie along one of the storage's dims (the same
+    stride), each True where that storage dim is a length (``_LENGTHS``: padded past the true size) and
+    False where it is not (a width, the head size). Sizes alone cannot tell a head size from a length that
+    grew to it, at call sites one signature serves (``q @ k.T`` and ``attn @ v``); the storage can."""
+    data = getattr(tensor.untyped_storage(), "_neuron", None)
+    lengths = _LENGTHS.get(data) if data is not None else None
+    if lengths is None:
+        return {}
+    shape = _PADDED[data]
+    by_stride = {st: e for e, st in enumerate(_storage.contiguous_strides(shape)) if shape[e] > 1}
+    out = {}
+    for d, (n, st) in enumerate(zip(tensor.shape, tensor.stride())):
+        e = by_stride.get(st) if n > 1 else None
+        if e is not None and n <= shape[e]:
+            out[d] = e in lengths
+    return out
 
 
 def kernel_for(op, args, kwargs, leaves):
@@ -183,13 +194,16 @@ def kernel_for(op, args, kwargs, leaves):
     for position, (per_dim, shape) in enumerate(zip(per_leaf, shapes)):
         dims = []
         parameter = isinstance(leaves.tensors[position], torch.nn.Parameter)
+        padded = _padded_dims(leaves.tensors[position]) if not parameter else {}
         for d, n in enumerate(shape):
             sizes = per_dim[d]
             sizes.add(n)
             # the op's sizes at this argument and dim, whatever storages and layouts held the tensor
             across = _OP_SIZES.setdefault((op, position, len(shape), d), set())
             across.add(n)
-            if not parameter and _length(across, n, first):
+            # a dim along a bucket's length is a length (a size of the first sighting too: a length
+            # reaching the head size); one along a dim of the bucket that is not, never
+            if not parameter and _growing(across, n) and padded.get(d, n not in first):
                 dims.append(d)
         dynamic.append(tuple(dims))
         family_shapes.append(tuple(None if d in dims else n for d, n in enumerate(shape)))
@@ -450,6 +464,7 @@ def _sizes_buffer(true: tuple, index: int):
 
 
 _PADDED = weakref.WeakKeyDictionary()  # storages (Data) holding a bucket: -> the bucket's shape
+_LENGTHS = weakref.WeakKeyDictionary()  # such a storage -> its dims padded past the true size (lengths)
 
 
 def _padded_tensor(real, shape, dtype, buffer, index: int, addressed: bool = False) -> torch.Tensor:
@@ -472,6 +487,7 @@ def _padded_tensor(real, shape, dtype, buffer, index: int, addressed: bool = Fal
                                      tensor.untyped_storage(), 0, real, stride)
     data = tensor.untyped_storage()._neuron = _storage.Data(dtype, numel, buffer)
     _PADDED[data] = shape
+    _LENGTHS[data] = frozenset(d for d, (r, b) in enumerate(zip(real, shape)) if r != b)
     return tensor
 
 
