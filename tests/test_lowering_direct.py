@@ -54,7 +54,8 @@ CASES = {
     # along an inner dim (leading full slices): index_copy's decomposition, a KV cache's update
     "index_put_inner": lambda x, y, i: torch.stack([
         x.index_copy(1, i[1:4], x[:, :3] * 2), torch.ops.aten.index_put.default(x, [None, i[1:4] - 3], x[:, 3:6] - 1),
-        torch.ops.aten.index_put.default(x, [None, i[:2]], torch.ones(()), True)]),
+        torch.ops.aten.index_put.default(x, [None, i[:2]], torch.ones(()), True),
+        x.index_copy(1, i[3:4], x[:, :1] * 3), torch.ops.aten.index_put.default(x, [None, i[4:5] - 3], y[:1])]),
     "tril": lambda x, y, i: x.tril(),
 }
 SHAPES = [(4, 6), (5, 6), (3, 7)]
@@ -174,3 +175,26 @@ def test_a_warm_cache_serves_each_lowering_its_own_kernels(tmp_path):
     assert not first["torch_mlir"] and first["traced"] >= 2
     assert other["torch_mlir"] and other["index_hits"] == 0, other
     assert again["traced"] == 0 and again["index_hits"] == first["traced"], again
+
+
+def test_one_position_written_along_a_dim_is_a_dynamic_update_slice():
+    """A KV cache's update (``index_copy_`` of one position): XLA runs a dynamic_update_slice in place on the
+    donated buffer, where the scatter copied the whole cache; a position out of range writes nothing, as
+    the scatter's (the row already there is written back)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from neuron_compile.decompositions import decomposition_table
+
+    def update(cache, position, row):
+        return cache.index_copy(2, position, row)
+
+    gm = make_fx(update, decomposition_table=decomposition_table())(
+        torch.zeros(1, 2, 8, 4), torch.tensor([3]), torch.ones(1, 2, 1, 4))
+    text = direct.lower(gm)
+    assert text is not None and "dynamic_update_slice" in text and "scatter" not in text
+    cache = torch.randn(1, 2, 8, 4)
+    for position in (3, 7, 8):  # 8 lies outside: index_copy on CPU raises, the device writes nothing
+        got = update(cache.to("neuron"), torch.tensor([position]).to("neuron"), torch.ones(1, 2, 1, 4).to("neuron"))
+        want = update(cache, torch.tensor([position]), torch.ones(1, 2, 1, 4)) if 0 <= position < 8 else cache
+        torch.testing.assert_close(got.cpu(), want)
+

@@ -453,11 +453,27 @@ def _index_put(fn, node, args, out):
                                              index.shape, torch.int64), index], index.shape, torch.int64)
     rows_shape = (*x.shape[:dim], *index.shape, *x.shape[dim + 1:])
     rows = fn.operand(values, x.dtype, rows_shape)
+    if math.prod(index.shape) == 1 and not accumulate:  # one position: an update XLA does in place
+        return _update_one(fn, x, dim, fn.reshape(index, ()), fn.reshape(rows, (*x.shape[:dim], 1, *x.shape[dim + 1:])))
     window = [d for d in range(len(rows_shape)) if d < dim or d >= dim + depth]
     numbers = (f"#stablehlo.scatter<update_window_dims = [{', '.join(map(str, window))}], "
                f"inserted_window_dims = [{dim}], scatter_dims_to_operand_dims = [{dim}], index_vector_dim = {depth}>")
     return fn.region("scatter", [x, index, rows], x.shape, x.dtype, "add" if accumulate else None,
                      f"scatter_dimension_numbers = {numbers}, indices_are_sorted = false, unique_indices = false")
+
+
+def _update_one(fn, x, dim, start, row):
+    """``x`` with ``row`` (``x``'s shape, 1 along ``dim``) at ``start`` along ``dim``: a dynamic_update_slice,
+    which XLA runs in place on a donated buffer (a scatter of the same row copied the whole of a 4 MiB KV
+    cache each call). A position out of range writes nothing, as the scatter's: the update then writes back
+    the row already there (dynamic_update_slice alone would clamp it onto the last row)."""
+    zero = fn.const(0, torch.int64)
+    starts = [start if d == dim else zero for d in range(len(x.shape))]
+    inside = fn.op("and", [fn.compare(start, zero, "GE"), fn.compare(start, fn.const(x.shape[dim], torch.int64), "LT")],
+                   (), torch.bool)
+    there = fn.op("dynamic_slice", [x, *starts], row.shape, x.dtype, f"slice_sizes = {_array(row.shape)}")
+    row = fn.op("select", [fn.broadcast(inside, row.shape), row, there], row.shape, x.dtype)
+    return fn.op("dynamic_update_slice", [x, row, *starts], x.shape, x.dtype)
 
 
 def _offset_slice_rule(fn, node, args, out):
