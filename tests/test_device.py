@@ -469,3 +469,27 @@ def test_backward_ops_eager_calls_reach(name):
     assert_close(yn.cpu(), y, rtol=1e-4, atol=1e-4)
     (grad,), (grad_n,) = torch.autograd.grad((y * y).sum(), x), torch.autograd.grad((yn * yn).sum(), xn)
     assert_close(grad_n.cpu(), grad, rtol=1e-4, atol=1e-4)
+
+
+def test_item_of_an_element_of_a_large_storage_copies_only_that_element(monkeypatch):
+    """``cache[0, 0, 0, 0].item()``, ``x[i].item()``: the element alone comes to the host (``to_host`` brings a
+    whole storage: 16 MiB for one float took milliseconds), at any position with no new compile."""
+    from neuron_compile.device import storage
+
+    copied = []
+    original = storage.buffer_to_host
+
+    def recording(buffer, dtype):
+        copied.append(buffer.size)
+        return original(buffer, dtype)
+
+    monkeypatch.setattr(storage, "buffer_to_host", recording)
+    x = torch.randn(5000)
+    on = x.to("neuron")
+    assert on[7].item() == x[7].item()
+    compiles = device_ops.COUNTS["op_compiles"]
+    for i in (0, 4999, -3, 123):
+        assert on[i].item() == x[i].item()
+    assert device_ops.COUNTS["op_compiles"] == compiles  # the position is a run-time input
+    assert copied and max(copied) == 1, copied
+    assert torch.tensor([2.5]).to("neuron").item() == 2.5  # a small storage comes over whole, as before

@@ -307,8 +307,16 @@ def _to_copy(op, x, dtype=None, layout=None, device=None, pin_memory=None, non_b
     return moved
 
 
+_ITEM_ALONE = 1024  # a storage of more elements: .item() reads its element alone on the device first
+
+
 @kernel(aten._local_scalar_dense.default)
 def _item(op, x):
+    # to_host brings a tensor's whole storage over: an element of a large one (cache[0, 0, 0, 0].item(), a
+    # parameter's x[0].item()) is taken alone by a clone first (its offset a run-time input: one executable
+    # for every element), where copying 16 MiB to the host took milliseconds
+    if _storage.data_of(x).numel > _ITEM_ALONE:
+        x = ops.dispatch(aten.clone.default, (x,), {})
     return ops.to_host(x).item()
 
 
