@@ -198,3 +198,20 @@ def test_one_position_written_along_a_dim_is_a_dynamic_update_slice():
         want = update(cache, torch.tensor([position]), torch.ones(1, 2, 1, 4)) if 0 <= position < 8 else cache
         torch.testing.assert_close(got.cpu(), want)
 
+
+
+def test_index_select_of_a_0d_tensor_is_written_directly(monkeypatch, tmp_path):
+    """index_add's and index_copy's backward at a 0-d source select from a 0-d gradient: Torch-MLIR cannot
+    lower that (the device's OpInfo sweep counted it does-not-lower); the direct rule gives the element."""
+    monkeypatch.setenv("NEURON_COMPILE_CACHE_DIR", str(tmp_path / "cache"))
+    x = torch.tensor(2.5)
+    for index in (torch.tensor([0]), torch.tensor(0)):
+        got = x.to("neuron").index_select(0, index.to("neuron"))
+        torch.testing.assert_close(got.cpu(), x.index_select(0, index))
+    grads = []
+    for device in ("cpu", "neuron"):
+        source = torch.tensor(1.5, device=device, requires_grad=True)
+        out = torch.tensor(4.0, device=device).index_add(0, torch.tensor([0], device=device), source, alpha=3)
+        (out * 2).backward()
+        grads.append(source.grad.cpu())
+    torch.testing.assert_close(grads[1], grads[0])

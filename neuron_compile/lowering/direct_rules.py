@@ -398,6 +398,8 @@ def _index_select(fn, node, args, out):
     x, dim, index = args
     rank = len(x.shape)
     dim %= rank if rank else 1
+    if not rank and index.dtype in (torch.int64, torch.int32) and math.prod(index.shape) == 1 and out[0] == ():
+        return fn.op("reshape", [x], (), x.dtype)  # a 0-d tensor's one element (index_add's backward of one)
     if not rank or index.dtype not in (torch.int64, torch.int32) or len(index.shape) > 1:
         raise NoRule("index_select of a 0-d tensor")
     index = fn.reshape(index, (math.prod(index.shape),))
