@@ -205,10 +205,11 @@ def _fill_(op, tensor, value=0):
     # allocation, and an op reads it as the storage's own buffer (so may take it in place: donation)
     data = _storage.data_of(tensor)
     buffer = None
-    if type(value) in (int, float, bool) and ops.whole(tensor, data):
-        buffer = _storage.shared_constant(data.numel, data.dtype, value, tensor.device.index or 0, tensor.shape)
-    elif type(value) in (int, float, bool) and grown.fill_bucket(tensor, value):  # a factory at a growing length
-        return tensor
+    if type(value) in (int, float, bool):
+        if ops.whole(tensor, data):
+            buffer = _storage.shared_constant(data.numel, data.dtype, value, tensor.device.index or 0, tensor.shape)
+        elif grown.fill_bucket(tensor, value):  # a factory at a growing length: its whole bucket
+            return tensor
     if buffer is None:
         return ops.dispatch(op, (tensor,) if op is aten.zero_.default else (tensor, value), {})
     data.set(buffer)
