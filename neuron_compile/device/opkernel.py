@@ -21,7 +21,9 @@ from .trace import RUNTIME, runtime_float
 
 # op_compiles: kernels built by tracing (their executables may still come from the artifact cache);
 # index_hits: kernels found in the persistent op index (no tracing); op_cache_hits: calls served from memory
-COUNTS = {"op_compiles": 0, "index_hits": 0, "op_cache_hits": 0, "host_ops": 0, "host_copies": 0}
+# index_checks: index tensors read on the host to check their bounds (bounds.py)
+COUNTS = {"op_compiles": 0, "index_hits": 0, "op_cache_hits": 0, "host_ops": 0, "host_copies": 0,
+          "index_checks": 0}
 
 
 class MixedDeviceError(RuntimeError):

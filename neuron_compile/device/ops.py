@@ -43,6 +43,7 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
 from . import _torch_hooks
+from . import bounds as _bounds
 from . import lengths as _lengths
 from . import storage as _storage
 from .opkernel import COUNTS, Leaves, OpKernel, check_same_device, leaves_of
@@ -52,16 +53,19 @@ log = logging.getLogger("neuron_compile")
 aten = torch.ops.aten
 
 _KERNELS: dict = {}
-_lengths.OPS = sys.modules[__name__]
+_lengths.OPS = _bounds.OPS = sys.modules[__name__]
 _LOCK = threading.RLock()
 _WARNED: set[str] = set()
 # ops whose output shapes depend on data, learned as they fail to trace: they run on the host
 _HOST_OPS: set = set()
+_INDEX_CHECKS = _bounds.enabled()
 
 
 # --- dispatch --------------------------------------------------------------------------------
 
 def dispatch(op, args, kwargs):
+    if op in _bounds.RULES and _INDEX_CHECKS:  # an index out of range raises, as on CPU (bounds.py)
+        _bounds.check(op, args, kwargs, COUNTS)
     leaves = leaves_of(args, kwargs)
     if leaves.retypes and not leaves.two_dtypes:  # a view(dtype) of a storage last written in another dtype
         for data, dtype in leaves.retypes:
@@ -113,14 +117,16 @@ def retype(data, dtype: torch.dtype) -> None:
     data.set(buffer)
 
 
-def to_host(value):
-    """A CPU copy of a neuron tensor, with the same size, stride and offset (its whole storage comes over)."""
+def to_host(value, counter: str | None = "host_copies"):
+    """A CPU copy of a neuron tensor, with the same size, stride and offset (its whole storage comes over);
+    ``counter``: the ``COUNTS`` entry it adds one to (None: the caller counts it as something else)."""
     if not (isinstance(value, torch.Tensor) and value.device.type == "neuron"):
         return value
     data = _storage.data_of(value)
     if data.dtype is not value.dtype:
         retype(data, value.dtype)
-    COUNTS["host_copies"] += 1
+    if counter:
+        COUNTS[counter] += 1
     if data.buffer is None:
         flat = torch.zeros(data.numel, dtype=data.dtype)
     else:
