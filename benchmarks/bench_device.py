@@ -25,8 +25,8 @@ Eight measurements, each against its peer:
    1000, batch 2x64, dropout off, random weights from a ``GPT2Config``):
    forward, ``loss.backward()``, ``AdamW.step()``, ``zero_grad()``, then
    ``loss.item()``. ``--warmup`` steps compile the ops, then the median of
-   ``--steps`` steps, on neuron and on CPU eager (target: neuron at most 1.5x
-   CPU). The default AdamW hands its ops Python floats that change every step
+   ``--steps`` steps, on neuron and on CPU eager (target: neuron at most 2x
+   CPU, issue 38's). The default AdamW hands its ops Python floats that change every step
    (bias corrections, step sizes); ``AdamW(capturable=True)``, which keeps them
    on the device as tensors, is a second neuron row. Ops compiled
    (``ops.COUNTS['op_compiles']``) are reported for warm-up and steady steps
@@ -1045,7 +1045,7 @@ def report(res: dict, args) -> str:
     lines += ["", "## 3. Eager GPT-2 training step", "",
               f"GPT2Config({', '.join(f'{k}={v}' for k, v in GPT2.items())}), random weights (seed 0), batch "
               f"{BATCH}x{TOKENS}, AdamW(lr=1e-3): forward, `loss.backward()`, `step()`, `zero_grad()`, `loss.item()`. "
-              "Target: neuron at most 1.5x CPU eager. Ops compiled: `ops.COUNTS['op_compiles']` during warm-up and "
+              "Target: neuron at most 2x CPU eager. Ops compiled: `ops.COUNTS['op_compiles']` during warm-up and "
               "during the steady steps (the process's memory cache is shared: the capturable row reuses the "
               "forward and backward kernels the row above compiled). Compiled ops per step: the dispatches that "
               "went through the op cache. CPU eager runs at torch's default thread count and at one thread; "
@@ -1077,7 +1077,7 @@ def report(res: dict, args) -> str:
         summary.append([f"GPT-2 train step, {name.split(', ', 1)[1]} (ms)",
                         f"{cell['step_s'] * 1e3:.1f}" if isinstance(cell, dict) and "step_s" in cell else
                         (cell or {}).get("error", "-"), "CPU eager",
-                        f"{cpu['step_s'] * 1e3:.1f}" if cpu_step else "-", r, "<= 1.5", _verdict(r, 1.5)])
+                        f"{cpu['step_s'] * 1e3:.1f}" if cpu_step else "-", r, "<= 2", _verdict(r, 2.0)])
     total = next((c.get("op_compiles_total") for c in (t.values() if isinstance(t, dict) else [])
                   if isinstance(c, dict) and "op_compiles_total" in c), None)
     if total is not None:
