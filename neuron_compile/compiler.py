@@ -37,6 +37,8 @@ from .cache_key import fx_cache_key, input_signature, output_signature, stablehl
 from .dump import GraphDump, pass_file_name
 from .capture.associative_scan import expand_associative_scans
 from .capture.graph_rewrites import fold_one_hot_sums, one_device, zero_size_values_to_constants
+from .index_bounds import add_checks, check_results
+from .index_bounds import enabled as index_checks_enabled
 from .output_views import find_output_views, make_view
 from .lowering import drop_error_checks, lower_to_stablehlo
 from .lowering.collectives import collective_names, key_parts
@@ -79,6 +81,9 @@ class GraphPlan:
     has_views: bool = False  # any (VIEW, ...) output: decided once, read per call
     device: str = "cpu"
     xla_devices: tuple[str, ...] = ()
+    # index_bounds.add_checks: what the XLA result at ``checks_at`` (no graph output) says about each index
+    checks: tuple = ()
+    checks_at: int = -1
 
 
 def plan_graph(gm: torch.fx.GraphModule) -> GraphPlan:
@@ -186,8 +191,11 @@ class Executable:
             # AOTAutograd's boxed convention lets a compiled graph steal its argument list:
             # dropping it lets saved activations die as soon as XLA is done with them
             args.clear()
-            results = [convert(a) for convert, a in zip(self._results, self.xla.run_buffers(buffers))]
+            raw = self.xla.run_buffers(buffers)
             del buffers
+            if plan.checks:  # an index out of range raises CPU's error (index_bounds)
+                check_results(raw[plan.checks_at], plan.checks)
+            results = [convert(a) for convert, a in zip(self._results, raw)]
         else:
             results = []
         passed.reverse()
@@ -201,16 +209,23 @@ class Executable:
         return outs
 
 
-def prepare_graph(gm: torch.fx.GraphModule) -> GraphPlan:
+def prepare_graph(gm: torch.fx.GraphModule, index_checks: bool = False) -> GraphPlan:
     """Rewrite AOTAutograd's graph in place for XLA and plan it: expand ``associative_scan`` ops at
     the graph's sizes, drop what XLA never sees (linalg error checks, scalars, unused inputs,
-    passthrough outputs, devices: ``one_device``), fold one-hot sums and make zero-size values constants."""
+    passthrough outputs, devices: ``one_device``), fold one-hot sums and make zero-size values constants.
+    ``index_checks``: the graph also computes the extremes of its index tensors (``index_bounds``), an XLA
+    result the plan keeps apart from the graph's outputs."""
     expand_associative_scans(gm)
     drop_error_checks(gm)
     one_device(gm)
     fold_one_hot_sums(gm)
     zero_size_values_to_constants(gm)
-    return plan_graph(gm)
+    checks = add_checks(gm) if index_checks else ()
+    plan = plan_graph(gm)
+    if checks:
+        plan.checks, plan.checks_at = checks, plan.outputs[-1][1]
+        plan.outputs = plan.outputs[:-1]
+    return plan
 
 
 def op_counts(gm: torch.fx.GraphModule) -> dict[str, int]:
@@ -238,7 +253,8 @@ def compile_graph(gm: torch.fx.GraphModule, *, report: CompileReport, options, d
     """Compile one static, decomposed FX graph into an ``Executable``. ``donate``: graph input -> graph
     output of the same shape and dtype that overwrites it (``xla_aliases``), part of the cache keys."""
     dump = GraphDump(options.dump_dir, report.graph) if options.dump_dir else None
-    plan = prepare_graph(gm)
+    # eager ops check their indices on the host (device/bounds.py); a padded graph's padding holds anything
+    plan = prepare_graph(gm, index_checks=report.kind != "eager" and not report.padded and index_checks_enabled())
     aliases = xla_aliases(plan, donate)
     report.nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
     report.ops = op_counts(gm)

@@ -37,6 +37,7 @@ class CompileReport:
     passes: list = field(default_factory=list)  # passes.PassStat per pass
     cache: str = ""  # "", "memory", "disk" or "miss"
     signature: str = ""  # concrete input signature the executable was built for
+    padded: bool = False  # built at a bucket's sizes: padded rows hold anything (no index checks)
     notes: list[str] = field(default_factory=list)
     fallback: dict[str, int] = field(default_factory=dict)  # ATen op run eagerly -> node count (fallback=eager)
     kernels: list[dict] = field(default_factory=list)  # {site, kernel, origin}: a registered kernel served it

@@ -9,6 +9,9 @@ of range, in range again; values and errors are CPU's.
 
 from __future__ import annotations
 
+import copy
+import re
+
 import pytest
 import torch
 from torch.testing import assert_close
@@ -20,7 +23,7 @@ N = 6  # the indexed dim's size
 
 
 def _t(values, device):
-    return torch.tensor(values, device=device)
+    return torch.tensor(values, device=device) if values else torch.tensor(values, dtype=torch.long, device=device)
 
 
 # name: (op(values, device) -> tensor, values CPU accepts, values it refuses)
@@ -35,6 +38,7 @@ CASES = {
                        [[-N, N - 1], [-1, 0]], [[N], [-N - 1]]),
     "advanced_index_3d": (lambda v, d: torch.zeros(2, 3, N, device=d)[_t([True, False], d), :, _t(v, d)],
                           [[N - 1], [-N]], [[N], [0, -N - 1]]),
+    "advanced_index_empty_dim": (lambda v, d: torch.zeros(2, 0, device=d)[:, _t(v, d)], [[]], [[1], [-1]]),
     "index_put_": (lambda v, d: torch.zeros(N, device=d).index_put_((_t(v, d),), torch.ones(len(v), device=d)),
                    [[-N], [N - 1]], [[N], [-N - 1]]),
     "index_put_accumulate": (lambda v, d: torch.zeros(N, device=d).index_put_(
@@ -74,6 +78,15 @@ def test_an_index_out_of_range_raises_cpus_error_and_in_range_values_give_cpus(n
             continue
         assert values in good, (name, values)  # the cases say which values CPU refuses
         assert_close(op(values, "neuron").cpu(), expected)
+
+
+def test_index_put_with_no_index_raises_cpus_error():
+    """PyTorch's test_index_put_accumulate_empty: Torch-MLIR's lowering of the traced graph crashed the process."""
+    for accumulate in (True, False):
+        with pytest.raises(RuntimeError) as cpu:
+            torch.rand(()).index_put([], torch.tensor([1.0]), accumulate)
+        with pytest.raises(RuntimeError, match=re.escape(cpu.value.args[0])):
+            torch.rand((), device="neuron").index_put([], torch.tensor([1.0], device="neuron"), accumulate)
 
 
 def test_an_in_place_op_refused_leaves_its_target_as_it_was():
@@ -130,3 +143,98 @@ def test_the_variable_turns_the_check_off(monkeypatch):
     out = torch.arange(4., device="neuron").index_select(0, _t([1, 2], "neuron"))
     assert_close(out.cpu(), torch.tensor([1., 2.]))
     assert COUNTS["index_checks"] == checks
+
+
+# --- graphs compiled by torch.compile: index_bounds.add_checks ----------------------------------
+
+def _lookup_and_loss(emb, lin):
+    def step(ids, labels):
+        logits = lin(emb(ids))
+        return torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1))
+    return step
+
+
+@pytest.mark.parametrize("device", ["cpu", "neuron"])
+def test_a_compiled_graph_raises_cpus_error_for_an_index_out_of_range_and_compiles_nothing_more(device):
+    from neuron_compile import report
+
+    torch.manual_seed(0)
+    emb, lin = torch.nn.Embedding(50, 8), torch.nn.Linear(8, 10)
+    eager = _lookup_and_loss(emb, lin)
+    compiled = torch.compile(_lookup_and_loss(copy.deepcopy(emb).to(device), copy.deepcopy(lin).to(device)),
+                             backend="neuron")
+    ids, labels = torch.randint(0, 50, (2, 5)), torch.randint(0, 10, (2, 5))
+    labels[0, :2] = -100  # ignore_index: in range
+    cases = [((0, 0, 49), (1, 1, 9)), ((0, 0, 50), None), (None, (1, 1, 10)), (None, (1, 2, -5)),
+             ((1, 4, -1), None), ((0, 0, 3), (1, 1, 0))]
+    for step, (id_at, label_at) in enumerate(cases):
+        if step == 1:
+            lowerings = report.COUNTERS["lowerings"]
+        ids_now, labels_now = ids.clone(), labels.clone()
+        if id_at:
+            ids_now[id_at[:2]] = id_at[2]
+        if label_at:
+            labels_now[label_at[:2]] = label_at[2]
+        try:
+            expected = eager(ids_now, labels_now)
+        except IndexError as cpu_error:
+            with pytest.raises(IndexError) as raised:
+                compiled(ids_now.to(device), labels_now.to(device))
+            message = str(raised.value)
+            assert message.startswith(str(cpu_error)), (message, str(cpu_error))
+            assert "compiled by torch.compile" in message and "test_device_bounds.py" in message, message
+            continue
+        assert_close(compiled(ids_now.to(device), labels_now.to(device)).cpu(), expected)
+    assert report.COUNTERS["lowerings"] == lowerings  # the check is part of the executable: no recompile
+
+
+def test_a_compiled_hugging_face_training_step_checks_its_ids_and_labels():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50, n_positions=16,
+                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    ids = torch.randint(0, 50, (2, 8))
+    labels = ids.clone()
+    labels[:, :3] = -100
+    expected = model(input_ids=ids, labels=labels).loss
+    expected.backward()
+    grad = model.transformer.wte.weight.grad.clone()
+    model.zero_grad()
+    model.to("neuron")
+    compiled = torch.compile(model, backend="neuron")
+    loss = compiled(input_ids=ids.to("neuron"), labels=labels.to("neuron")).loss
+    loss.backward()
+    assert_close(loss.cpu(), expected)
+    assert_close(model.transformer.wte.weight.grad.cpu(), grad, rtol=1e-4, atol=1e-5)
+    ids[0, 2] = 50
+    with pytest.raises(IndexError, match="index out of range in self"):
+        compiled(input_ids=ids.to("neuron"), labels=labels.to("neuron"))
+
+
+def test_graphs_padded_to_a_bucket_are_not_checked_and_stay_exact():
+    """A bucketed graph's padded rows hold anything (``ids - 1`` is -1 there): checked, they would raise, and
+    the bucketed path would give up on the graph (a fallback to exact shapes, one compile per length)."""
+    from neuron_compile import report
+
+    torch.manual_seed(0)
+    table = torch.nn.Embedding(20, 4)
+
+    def f(ids):
+        return table(ids - 1).sum(1)
+
+    compiled = torch.compile(f, backend="neuron", dynamic=True)
+    fallbacks, buckets = report.COUNTERS["bucketing_fallbacks"], report.COUNTERS["buckets"]
+    for length in (5, 9, 12, 7):
+        ids = torch.randint(1, 21, (2, length))
+        assert_close(compiled(ids), f(ids))
+    assert report.COUNTERS["buckets"] == buckets + 1  # one bucket served the lengths after the first
+    assert report.COUNTERS["bucketing_fallbacks"] == fallbacks
+
+
+def test_the_variable_leaves_compiled_graphs_unchecked(monkeypatch):
+    monkeypatch.setenv("NEURON_COMPILE_INDEX_CHECKS", "0")  # read at each compile
+    table = torch.randn(5, 2)
+    compiled = torch.compile(lambda i: torch.nn.functional.embedding(i, table) * 2, backend="neuron")
+    assert_close(compiled(torch.tensor([1, 4])), table[[1, 4]] * 2)
+    compiled(torch.tensor([1, 5]))  # XLA clamps, unchecked, as the variable asks: no error

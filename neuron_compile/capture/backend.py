@@ -238,13 +238,16 @@ class CompiledGraph:
     def _specialize(self, key, args) -> Executable:
         return self._compile_once(key, _describe(args, self.dynamic_positions), lambda: specialize(self.gm, args))
 
-    def _compile_once(self, key, signature: str, trace=None, counter: str | None = None) -> Executable:
+    def _compile_once(self, key, signature: str, trace=None, counter: str | None = None,
+                      padded: bool = False) -> Executable:
         """Compile once per key, threads waiting on one compile: the static graph ``trace()``
-        returns (a specialization), or with no ``trace`` the graph itself (a static graph)."""
+        returns (a specialization, or a bucket's graph: ``padded``), or with no ``trace`` the graph itself
+        (a static graph)."""
         with self._lock:
             if key in self.specializations:
                 return self.specializations[key]
             report = self._new_report(signature)
+            report.padded = padded
             if trace is None:
                 static_gm = self.gm
             else:
@@ -321,7 +324,7 @@ class CompiledGraph:
                 return make_fx(run, tracing_mode="fake")(*padded, true_sizes)
 
         buckets = ", ".join(f"{s}->{bucket_env[s]}" for s in self.bucketing.symbols)
-        return self._compile_once(key, f"bucket {buckets}", trace, counter="buckets")
+        return self._compile_once(key, f"bucket {buckets}", trace, counter="buckets", padded=True)
 
 
 def specialize(gm: torch.fx.GraphModule, args: list) -> torch.fx.GraphModule:

@@ -235,7 +235,7 @@ def _compile_parts(parent: torch.fx.GraphModule, report: CompileReport, options)
             continue
         sub = getattr(parent, node.target)
         part_report = CompileReport(graph=f"{report.graph}.p{len(parts) + len(whole_eager)}", kind=report.kind,
-                                    signature=report.signature)
+                                    signature=report.signature, padded=report.padded)
         try:
             executable = compile_graph(_copy(sub), report=part_report, options=options)
         except LoweringError as exc:

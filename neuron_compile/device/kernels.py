@@ -406,8 +406,10 @@ def _index(op, x, indices):
 def _index_put(op, x, indices, values, *args, **kwargs):
     # x[mask] = values with one value per selected element: how many there are depends on the mask's
     # data, so the host writes them; a value broadcast over the mask is a select, compiled as one
+    # no index at all (``x.index_put([], v)``): CPU's checks judge it (the meta kernel's do not, and Torch-MLIR's
+    # lowering of the graph it traced crashed the process: PyTorch's test_index_put_accumulate_empty)
     masks = _masks(indices)
-    if masks and (len(indices) != 1 or values.dim() > x.dim() - masks[0].dim()):
+    if not indices or masks and (len(indices) != 1 or values.dim() > x.dim() - masks[0].dim()):
         return ops.run_on_host(op, (x, indices, values) + args, kwargs)
     return ops.dispatch(op, (x, _indices_on_device(indices), values) + args, kwargs)
 
