@@ -471,7 +471,7 @@ def test_backward_ops_eager_calls_reach(name):
     assert_close(grad_n.cpu(), grad, rtol=1e-4, atol=1e-4)
 
 
-def test_item_of_an_element_of_a_large_storage_copies_only_that_element(monkeypatch):
+def test_an_element_or_a_slice_of_a_large_storage_comes_to_the_host_alone(monkeypatch):
     """``cache[0, 0, 0, 0].item()``, ``x[i].item()``: the element alone comes to the host (``to_host`` brings a
     whole storage: 16 MiB for one float took milliseconds), at any position with no new compile."""
     from neuron_compile.device import storage
@@ -493,3 +493,11 @@ def test_item_of_an_element_of_a_large_storage_copies_only_that_element(monkeypa
     assert device_ops.COUNTS["op_compiles"] == compiles  # the position is a run-time input
     assert copied and max(copied) == 1, copied
     assert torch.tensor([2.5]).to("neuron").item() == 2.5  # a small storage comes over whole, as before
+    # a sampling loop's last position, ``logits[:, -1].cpu()`` / ``.tolist()``: the slice alone too
+    logits = torch.randn(2, 64, 100)
+    on = logits.to("neuron")
+    copied.clear()
+    for position in (-1, 5):
+        torch.testing.assert_close(on[:, position].cpu(), logits[:, position])
+        assert on[:, position].tolist() == logits[:, position].tolist()
+    assert copied == [200] * 4, copied
