@@ -89,6 +89,16 @@ def test_index_put_with_no_index_raises_cpus_error():
             torch.rand((), device="neuron").index_put([], torch.tensor([1.0], device="neuron"), accumulate)
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32, torch.bool])
+def test_index_fill_with_a_complex_value_on_a_real_tensor_raises_cpus_error(dtype):
+    """PyTorch's test_index_fill: an integer tensor took the value's real part, silently."""
+    for device in ("cpu", "neuron"):
+        with pytest.raises(RuntimeError, match="Converting complex Scalar to non-complex type"):
+            torch.zeros(3, dtype=dtype, device=device).index_fill_(0, _t([1], device), 1 + 1j)
+    assert_close(torch.zeros(3, device="neuron").index_fill_(0, _t([1], "neuron"), 2.5).cpu(),
+                 torch.tensor([0., 2.5, 0.]))
+
+
 def test_an_in_place_op_refused_leaves_its_target_as_it_was():
     target = torch.arange(4., device="neuron")
     with pytest.raises(IndexError, match="index 9 is out of bounds"):

@@ -421,6 +421,15 @@ def _index_put(op, x, indices, values, *args, **kwargs):
     return ops.dispatch(op, (x, _indices_on_device(indices), values) + args, kwargs)
 
 
+@kernel(aten.index_fill.int_Scalar, aten.index_fill_.int_Scalar)
+def _index_fill(op, x, dim, index, value):
+    # CPU's check, which the meta kernel a trace runs lacks: an integer tensor was filled with the complex
+    # value's real part, silently, and a float one failed to lower (PyTorch's test_index_fill)
+    if isinstance(value, complex) and not x.is_complex():
+        raise RuntimeError("index_fill_(): Converting complex Scalar to non-complex type is not supported")
+    return ops.dispatch(op, (x, dim, index, value), {})
+
+
 # --- random ops ------------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)
