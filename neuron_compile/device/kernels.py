@@ -403,8 +403,9 @@ def _indices_on_device(indices) -> list:
 
 @kernel(aten.index.Tensor)
 def _index(op, x, indices):
-    # x[mask]: how many elements it selects depends on the mask's data, so the host answers
-    if _masks(indices):
+    # x[mask]: how many elements it selects depends on the mask's data, so the host answers; with no index
+    # at all, CPU's own check does (an IndexError, where the meta kernel's is a RuntimeError)
+    if not indices or _masks(indices):
         return ops.run_on_host(op, (x, indices), {})
     return ops.dispatch(op, (x, _indices_on_device(indices)), {})
 
