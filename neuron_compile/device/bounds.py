@@ -13,8 +13,8 @@ Which indices each op accepts is ``index_bounds.RULES`` (compiled graphs check
 with the same rules). The check reads the index tensor's values on the host
 before the op runs (our PJRT client executes synchronously, so this waits for
 nothing): the storage when it is small, else the view alone, cloned on the
-device first (a batch of ids sliced from a resident corpus must not bring the
-corpus over). ``aminmax`` of the values decides; the error names the smallest
+device first (``ops.alone``: a batch of ids sliced from a resident corpus must
+not bring the corpus over). ``aminmax`` of the values decides; the error names the smallest
 value below the range, else the largest above it. ``COUNTS['index_checks']``
 counts the reads; ``NEURON_COMPILE_INDEX_CHECKS=0`` turns the checks off (the
 op then clamps or drops, as XLA does).
@@ -25,13 +25,8 @@ from __future__ import annotations
 import torch
 
 from ..index_bounds import RULES, checked, enabled  # noqa: F401 - ops reads enabled and RULES here
-from .storage import data_of
 
-aten = torch.ops.aten
-
-# a storage of more elements: the index view is cloned alone on the device before it comes to the host
-_READ_WHOLE = 16384
-OPS = None  # ``ops`` (which imports this module) sets itself here: its dispatch, to_host and user_line
+OPS = None  # ``ops`` (which imports this module) sets itself here: its alone, to_host and user_line
 
 
 # --- the check ---------------------------------------------------------------------------------
@@ -39,10 +34,8 @@ OPS = None  # ``ops`` (which imports this module) sets itself here: its dispatch
 def _host_values(index: torch.Tensor, counts: dict) -> torch.Tensor:
     if index.device.type != "neuron":
         return index
-    if data_of(index).numel > max(_READ_WHOLE, 2 * index.numel()):
-        index = OPS.dispatch(aten.clone.default, (index,), {})
     counts["index_checks"] += 1
-    return OPS.to_host(index, counter=None).detach()
+    return OPS.to_host(OPS.alone(index), counter=None).detach()
 
 
 def check(op, args, kwargs, counts: dict) -> None:

@@ -240,23 +240,8 @@ def _copy(op, dst, src, non_blocking=False):
     if dst_neuron:
         ops.copy_into(dst, src)
         return dst
-    dst.copy_(ops.to_host(_alone(src)))
+    dst.copy_(ops.to_host(ops.alone(src)))
     return dst
-
-
-_ALONE = 1024  # a storage of more elements (and over twice the view's): the view comes to the host alone
-# the dtypes whose clone lowers everywhere (Torch-MLIR imports no uint16/32/64; complex and float8 are not ours)
-_CLONED = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-                     torch.int16, torch.int8, torch.uint8, torch.bool})
-
-
-def _alone(x):
-    """``x`` for a copy to the host: a view of a storage much larger than itself (``cache[0, 0, 0, 0].item()``,
-    ``logits[:, -1].cpu()``) cloned alone on the device first, its offset a run-time input (one executable
-    for every position). ``to_host`` brings a whole storage over: 16 MiB for one float took milliseconds."""
-    if x.dtype in _CLONED and not x.requires_grad and _storage.data_of(x).numel > max(_ALONE, 2 * x.numel()):
-        return ops.dispatch(aten.clone.default, (x,), {})
-    return x
 
 
 def _copy_math_bits(dst, src, non_blocking=False):
@@ -303,7 +288,7 @@ def _to_copy(op, x, dtype=None, layout=None, device=None, pin_memory=None, non_b
             x = torch.Tensor.as_subclass(x, torch.Tensor)
     target = torch.device(device) if device is not None else x.device
     if target.type == "cpu":
-        return aten._to_copy.default(ops.to_host(_alone(x)), dtype=dtype, memory_format=memory_format)
+        return aten._to_copy.default(ops.to_host(ops.alone(x)), dtype=dtype, memory_format=memory_format)
     if target.type != "neuron":
         raise RuntimeError(f"neuron tensors move to cpu or neuron, not {target}")
     index = device_index(target)
@@ -325,7 +310,7 @@ def _to_copy(op, x, dtype=None, layout=None, device=None, pin_memory=None, non_b
 
 @kernel(aten._local_scalar_dense.default)
 def _item(op, x):
-    return ops.to_host(_alone(x)).item()
+    return ops.to_host(ops.alone(x)).item()
 
 
 # --- storage surgery -------------------------------------------------------------------------

@@ -137,6 +137,22 @@ def to_host(value, counter: str | None = "host_copies"):
     return out
 
 
+_ALONE = 1024  # a storage of more elements (and over twice the view's): the view comes to the host alone
+# the dtypes whose clone lowers everywhere (Torch-MLIR imports no uint16/32/64; complex and float8 are not ours)
+_CLONED = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+                     torch.int16, torch.int8, torch.uint8, torch.bool})
+
+
+def alone(x):
+    """``x`` for a copy to the host: a view of a storage much larger than itself (``cache[0, 0, 0, 0].item()``,
+    ``logits[:, -1].cpu()``, a batch of ids sliced from a resident corpus for its index check) cloned alone
+    on the device first, its offset a run-time input (one executable for every position). ``to_host`` brings
+    a whole storage over: 16 MiB for one float took milliseconds."""
+    if x.dtype in _CLONED and not x.requires_grad and _storage.data_of(x).numel > max(_ALONE, 2 * x.numel()):
+        return dispatch(aten.clone.default, (x,), {})
+    return x
+
+
 def run_on_host(op, args, kwargs):
     """Run ``op`` on host copies; write back what it wrote, return its results on the device."""
     COUNTS["host_ops"] += 1
