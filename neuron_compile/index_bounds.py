@@ -23,7 +23,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+from .lowering.diagnostics import user_source_line
 
 aten = torch.ops.aten
 
@@ -175,17 +178,6 @@ class GraphCheck:
     where: str
 
 
-def _user_frame(node: torch.fx.Node) -> str:
-    """The innermost frame of ``node``'s recorded stack (Dynamo's ``stack_trace``): the user's line."""
-    lines = (node.meta.get("stack_trace") or "").strip().splitlines()
-    frames = [i for i, line in enumerate(lines) if line.strip().startswith("File ")]
-    if not frames:
-        return "<unknown>"
-    last = frames[-1]
-    code = lines[last + 1].strip() if last + 1 < len(lines) else ""
-    return f"{lines[last].strip()}: {code}" if code else lines[last].strip()
-
-
 def add_checks(gm: torch.fx.GraphModule) -> tuple[GraphCheck, ...]:
     """Give ``gm`` one more output, last: an int64 vector of the smallest and largest value of every index
     tensor its ops read (``RULES``), an exempt value counted as ``low``. Returns what each pair checks; ()
@@ -225,7 +217,7 @@ def add_checks(gm: torch.fx.GraphModule) -> tuple[GraphCheck, ...]:
                           _call(graph, aten.amax.default, (values,), {})]
             if str(origin) in _DECOMPOSED:  # CPU's error is the op the user called, not the gather it became
                 bound = Bound(bound.low, bound.high, bound.exempt, *_DECOMPOSED[str(origin)])
-            checks.append(GraphCheck(bound, str(origin or node.target), _user_frame(node)))
+            checks.append(GraphCheck(bound, str(origin or node.target), user_source_line(node) or "<unknown>"))
     if not checks:
         return ()
     output = next(n for n in reversed(graph.nodes) if n.op == "output")
@@ -255,8 +247,6 @@ def _call(graph: torch.fx.Graph, target, args, kwargs) -> torch.fx.Node:
 
 def check_results(extremes, checks: tuple[GraphCheck, ...]) -> None:
     """Raise CPU's error for the first index out of range, given ``add_checks``'s output after a call."""
-    import numpy as np
-
     values = np.asarray(extremes).tolist()
     for k, check in enumerate(checks):
         value = check.bound.first_out(values[2 * k], values[2 * k + 1])
