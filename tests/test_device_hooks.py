@@ -359,3 +359,73 @@ def test_the_autograd_engine_says_when_it_runs_a_backward():
     with torch.no_grad():
         assert not in_backward()
     assert seen == [(True, False)]
+
+
+# --- DTensor's random-number tracker (``_dtensor_rng_hooks``) ---------------------------------------
+
+TRACKER_SHA256 = {"_distribute_region": "f73875ec9c8885ac", "_compute_rng_offsets": "bc9c775bdafef4e4"}
+
+
+def test_dtensors_rng_tracker_region_is_ours_for_neuron_and_torchs_is_the_one_we_mirror():
+    """``OffsetBasedRNGTracker._distribute_region`` (private, torch 2.13) is replaced for neuron meshes by
+    ``_dtensor_rng_hooks`` as the module imports; ours keeps its offset bookkeeping (the end increment from
+    ``_compute_rng_offsets``), so a change to either of torch's fails here."""
+    import hashlib
+    import inspect
+
+    from torch.distributed.tensor import _random
+
+    region = _random.OffsetBasedRNGTracker._distribute_region
+    assert getattr(region, "_neuron", False)
+    assert list(inspect.signature(region.__wrapped__).parameters) == ["self", "spec", "generator"]
+    for name, fn in (("_distribute_region", region.__wrapped__),
+                     ("_compute_rng_offsets", _random.OffsetBasedRNGTracker._compute_rng_offsets)):
+        digest = hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()[:16]
+        assert digest == TRACKER_SHA256[name], (
+            f"torch changed OffsetBasedRNGTracker.{name}: check neuron_compile/device/_dtensor_rng_hooks.py "
+            "(the region for neuron meshes) against it, then update the digest")
+
+
+def test_dtensors_philox_state_reads_the_devices_state_as_seed_and_offset():
+    """The tracker reads ``torch.neuron.get_rng_state()`` through ``_PhiloxState``: CUDA's 16 bytes."""
+    from torch.distributed.tensor._random import _PhiloxState
+
+    torch.neuron.manual_seed(2 ** 40 + 5)
+    state = _PhiloxState(torch.neuron.get_rng_state())
+    assert int(state.seed) == 2 ** 40 + 5 and int(state.offset) == 0
+    state.offset = torch.tensor([12])
+    torch.neuron.set_rng_state(state.state)
+    assert int(_PhiloxState(torch.neuron.get_rng_state()).offset) == 12
+
+
+def test_dtensors_shard_arithmetic_gives_the_elements_distribute_tensor_places():
+    """``_dtensor_rng_hooks.shard_positions`` takes a shard's global indices from
+    ``torch.distributed.tensor._utils._get_shard_size_and_offsets``: they must be the elements DTensor's own
+    split (``Placement._split_tensor``) gives each rank, even and uneven, ``Shard`` and ``_StridedShard``."""
+    from torch.distributed.tensor._utils import _get_shard_size_and_offsets
+    from torch.distributed.tensor.placement_types import Shard, _StridedShard
+
+    for placement in (Shard(0), _StridedShard(0, split_factor=2)):
+        for n, chunks in ((8, 2), (7, 2), (7, 3), (2, 4)):
+            split, _ = placement._split_tensor(torch.arange(n), chunks, with_padding=False)
+            for rank in range(chunks):
+                size, offsets = _get_shard_size_and_offsets(n, chunks, rank, placement, None, n, False)
+                want = split[rank] if rank < len(split) else torch.arange(0)
+                assert size == want.numel() and offsets[:size].tolist() == want.tolist(), (placement, n, rank)
+
+
+def test_dtensors_dispatcher_runs_these_random_ops_in_the_trackers_region():
+    """The ops DTensor's dispatcher runs inside ``_distribute_region`` (for every device but CUDA without a
+    generator): ``rng.draw`` draws each (``test_device_rng``); a new one there fails here first."""
+    import inspect
+
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._dispatch import OpDispatcher
+
+    aten = torch.ops.aten
+    assert DTensor._op_dispatcher._random_ops == {
+        aten.native_dropout.default, aten.normal_.default, aten.rand.default, aten.rand_like.default,
+        aten.randn.default, aten.randn_like.default, aten.randint_like.default, aten.randint_like.low_dtype,
+        aten.randint_like.low_dtype_out, aten.uniform_.default, aten.bernoulli.default, aten.bernoulli_.float}
+    source = inspect.getsource(OpDispatcher._dispatch_get_local_results_slow_path)
+    assert 'first_local_arg.device.type != "cuda"' in source and "random._rng_tracker._distribute_region(" in source

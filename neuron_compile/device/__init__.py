@@ -41,7 +41,7 @@ def register() -> None:
 
     if _registered:  # the first `import torch` of the process ran our entry point, which registered
         return
-    from . import _accelerate_hooks, _index_less, _optim_hooks, _torch_hooks, distributed, module, optim, storage
+    from . import _accelerate_hooks, _dtensor_rng_hooks, _index_less, _optim_hooks, _torch_hooks, distributed, module, optim, storage
 
     if torch._C._get_privateuse1_backend_name() not in ("privateuseone", _torch_hooks.NAME):
         return  # another backend owns PrivateUse1 in this process: leave it alone
@@ -60,6 +60,7 @@ def register() -> None:
     _optim_hooks.multi_tensor_adam_through(optim.multi_tensor_adam)  # one executable a step
     _optim_hooks.sgd_through(optim.sgd_step)  # the same for SGD
     _accelerate_hooks.install()  # accelerate finds this device under torchrun (patched when it imports)
+    _dtensor_rng_hooks.install()  # DTensor's RNG tracker draws shards of the device's Philox stream
     if _several_devices():
         _index_less.index_less_moves_follow_current()  # x.to("neuron") lands on the current device
     _registered = True

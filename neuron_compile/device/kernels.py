@@ -8,8 +8,9 @@ storage is shared), the in-place view ops (``torch.Tag.inplace_view``:
 ``resize_``, ``set_`` and ``as_strided_``, which ``t_``, ``transpose_``,
 ``squeeze_``... call; they change the tensor's size, stride and offset on its
 storage, never traced as a graph), random
-ops (drawn by the device's CPU generator, so ``torch.manual_seed`` gives
-CPU's numbers), ``native_dropout`` (the noise CPU's dropout draws), and
+ops (drawn by CPU's generator, so ``torch.manual_seed`` gives CPU's numbers;
+inside a DTensor random op on a neuron mesh, from the device's Philox stream:
+``rng.py``), ``native_dropout`` (the noise CPU's dropout draws), and
 advanced indexing (``index``, ``index_put_``: CPU index tensors are moved to
 the device as ATen moves them; a boolean mask's selection runs on the host).
 From the first op on, Dynamo never traces the eager ops' compile stack
@@ -23,7 +24,7 @@ import sys
 
 import torch
 
-from . import _torch_hooks, grown, lengths, ops
+from . import _torch_hooks, grown, lengths, ops, rng
 from . import storage as _storage
 from .storage import device_index, new_tensor
 
@@ -424,12 +425,15 @@ def _is_random(op) -> bool:
 
 
 def generator() -> torch.Generator:
-    """The device draws from CPU's default generator: a script that seeds and draws in the same order
-    gets on neuron the very numbers CPU eager gets (dropout masks included)."""
+    """Plain random ops on the device draw from CPU's default generator: a script that seeds and draws in
+    the same order gets on neuron the very numbers CPU eager gets (dropout masks included). DTensor's draw
+    from the device's Philox state (``rng.py``)."""
     return torch.default_generator
 
 
 def _random(op, *args, **kwargs):
+    if rng.drawing():  # a DTensor random op on a neuron mesh: its shard of the device's Philox stream
+        return rng.draw(op, args, kwargs)
     if op is aten.native_dropout.default:
         return _native_dropout(*args, **kwargs)
     if kwargs.get("generator") is None:

@@ -95,44 +95,62 @@ def synchronize(device=None) -> None:
     _index(device)
 
 
+# Random numbers (``rng.py``): plain random ops on neuron tensors draw from CPU's default generator (CPU's
+# numbers); DTensor random ops on a neuron mesh from the device's Philox (seed, offset) state, which these
+# get and set in CUDA's layout (16 bytes) for DTensor's tracker, fork_rng and checkpointing.
+
 def manual_seed(seed: int) -> None:
-    from .kernels import generator
+    """Seed the current device's Philox state (offset 0) and CPU's generator, which plain draws use."""
+    from . import rng
 
-    generator().manual_seed(int(seed))
+    rng.manual_seed(seed, [current_device()])
 
 
-manual_seed_all = manual_seed
+def manual_seed_all(seed: int) -> None:
+    from . import rng
+
+    rng.manual_seed(seed, range(device_count()))
 
 
 def seed() -> None:
-    from .kernels import generator
+    from . import rng
 
-    generator().seed()
+    rng.seed([current_device()])
 
 
-seed_all = seed
+def seed_all() -> None:
+    from . import rng
+
+    rng.seed(range(device_count()))
 
 
 def initial_seed() -> int:
-    from .kernels import generator
+    """The current device's Philox seed."""
+    from . import rng
 
-    return generator().initial_seed()
+    return rng.state(current_device()).seed
 
 
 def get_rng_state(device=None) -> torch.Tensor:
-    from .kernels import generator
+    """The device's Philox state as CUDA's: ``uint8[16]``, the seed (uint64) then the offset (int64)."""
+    from . import rng
 
-    return generator().get_state()
+    return rng.get_rng_state(_index(device))
 
 
 def set_rng_state(state: torch.Tensor, device=None) -> None:
-    from .kernels import generator
+    from . import rng
 
-    generator().set_state(state)
+    rng.set_rng_state(state, _index(device))
 
 
-get_rng_state_all = lambda: [get_rng_state()]  # noqa: E731
-set_rng_state_all = lambda states: set_rng_state(states[0])  # noqa: E731
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [get_rng_state(i) for i in range(device_count())]
+
+
+def set_rng_state_all(states) -> None:
+    for i, state in enumerate(states):
+        set_rng_state(state, i)
 
 
 def memory_allocated(device=None) -> int:
