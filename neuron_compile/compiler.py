@@ -42,6 +42,7 @@ from .index_bounds import enabled as index_checks_enabled
 from .output_views import find_output_views, make_view
 from .lowering import drop_error_checks, lower_to_stablehlo
 from .lowering.collectives import collective_names, key_parts
+from . import _profiler_hooks, structured_trace
 from .report import COUNTERS, CompileReport
 
 log = logging.getLogger("neuron_compile")
@@ -251,7 +252,24 @@ def xla_aliases(plan: GraphPlan, donate: dict | None) -> tuple:
 
 def compile_graph(gm: torch.fx.GraphModule, *, report: CompileReport, options, donate: dict | None = None) -> Executable:
     """Compile one static, decomposed FX graph into an ``Executable``. ``donate``: graph input -> graph
-    output of the same shape and dtype that overwrites it (``xla_aliases``), part of the cache keys."""
+    output of the same shape and dtype that overwrites it (``xla_aliases``), part of the cache keys.
+    Under ``torch.profiler`` it is one ``neuron::compile`` event; under ``TORCH_TRACE`` a graph of
+    ``torch.compile`` logs its report and any lowering error (``structured_trace``)."""
+    try:
+        if _profiler_hooks.STATE._is_profiler_enabled:
+            with _profiler_hooks.event("neuron::compile", None, {"graph": report.graph, "kind": report.kind}):
+                executable = _compile_graph(gm, report=report, options=options, donate=donate)
+        else:
+            executable = _compile_graph(gm, report=report, options=options, donate=donate)
+    except Exception as exc:
+        if type(exc).__name__ in ("LoweringError", "KernelLoweringError", "PassError"):
+            structured_trace.lowering_error(report, exc)
+        raise
+    structured_trace.compile_report(report)
+    return executable
+
+
+def _compile_graph(gm: torch.fx.GraphModule, *, report: CompileReport, options, donate: dict | None = None) -> Executable:
     dump = GraphDump(options.dump_dir, report.graph) if options.dump_dir else None
     # eager ops check their indices on the host (device/bounds.py); a padded graph's padding holds anything
     plan = prepare_graph(gm, index_checks=report.kind != "eager" and not report.padded and index_checks_enabled())
@@ -312,6 +330,7 @@ def _from_cache(cache: CompileCache, front: CacheKey, lower, check, report: Comp
     with report.remainder("cache-io"):
         result = cache.get(front, lower, check=check)
     _count(result, report, dump)
+    structured_trace.cache(report, front, result)
     return result.loaded.executable
 
 
@@ -344,6 +363,7 @@ class LoweredGraph:
         if dump:
             dump.write("01-torch.mlir", lowered.torch_mlir)
             dump.write("02-stablehlo.mlir", str(lowered.module))
+        structured_trace.stablehlo(report, "lowered", lowered.module)
         self.module = lowered.module
         self.pipeline = resolve_pipeline(options)
         self.key = None
@@ -360,6 +380,7 @@ class LoweredGraph:
         # passes: our StableHLO -> StableHLO pipeline, pass by pass
         with report.stage("passes"):
             report.passes = run_passes(self.module, self.options, dump, graph=report.graph)
+        structured_trace.passes(report)
         # kernels: registered kernels swapped in for the fuse pass's composites, by name
         self.kernels += swap_kernels(self.module, report)
         report.kernels = self.kernels
@@ -370,6 +391,7 @@ class LoweredGraph:
             text = self.module.operation.get_asm(enable_debug_info=False)
         if dump:
             dump.write("04-final.mlir", text)
+        structured_trace.stablehlo(report, "final", text)
         # compile: StableHLO -> XLA executable (raises on failure: nothing is stored)
         with report.stage("xla-compile"):
             xla = XlaExecutable.compile(text)

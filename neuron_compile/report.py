@@ -18,6 +18,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from . import _profiler_hooks
+
 log = logging.getLogger("neuron_compile")
 
 COUNTERS: collections.Counter = collections.Counter()
@@ -42,12 +44,17 @@ class CompileReport:
     fallback: dict[str, int] = field(default_factory=dict)  # ATen op run eagerly -> node count (fallback=eager)
     kernels: list[dict] = field(default_factory=list)  # {site, kernel, origin}: a registered kernel served it
     collectives: dict[str, int] = field(default_factory=dict)  # "compiled"/"eager" -> collective nodes
+    compile_id: object = field(default=None, repr=False)  # Dynamo's, for TORCH_TRACE (structured_trace)
 
     @contextlib.contextmanager
     def stage(self, name: str):
         start = time.perf_counter()
         try:
-            yield
+            if _profiler_hooks.STATE._is_profiler_enabled:  # torch.profiler records: neuron::compile.<stage>
+                with _profiler_hooks.event(f"neuron::compile.{name}"):
+                    yield
+            else:
+                yield
         finally:
             self.stages[name] = self.stages.get(name, 0.0) + time.perf_counter() - start
 

@@ -52,6 +52,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from ..compiler import Executable, cached_executable
 from ..dynamo_skips import hide_compile_stack_from_dynamo as _hide_compile_stack_from_dynamo
 from ..output_views import _storage, find_output_views, make_view
+from .. import _profiler_hooks, structured_trace
 from ..report import COUNTERS, CompileReport, record
 from .associative_scan import install as _install_associative_scan, mark_backend
 from .options import Options, _env_flag
@@ -147,6 +148,8 @@ class CompiledGraph:
         self._aot_stage = stage
         self.bucketing = None  # a bucketing.BucketAnalysis
         self._bucket_views: list = []  # per output: an OutputView at the true sizes, or None
+        # the frame's compile id: a graph compiled later (a backward, a new size) logs under it (TORCH_TRACE)
+        self._compile_id = _profiler_hooks.current_compile_id()
         if not self.dynamic_positions:
             # A backward compiles at its first call: a forward run with grad enabled and no
             # backward (inference without no_grad) must not pay for it.
@@ -158,6 +161,7 @@ class CompiledGraph:
             from .bucketing import OUTPUTS, SPECIALIZED, analyze
 
             self.bucketing = analyze(gm, boundary_layouts, options.buckets)
+            structured_trace.bucketing(name, kind, self.bucketing, options.buckets)
             if self.bucketing.ok:
                 self._bucket_views = self._views_at_true_sizes(gm)
             if self.bucketing.ok:
@@ -204,7 +208,7 @@ class CompiledGraph:
         log.debug("neuron_compile: %s compiles per exact shape: %s", self.name, self.bucketing.reason)
 
     def _new_report(self, signature: str) -> CompileReport:
-        report = CompileReport(graph=self.name, kind=self.kind, signature=signature)
+        report = CompileReport(graph=self.name, kind=self.kind, signature=signature, compile_id=self._compile_id)
         if self._aot_seconds:
             report.stages[self._aot_stage] = self._aot_seconds
             self._aot_seconds = 0.0
@@ -369,6 +373,7 @@ class NeuronOutputCode(OutputCode):
         self._state = None
         self._target = graph.static if graph.static is not None else graph
         self._run = self._target
+        self._name = graph.name
         if on_first_call is not None:
             def first(args):
                 self._run = self._target
@@ -378,6 +383,10 @@ class NeuronOutputCode(OutputCode):
             self._run = first
 
     def __call__(self, args: list) -> list:
+        if _profiler_hooks.STATE._is_profiler_enabled:  # torch.profiler records: a neuron::graph <id> event
+            with _profiler_hooks.event(f"neuron::graph {self._name}", [a for a in args if isinstance(a, torch.Tensor)],
+                                       {"graph": self._name}):
+                return self._run(args)
         return self._run(args)
 
     def prepare_for_serialization(self) -> None:
@@ -409,6 +418,7 @@ class NeuronOutputCode(OutputCode):
                                f"options ({saved['tag']!r}, now {_precompile_tag(options)!r}); tracing afresh")
         self.__dict__.update(state)
         self._options = options
+        self._name = saved["name"]
         self.graph = self._target = self._run = self._pickled_gm = None
         self._lock = threading.Lock()
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from .._profiler_hooks import STATE, event
 from ..index_bounds import RULES, checked, enabled  # noqa: F401 - ops reads enabled and RULES here
 
 OPS = None  # ``ops`` (which imports this module) sets itself here: its alone, to_host and user_line
@@ -35,6 +36,9 @@ def _host_values(index: torch.Tensor, counts: dict) -> torch.Tensor:
     if index.device.type != "neuron":
         return index
     counts["index_checks"] += 1
+    if STATE._is_profiler_enabled:  # torch.profiler records: a neuron::index_check event
+        with event("neuron::index_check", (index,)):
+            return OPS.to_host(OPS.alone(index), counter=None).detach()
     return OPS.to_host(OPS.alone(index), counter=None).detach()
 
 

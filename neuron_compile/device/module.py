@@ -12,7 +12,9 @@ import torch
 
 from . import indices as _indices
 from .indices import check_index, current_device, device_count  # noqa: F401 (torch.neuron's)
+from . import memory  # noqa: F401 (torch.neuron.memory: _record_memory_history, _snapshot, _dump_snapshot)
 from . import storage as _storage
+from .op_tracking import clear_op_tracking, get_executed_ops, get_fallback_ops  # noqa: F401 (torch_neuronx's names)
 
 
 def is_available() -> bool:
@@ -203,6 +205,17 @@ def reset_peak_memory_stats(device=None) -> None:
 def reset_accumulated_memory_stats(device=None) -> None:
     _index(device)
     _storage.reset_accumulated_memory_stats()
+
+
+def memory_summary(device=None, abbreviated: bool = False) -> str:
+    """``torch.cuda.memory_summary``'s report for the device (``memory.memory_summary``)."""
+    _index(device)
+    return memory.memory_summary(device, abbreviated)
+
+
+def memory_snapshot(device=None) -> list:
+    """``torch.cuda.memory_snapshot``: a segment per live buffer (``memory._snapshot``)."""
+    return memory.memory_snapshot(device)
 
 
 def mem_get_info(device=None) -> tuple[int, int]:

@@ -42,9 +42,11 @@ import warnings
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
+from .. import profiling as _profiling
 from . import _torch_hooks
 from . import bounds as _bounds
 from . import lengths as _lengths
+from . import op_tracking as _op_tracking
 from . import storage as _storage
 from .opkernel import COUNTS, Leaves, OpKernel, check_same_device, leaves_of
 from .storage import new_tensor
@@ -83,6 +85,8 @@ def dispatch(op, args, kwargs):
     kernel = _KERNELS.get(key)
     if kernel is not None:
         COUNTS["op_cache_hits"] += 1
+        if _profiling.STATE._is_profiler_enabled:  # torch.profiler records: a neuron::execute event
+            return _profiling.execute(kernel, op, args, kwargs, leaves)
         return kernel(leaves) if kernel.__class__ is OpKernel else kernel(op, args, kwargs, leaves)
     if op in _HOST_OPS:
         return run_on_host(op, args, kwargs)
@@ -95,6 +99,8 @@ def dispatch(op, args, kwargs):
             if kernel is None:  # the op runs on the host (data-dependent shapes, or fallback="eager")
                 return run_on_host(op, args, kwargs)
             _KERNELS[key] = kernel
+    if _profiling.STATE._is_profiler_enabled:
+        return _profiling.execute(kernel, op, args, kwargs, leaves)
     return kernel(leaves) if kernel.__class__ is OpKernel else kernel(op, args, kwargs, leaves)
 
 
@@ -155,7 +161,10 @@ def alone(x):
 
 def run_on_host(op, args, kwargs):
     """Run ``op`` on host copies; write back what it wrote, return its results on the device."""
+    if _profiling.STATE._is_profiler_enabled and _profiling.outside_host_fallback():
+        return _profiling.host_fallback(run_on_host, op, args, kwargs)
     COUNTS["host_ops"] += 1
+    _op_tracking.on_host(op)
     host_op = _on_host(op)
     host_args, host_kwargs = tree_map(to_host, (args, kwargs))
     with torch.no_grad():

@@ -37,15 +37,17 @@ import functools
 
 import torch
 
+from .. import _profiler_hooks
 from . import _torch_hooks, indices
 
 class _Counters:
     """Bytes of the live buffers and their peak; bytes allocated and freed since the last reset."""
 
-    __slots__ = ("live", "peak", "allocated", "freed")
+    __slots__ = ("live", "peak", "allocated", "freed", "recorder")
 
     def __init__(self):
         self.live = self.peak = self.allocated = self.freed = 0
+        self.recorder = None  # memory._History while torch.neuron.memory._record_memory_history() records
 
 
 _memory = _Counters()
@@ -66,6 +68,8 @@ class Data:
         # the counters are updated under the GIL, without a lock: this runs once per op result
         nbytes = self.numel * self.dtype.itemsize if buffer is not None else 0
         memory = _memory
+        if memory.recorder is not None:  # torch.neuron.memory records stacks (memory.py)
+            memory.recorder.on_set(self, nbytes)
         memory.live += nbytes - self.nbytes
         memory.allocated += nbytes
         memory.freed += self.nbytes
@@ -77,6 +81,8 @@ class Data:
         # ``memory`` is bound here: at interpreter exit this module's globals may already be None; a Data
         # that never finished ``__init__`` (made by a tracer) holds nothing
         nbytes = getattr(self, "nbytes", 0)
+        if memory.recorder is not None and nbytes:
+            memory.recorder.on_free(self)
         memory.live -= nbytes
         memory.freed += nbytes
 
@@ -276,6 +282,13 @@ def _numpy_dtype(dtype: torch.dtype):
 
 
 def host_to_buffer(tensor: torch.Tensor, index: int = 0):
+    if _profiler_hooks.STATE._is_profiler_enabled:  # torch.profiler records: a neuron::host_to_device event
+        with _profiler_hooks.event("neuron::host_to_device", (tensor,), {"bytes": tensor.numel() * tensor.element_size()}):
+            return _host_to_buffer(tensor, index)
+    return _host_to_buffer(tensor, index)
+
+
+def _host_to_buffer(tensor: torch.Tensor, index: int = 0):
     """Copy a CPU tensor into a new PJRT buffer of its shape on PJRT device ``index`` (``neuron:index``'s;
     PJRT's transfer API: a real copy)."""
     device, sharding, shaped, _jax, x64 = _put_parts(index)
@@ -290,6 +303,13 @@ def host_to_buffer(tensor: torch.Tensor, index: int = 0):
 
 
 def buffer_to_host(buffer, dtype: torch.dtype) -> torch.Tensor:
+    if _profiler_hooks.STATE._is_profiler_enabled:  # a neuron::device_to_host event
+        with _profiler_hooks.event("neuron::device_to_host", None, {"bytes": buffer.size * dtype.itemsize}):
+            return _buffer_to_host(buffer, dtype)
+    return _buffer_to_host(buffer, dtype)
+
+
+def _buffer_to_host(buffer, dtype: torch.dtype) -> torch.Tensor:
     """A CPU tensor with a copy of a PJRT buffer's contents."""
     import numpy as np
 

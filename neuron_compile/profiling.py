@@ -1,0 +1,75 @@
+"""What ``torch.profiler`` shows of our work: named events beneath each ATen op and each compiled call.
+
+The dispatcher records every ATen op that reaches the ``neuron`` device as an
+event (``aten::add``...) before our Python kernel runs, so an event recorded
+inside the kernel nests beneath its op in ``key_averages()`` and in the Chrome
+trace. The events (``_profiler_hooks.event``: a ``record_function`` whose
+inputs give shapes under ``record_shapes=True`` and whose values are the
+trace event's ``args``):
+
+    neuron::execute           an eager op's kernel run on the device (op, inputs' shapes)
+    neuron::compile           a graph through the compile path (graph, kind), its stages
+                              beneath it as ``neuron::compile.<stage>`` (lowering, passes,
+                              xla-compile, cache-io...: ``CompileReport.stage``)
+    neuron::host_to_device    a transfer into a PJRT buffer (bytes)
+    neuron::device_to_host    a transfer out of one (bytes)
+    neuron::index_check       an index tensor read on the host to check its bounds (op)
+    neuron::host_fallback     an op run on host copies (op)
+    neuron::collective        a collective on the device's buffers (collective)
+    neuron::graph <id>        one call of a graph ``torch.compile`` compiled (graph)
+
+The hooks sit where the work happens (``ops.dispatch``, ``ops.run_on_host``,
+``storage.host_to_buffer``/``buffer_to_host``, ``bounds``, ``report.CompileReport.stage``,
+``compiler.compile_graph``, ``capture.backend.NeuronOutputCode.__call__``); each
+reads ``_profiler_hooks.STATE._is_profiler_enabled`` inline first:
+with no profiler on, that attribute read is the whole cost
+(``benchmarks/bench_profiler_off.py`` measures it). What a Python backend
+cannot have is a device timeline of its own: torch 2.13's profiler takes
+device activities only from a native Kineto plugin (a ``PrivateUse1``
+activity registered from C++), so our events are CPU-side events of the
+thread that runs the device, which is also where our (synchronous) PJRT CPU
+client does the work.
+"""
+
+from __future__ import annotations
+
+from ._profiler_hooks import STATE, event
+
+_on_host_depth = 0  # host fallbacks under way on this process (a nested one shows in its parent's event)
+
+
+def execute(kernel, op, args, kwargs, leaves):
+    """Run an eager op's kernel (``ops.dispatch``'s last step) inside a ``neuron::execute`` event."""
+    from .device.opkernel import OpKernel
+
+    with event("neuron::execute", leaves.tensors, {"op": str(op)}):
+        return kernel(leaves) if kernel.__class__ is OpKernel else kernel(op, args, kwargs, leaves)
+
+
+def host_fallback(run, op, args, kwargs):
+    """``run(op, args, kwargs)`` (``ops.run_on_host``) inside a ``neuron::host_fallback`` event."""
+    global _on_host_depth
+    _on_host_depth += 1
+    try:
+        with event("neuron::host_fallback", _tensors(args, kwargs), {"op": str(op)}):
+            return run(op, args, kwargs)
+    finally:
+        _on_host_depth -= 1
+
+
+def outside_host_fallback() -> bool:
+    return not _on_host_depth
+
+
+def collective(name: str, tensors=()):
+    """A ``neuron::collective`` event around one collective on the device's buffers."""
+    return event("neuron::collective", [t for t in tensors if hasattr(t, "dim")], {"collective": name})
+
+
+def _tensors(args, kwargs) -> list:
+    from torch.utils._pytree import tree_leaves
+
+    return [v for v in tree_leaves((args, kwargs)) if hasattr(v, "dim")]
+
+
+__all__ = ["STATE", "collective", "execute", "host_fallback", "outside_host_fallback"]
