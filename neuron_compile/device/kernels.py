@@ -102,7 +102,7 @@ def handle(op, *args, **kwargs):
         register_direct_kernels()
     if lengths._UNALIASED and ops._writes(op):  # a view copied from a bucket lives: no write may miss it
         lengths.check_write(op, args, kwargs)
-    op_tracking.EXECUTED[op] += 1  # torch.neuron.get_executed_ops()
+    op_tracking.EXECUTED[id(op)] += 1  # torch.neuron.get_executed_ops()
     fn = KERNELS.get(op)
     if fn is None:
         fn = KERNELS[op] = _view if _is_view(op) else _random if _is_random(op) else _compiled_for(op)

@@ -1,10 +1,12 @@
 """Which ATen ops ran on the device, and which of them ran on host copies (TorchNeuron's op tracking).
 
 ``kernels.handle`` (every op that reaches the ``neuron`` dispatch key) adds one
-to ``EXECUTED[op]``; ``ops.run_on_host`` (an op whose output shapes depend on
+to ``EXECUTED[id(op)]`` (keyed by identity: ``OpOverload.__hash__`` is Python
+code, 170 ns a call here; ``kernels.KERNELS`` holds every op handled, so its
+keys name them back); ``ops.run_on_host`` (an op whose output shapes depend on
 its data, one that does not lower under ``fallback="eager"``, one with a
 ``view(dtype)`` beside its base...) adds one to ``ON_HOST[op]``. Counting is
-always on: one dict increment per op. ``torch.neuron.get_executed_ops()``,
+always on: one dict increment per op (``benchmarks/bench_profiler_off.py``). ``torch.neuron.get_executed_ops()``,
 ``get_fallback_ops()`` and ``clear_op_tracking()`` read and reset them under
 ``torch_neuronx``'s names; ``neuron-compile ops SCRIPT`` prints them for a
 script.
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import collections
 
-EXECUTED: collections.Counter = collections.Counter()  # OpOverload -> calls that reached the device
+EXECUTED: collections.defaultdict = collections.defaultdict(int)  # id(OpOverload) -> calls that reached the device
 ON_HOST: collections.Counter = collections.Counter()  # OpOverload -> calls run on host copies
 
 
@@ -33,7 +35,10 @@ def _named(counter: collections.Counter) -> dict[str, int]:
 def get_executed_ops() -> dict[str, int]:
     """Every ATen op (``aten.add.Tensor``) that reached the neuron device since the last clear, with its call
     count, most called first: the ops it ran itself and those it ran on host copies."""
-    return _named(EXECUTED)
+    from .kernels import KERNELS
+
+    ops = {id(op): op for op in KERNELS}
+    return _named(collections.Counter({ops.get(key, key): count for key, count in EXECUTED.items() if count}))
 
 
 def get_fallback_ops() -> dict[str, int]:
