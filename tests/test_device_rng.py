@@ -284,3 +284,19 @@ def test_every_dtensor_random_op_draws_from_the_device_stream_not_cpus(mesh, nam
     first = run(0, 1)
     assert_close(run(0, 100), first, rtol=0, atol=0)
     assert not torch.equal(run(16, 1), first)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_activation_checkpointing_recomputes_a_dtensors_dropout_mask(mesh, reentrant):
+    """torch.utils.checkpoint saves and restores the device's state (``torch.neuron._initialized``): the
+    backward's recomputed dropout draws the forward's mask."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(SEED)
+    w = distribute_tensor(torch.ones(8, 6, device="neuron"), mesh, [Shard(0)]).requires_grad_()
+    out = checkpoint(lambda a: torch.nn.functional.dropout(a * 2, 0.5), w, use_reentrant=reentrant)
+    out.sum().backward()
+    kept = out.full_tensor().detach().cpu() != 0
+    assert 0 < int(kept.sum()) < 48
+    assert_close(w.grad.full_tensor().cpu(), kept.float() * 4, rtol=0, atol=0)

@@ -25,6 +25,11 @@ def is_initialized() -> bool:
     return True
 
 
+# torch.utils.checkpoint saves and restores a device's RNG state only where its module says it started
+# (``torch.cuda._initialized``): a DTensor's dropout recomputed in a checkpoint's backward must draw its mask again
+_initialized = True
+
+
 def is_bf16_supported(including_emulation: bool = True) -> bool:
     """bfloat16 runs on the device (XLA computes it natively), as ``torch.cuda.is_bf16_supported()``."""
     return True
