@@ -17,6 +17,7 @@ import textwrap
 from .cache_commands import cmd_cache, cmd_inspect, cmd_repro
 from .commands import cmd_compile, cmd_demo, cmd_dump, cmd_explain
 from .common import PROG, CompileFailure, UsageError, _print_err, _unwrap
+from .ops_command import add_ops_parser
 
 # ---- argument parsing --------------------------------------------------------------------------
 
@@ -148,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
                  diagnostics. Exits 1 when the failure reproduces, 0 when the pipeline now succeeds.""")
     p.add_argument("dir", help="the reproducer folder (holds input.mlir and pipeline.txt)")
     p.set_defaults(run=cmd_repro)
+
+    add_ops_parser(sub, _command)
     return parser
 
 
