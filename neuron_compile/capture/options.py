@@ -16,6 +16,12 @@ known ones (a typo must not be silently ignored).
 | buckets    | NEURON_COMPILE_BUCKETS        | 128: symbolic sizes padded to multiples of 128; a list "128,512,1024"; 0/off: exact shapes |
 | collectives | NEURON_COMPILE_COLLECTIVES   | "compiled": into the executable where they can be (or "eager": on torch.distributed) |
 | lowering   | NEURON_COMPILE_LOWERING       | "direct": the device's eager ops written as StableHLO where every op has a rule (or "torch-mlir": always Torch-MLIR) |
+
+TorchNeuron's (torch-neuronx's) own variables are read too where they mean
+the same thing (``ALIASES``), ours first when both are set:
+``TORCH_NEURONX_NEFF_CACHE_DIR`` (its persistent compile cache) for
+``cache_dir``, and ``TORCH_NEURONX_DEBUG_DIR`` (where it writes each graph's
+FX graph, StableHLO and executable) for ``dump_dir``.
 """
 
 from __future__ import annotations
@@ -23,6 +29,21 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
+
+
+# our variable -> TorchNeuron's of the same meaning (Neuron 2.33's env-vars reference)
+ALIASES = {
+    "NEURON_COMPILE_CACHE_DIR": "TORCH_NEURONX_NEFF_CACHE_DIR",
+    "NEURON_COMPILE_DUMP_DIR": "TORCH_NEURONX_DEBUG_DIR",
+}
+
+
+def _env(name: str) -> str | None:
+    """``name``'s value, else its TorchNeuron alias's (``ALIASES``); empty counts as unset."""
+    value = os.environ.get(name)
+    if not value and name in ALIASES:
+        value = os.environ.get(ALIASES[name])
+    return value or None
 
 
 def _env_flag(name: str, default: bool) -> bool:
@@ -97,9 +118,9 @@ class Options:
         env = {
             "passes": os.environ.get("NEURON_COMPILE_PASSES"),
             "cache": _env_flag("NEURON_COMPILE_CACHE", True),
-            "cache_dir": os.environ.get("NEURON_COMPILE_CACHE_DIR") or default_cache_dir(),
+            "cache_dir": _env("NEURON_COMPILE_CACHE_DIR") or default_cache_dir(),
             "cache_max_bytes": _env_bytes("NEURON_COMPILE_CACHE_MAX_BYTES", DEFAULT_CACHE_MAX_BYTES),
-            "dump_dir": os.environ.get("NEURON_COMPILE_DUMP_DIR") or None,
+            "dump_dir": _env("NEURON_COMPILE_DUMP_DIR"),
             "fallback": os.environ.get("NEURON_COMPILE_FALLBACK") or "error",
             "verify": _env_flag("NEURON_COMPILE_VERIFY", False),
             "buckets": os.environ.get("NEURON_COMPILE_BUCKETS", "128"),
