@@ -26,16 +26,28 @@ way: ``executor.DistributedBridge``, the same host memory).
 Failure: every run of a distributed executable is waited on with the group's
 timeout. A peer that never joins, raises or dies makes the run raise
 ``CollectiveError`` naming the rank, the graph and its collectives, never hang;
-after that the client is broken and every later run says so at once. A
-peer whose heartbeats stop for that long ends this process too, with the
-coordinator's message (jaxlib's behaviour: its Python callback for it does
-not convert the status and aborts). Nothing here touches the cache:
-an executable is stored after it compiles, before any run.
+after that the client is broken and every later run says so at once. A dead
+peer is seen at once by a collective in flight (gloo's connection closes: the
+error comes within milliseconds); the process group's collectives that fail
+while waiting on their peers say so too (``peer_failed``). Either way this
+process then leaves at exit without the shutdown barrier, which would wait
+for the dead peer: its client is made with ``shutdown_on_destruction=False``
+and ``shutdown`` skips the barrier, so the survivors exit with their error
+a moment after it is raised. A slow peer is no failure: the barrier at exit
+waits for every rank up to the group's timeout, and heartbeats come from
+jaxlib's own threads, however long a step takes.
+A peer whose heartbeats stop for ``heartbeat_s`` (the group's timeout, at most
+100 s: jax's default) while no collective of this rank runs ends the other
+processes too: jaxlib's coordinator reports it and every client aborts with
+its message (its Python callback for it does not convert the status: none is
+given). Nothing here touches the cache: an executable is stored after it
+compiles, before any run.
 """
 
 from __future__ import annotations
 
 import atexit
+import ctypes
 import datetime
 import ipaddress
 import logging
@@ -48,9 +60,10 @@ import numpy as np
 
 log = logging.getLogger("neuron_compile")
 
-__all__ = ["CollectiveError", "DistributedTarget", "target"]
+__all__ = ["CollectiveError", "DistributedTarget", "peer_failed", "target"]
 
 _STORE_KEY = "neuron_compile/xla_coordinator"
+_HEARTBEAT_S = 100  # at most: a peer silent this long is dead (jax's default; heartbeats are jaxlib's threads')
 
 
 class CollectiveError(RuntimeError):
@@ -108,17 +121,20 @@ class DistributedTarget:
         self.broken: str | None = None
         host = _store_host(store)
         seconds = max(1, int(timeout_s))
+        self.heartbeat_s = heartbeat = max(1, min(seconds, _HEARTBEAT_S))
         quiet_runtime_logs()  # the coordinator's INFO lines stay off the user's terminal
         self.service = None
         if rank == 0:
             address = f"{host}:{_free_port(host)}"
             self.service = _jax.get_distributed_runtime_service(
-                address, world, heartbeat_timeout=seconds, shutdown_timeout=seconds)
+                address, world, heartbeat_timeout=heartbeat, shutdown_timeout=seconds)
             store.set(_STORE_KEY, address)
         address = store.get(_STORE_KEY).decode()
+        # shutdown_on_destruction=False: the shutdown barrier is ``shutdown``'s to run, or to skip after a peer
+        # died (the default runs it from the destructor too, where it waits the whole timeout for the dead)
         self.client = _jax.get_distributed_runtime_client(
-            address, rank, init_timeout=seconds, shutdown_timeout=seconds, heartbeat_timeout=seconds,
-            use_compression=True)
+            address, rank, init_timeout=seconds, shutdown_timeout=seconds, heartbeat_timeout=heartbeat,
+            shutdown_on_destruction=False, use_compression=True)
         self.client.connect()
         # gloo listens where this rank's torch.distributed traffic goes: loopback stays loopback
         local = ipaddress.ip_address(host).is_loopback
@@ -169,17 +185,31 @@ class DistributedTarget:
                 f"group): a peer never joined it, raised or died. Later runs of executables with collectives "
                 f"raise at once; look at the other ranks' logs for the first error.")
         if done.error is not None:
+            # a collective that failed (gloo's connection to a dead peer closed, ranks out of step) leaves XLA's
+            # gloo context unusable: later runs raise at once, and the exit skips the barrier
+            self.broken = f"{what} failed: {done.error}"
             raise CollectiveError(f"rank {self.rank} of {self.world}: {what} failed: {done.error}") from done.error
         return done.value
 
     def shutdown(self) -> None:
-        """Leave the distributed runtime (at exit): the client's shutdown is a barrier of every rank."""
+        """Leave the distributed runtime (at exit): the client's shutdown is a barrier of every rank, run
+        only while the world is whole. After a failure (``broken``) nothing is shut down: the barrier
+        would wait the group's timeout for a peer that is gone, and stopping rank 0's coordinator under
+        its own live client makes that client abort (SIGABRT, seconds later). So the coordinator is also
+        kept from the interpreter's teardown, which would destroy it before the client (executables hold
+        the client): the process is ending, and its threads end with it."""
         client, service = getattr(self, "client", None), getattr(self, "service", None)
+        if self.broken:
+            log.debug("rank %d leaves the distributed XLA client without its shutdown barrier: %s", self.rank,
+                      self.broken)
+            if service is not None:
+                ctypes.pythonapi.Py_IncRef(ctypes.py_object(service))  # never destroyed: see above
+            return
         self.client = self.service = None
         from .xla_logs import quiet_runtime_logs
 
         quiet_runtime_logs()  # the coordinator's goodbye lines (INFO) stay off the terminal
-        if client is not None and not self.broken:
+        if client is not None:
             try:
                 client.shutdown()
             except Exception:  # noqa: BLE001 - a peer already gone: nothing left to wait for
@@ -228,6 +258,14 @@ class _Worker:
 
 _TARGET: DistributedTarget | None = None
 _LOCK = threading.Lock()
+
+
+def peer_failed(reason: str) -> None:
+    """A collective of this process failed while waiting on its peers (torch.distributed's, outside any
+    executable): the world is no longer whole, so the exit skips the shutdown barrier (``shutdown``).
+    Nothing happens where no distributed client was made."""
+    if _TARGET is not None and not _TARGET.broken:
+        _TARGET.broken = reason
 
 
 def target(replicas: int) -> DistributedTarget:

@@ -40,7 +40,10 @@ gradients) is a gloo SUM divided by the group size on the host; the
 never hang: gloo's collectives time out after the group's timeout
 (``init_process_group(timeout=...)``, or ``wait(timeout)``), and every error
 is a ``RuntimeError`` naming the collective, the rank, the group size and the
-group.
+group. A collective that fails while waiting on its peers (a dead peer closes
+gloo's connections at once) tells ``runtime.collectives.peer_failed``, so the
+process exits without the distributed XLA client's shutdown barrier, which
+would wait the group's timeout for the dead.
 
 What DDP and FSDP2 ask of the device besides collectives: ``storage.resize_``
 (FSDP2 frees each unsharded parameter with ``resize_(0)``: here it drops the
@@ -118,13 +121,18 @@ def staged_collective(op, *args, **kwargs):
         host_args.append(tree_map(stage(argument in _WRITTEN and name not in _READ_ONLY_OPS), value))
     host_kwargs = {key: tree_map(stage(key in _WRITTEN and name not in _READ_ONLY_OPS), value)
                    for key, value in kwargs.items()}
-    group = next((a for a in args if not isinstance(a, (torch.Tensor, list, tuple, int, bool, type(None)))), None)
+    group = next((a for a in args if isinstance(a, torch.ScriptObject) and "ProcessGroup" in str(a._type())), None)
     try:
         result = _torch_hooks.redispatch_cpu(op, *host_args, **host_kwargs)
-        work = result[-1] if isinstance(result, tuple) else result
-        work.wait()
     except Exception as error:  # noqa: BLE001 - any failure becomes the collective's error
         raise _c10d_error(name, group, error) from error
+    try:
+        work = result[-1] if isinstance(result, tuple) else result
+        work.wait()
+    except Exception as error:  # noqa: BLE001 - failed waiting on the peers
+        error = _c10d_error(name, group, error)
+        _peer_failed(str(error))
+        raise error from error.__cause__
     with torch.no_grad():
         for tensor, host, written in pairs:
             if written:
@@ -133,12 +141,23 @@ def staged_collective(op, *args, **kwargs):
 
 
 def _c10d_error(collective: str, group, error: Exception) -> RuntimeError:
-    try:
+    try:  # the op's group is a boxed ProcessGroup (a ScriptObject)
+        group = torch.distributed.ProcessGroup.unbox(group)
         where = f"rank {group.rank()} (world size {group.size()}, group {group.group_name!r})"
-    except Exception:  # noqa: BLE001 - a group that cannot say
-        where = "this rank"
-    return RuntimeError(f"torch.distributed: {collective} on neuron tensors (staged through the group's CPU "
-                        f"backend) failed on {where}: {error}")
+    except Exception:  # noqa: BLE001 - a group that cannot say: the rank in the default group
+        where = f"rank {torch.distributed.get_rank()}" if torch.distributed.is_initialized() else "this rank"
+    failure = RuntimeError(f"torch.distributed: {collective} on neuron tensors (staged through the group's CPU "
+                           f"backend) failed on {where}: {error}")
+    failure.__cause__ = error
+    return failure
+
+
+def _peer_failed(reason: str) -> None:
+    """A collective failed waiting on its peers: the process leaves without the distributed XLA client's
+    shutdown barrier (``runtime.collectives.peer_failed``)."""
+    from runtime import collectives
+
+    collectives.peer_failed(reason)
 
 
 def create(options, backend_options=None) -> "NeuronProcessGroup":
@@ -224,6 +243,7 @@ class NeuronWork(_torch_hooks.PythonWork):
             self._staging.finish()
         except Exception as error:  # noqa: BLE001 - any failure becomes the collective's error
             self._error = self._group._error(self._collective, error)
+            _peer_failed(str(self._error))
             raise self._error from error
         self._done = True
         self._works = self._staging = None
