@@ -300,3 +300,50 @@ def test_activation_checkpointing_recomputes_a_dtensors_dropout_mask(mesh, reent
     kept = out.full_tensor().detach().cpu() != 0
     assert 0 < int(kept.sum()) < 48
     assert_close(w.grad.full_tensor().cpu(), kept.float() * 4, rtol=0, atol=0)
+
+
+class _Mesh:
+    """A device mesh as ``shard_positions`` reads one: its shape and this rank's coordinate."""
+
+    def __init__(self, shape, coordinate):
+        self.shape, self._coordinate = tuple(shape), list(coordinate)
+
+    def size(self, dim):
+        return self.shape[dim]
+
+    def get_coordinate(self):
+        return self._coordinate
+
+
+class _Spec:
+    def __init__(self, shape, mesh, placements):
+        self.shape, self.mesh, self.placements = torch.Size(shape), mesh, tuple(placements)
+
+
+@pytest.mark.parametrize("placements", ["S0,S1", "S1,S0", "S0,S0", "R,S1", "SS0,S0"])
+def test_shards_on_a_2d_mesh_cover_the_full_tensor_once_each_where_dtensor_puts_them(placements):
+    """FSDP x TP meshes: every rank's positions (``_dtensor_rng_hooks.shard_positions``) together are each
+    position of the full tensor once, and a plain shard's block is where DTensor's
+    ``compute_local_shape_and_global_offset`` puts it (7 x 5 over a 2 x 3 mesh: uneven, an empty shard)."""
+    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+    from torch.distributed.tensor.placement_types import Replicate, Shard, _StridedShard
+
+    from neuron_compile.device._dtensor_rng_hooks import shard_positions
+
+    make = {"S0": Shard(0), "S1": Shard(1), "R": Replicate(), "SS0": _StridedShard(0, split_factor=2)}
+    placement = [make[p] for p in placements.split(",")]
+    shape, mesh_shape = (7, 5), (2, 3)
+    seen = np.zeros(35, dtype=np.int64)
+    for i in range(2):
+        for j in range(3):
+            spec = _Spec(shape, _Mesh(mesh_shape, (i, j)), placement)
+            local, offset = _compute_local_shape_and_global_offset(shape, mesh_shape, [i, j], placement)
+            positions = shard_positions(spec, local)
+            if all((i, j)[d] == 0 for d, p in enumerate(placement) if isinstance(p, Replicate)):  # one replica
+                np.add.at(seen, positions.reshape(-1), 1)
+            if "SS0" not in placements and positions.size:
+                rows, cols = np.arange(local[0]) + offset[0], np.arange(local[1]) + offset[1]
+                assert np.array_equal(positions, rows[:, None] * 5 + cols[None, :])
+    assert np.array_equal(seen, np.ones(35, dtype=np.int64))
+    with pytest.raises(RuntimeError, match="local tensor has shape"):
+        shard_positions(_Spec(shape, _Mesh(mesh_shape, (0, 0)), placement), (1, 1))
