@@ -15,12 +15,14 @@ trace event's ``args``):
     neuron::device_to_host    a transfer out of one (bytes)
     neuron::index_check       an index tensor read on the host to check its bounds (op)
     neuron::host_fallback     an op run on host copies (op)
-    neuron::collective        a collective on the device's buffers (collective)
+    neuron::collective        a collective of the ``neuron`` process group (collective, path:
+                              "xla" on the device's buffers or "gloo" on host copies)
     neuron::graph <id>        one call of a graph ``torch.compile`` compiled (graph)
 
 The hooks sit where the work happens (``ops.dispatch``, ``ops.run_on_host``,
 ``storage.host_to_buffer``/``buffer_to_host``, ``bounds``, ``report.CompileReport.stage``,
-``compiler.compile_graph``, ``capture.backend.NeuronOutputCode.__call__``); each
+``compiler.compile_graph``, ``capture.backend.NeuronOutputCode.__call__``, and
+``instrument_collectives``' wrappers of the process group's two collective paths); each
 reads ``_profiler_hooks.STATE._is_profiler_enabled`` inline first:
 with no profiler on, that attribute read is the whole cost
 (``benchmarks/bench_profiler_off.py`` measures it). What a Python backend
@@ -61,9 +63,30 @@ def outside_host_fallback() -> bool:
     return not _on_host_depth
 
 
-def collective(name: str, tensors=()):
-    """A ``neuron::collective`` event around one collective on the device's buffers."""
-    return event("neuron::collective", [t for t in tensors if hasattr(t, "dim")], {"collective": name})
+def instrument_collectives(group_class) -> None:
+    """Put a ``neuron::collective`` event around the two paths by which ``distributed.NeuronProcessGroup``
+    runs a collective: ``_on_xla`` (XLA's collectives on the device's buffers) and ``_run`` (gloo on staged
+    host copies). Each is wrapped once, from ``device.register``, so that ``distributed.py`` stays as it is;
+    off, a wrapper costs one check per collective."""
+    for method, path in (("_on_xla", "xla"), ("_run", "gloo")):
+        original = getattr(group_class, method, None)
+        if original is None or getattr(original, "_neuron_profiled", False):
+            continue
+        setattr(group_class, method, _collective_event(original, path))
+
+
+def _collective_event(method, path: str):
+    import functools
+
+    @functools.wraps(method)
+    def run(self, collective, *args, **kwargs):
+        if not STATE._is_profiler_enabled:
+            return method(self, collective, *args, **kwargs)
+        with event("neuron::collective", _tensors(args, {}), {"collective": collective, "path": path}):
+            return method(self, collective, *args, **kwargs)
+
+    run._neuron_profiled = True
+    return run
 
 
 def _tensors(args, kwargs) -> list:
@@ -72,4 +95,4 @@ def _tensors(args, kwargs) -> list:
     return [v for v in tree_leaves((args, kwargs)) if hasattr(v, "dim")]
 
 
-__all__ = ["STATE", "collective", "execute", "host_fallback", "outside_host_fallback"]
+__all__ = ["STATE", "execute", "host_fallback", "instrument_collectives", "outside_host_fallback"]

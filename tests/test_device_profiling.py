@@ -20,6 +20,14 @@ def _aten_parent(event):
     return parent
 
 
+def _ancestors(event) -> set:
+    found, parent = set(), event.cpu_parent
+    while parent is not None:
+        found.add(parent)
+        parent = parent.cpu_parent
+    return found
+
+
 def _named(events, prefix: str) -> list:
     return [e for e in events if e.name.startswith(prefix)]
 
@@ -133,3 +141,24 @@ def test_profiled_compiled_call_is_one_graph_event():
     # the first call compiled the graph: its compile event names it, with the stages beneath
     compiles = [e for e in _named(events, "neuron::compile") if e.name == "neuron::compile"]
     assert any(e.cpu_parent is not None for e in compiles)
+
+
+def test_a_collective_of_the_neuron_group_is_a_collective_event():
+    import torch.distributed as dist
+
+    dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        t = torch.arange(6.0).reshape(2, 3).to("neuron")
+        with torch.profiler.profile(record_shapes=True) as prof:
+            dist.all_reduce(t)
+            dist.broadcast(t, src=0)
+        torch.testing.assert_close(t.cpu(), torch.arange(6.0).reshape(2, 3))
+    finally:
+        dist.destroy_process_group()
+    events = _named(prof.profiler.function_events, "neuron::collective")
+    assert len(events) == 2 and all([2, 3] in e.input_shapes for e in events)
+    assert [e.name for e in events] == ["neuron::collective"] * 2
+    # a group of one runs gloo on staged host copies: the staging's transfer sits beneath the collective
+    staged = [e for e in _named(prof.profiler.function_events, "neuron::device_to_host")
+              if e.cpu_parent is not None and _ancestors(e) & set(events)]
+    assert staged

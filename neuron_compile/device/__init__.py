@@ -41,6 +41,7 @@ def register() -> None:
 
     if _registered:  # the first `import torch` of the process ran our entry point, which registered
         return
+    from .. import profiling
     from . import _accelerate_hooks, _dtensor_rng_hooks, _index_less, _optim_hooks, _torch_hooks, distributed, module, optim, storage
 
     if torch._C._get_privateuse1_backend_name() not in ("privateuseone", _torch_hooks.NAME):
@@ -55,6 +56,7 @@ def register() -> None:
     _torch_hooks.print_through_cpu()
     _torch_hooks.make_storages_with(storage.new_storage, storage.clone_storage, storage.byteswap_storage)
     distributed.register()  # init_process_group("neuron"): names the backend, connects nothing
+    profiling.instrument_collectives(distributed.NeuronProcessGroup)  # neuron::collective profiler events
     _torch_hooks.route_default_compiler(_default_compiler)
     _torch_hooks.route_accelerator_to(module)
     _optim_hooks.multi_tensor_adam_through(optim.multi_tensor_adam)  # one executable a step
