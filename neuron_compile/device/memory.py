@@ -28,7 +28,6 @@ have host addresses, but a device's would not) and unique while recorded.
 from __future__ import annotations
 
 import collections
-import pickle
 import sys
 import time
 
@@ -175,6 +174,8 @@ def memory_snapshot(device=None) -> list:
 
 def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
     """Pickle ``_snapshot()`` to ``filename``, for ``torch.cuda._memory_viz`` and pytorch.org/memory_viz."""
+    import pickle
+
     with open(filename, "wb") as f:
         pickle.dump(_snapshot(), f)
 

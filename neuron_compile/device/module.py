@@ -12,9 +12,7 @@ import torch
 
 from . import indices as _indices
 from .indices import check_index, current_device, device_count  # noqa: F401 (torch.neuron's)
-from . import memory  # noqa: F401 (torch.neuron.memory: _record_memory_history, _snapshot, _dump_snapshot)
 from . import storage as _storage
-from .op_tracking import clear_op_tracking, get_executed_ops, get_fallback_ops  # noqa: F401 (torch_neuronx's names)
 
 
 def is_available() -> bool:
@@ -214,13 +212,46 @@ def reset_accumulated_memory_stats(device=None) -> None:
 
 def memory_summary(device=None, abbreviated: bool = False) -> str:
     """``torch.cuda.memory_summary``'s report for the device (``memory.memory_summary``)."""
+    from . import memory
+
     _index(device)
     return memory.memory_summary(device, abbreviated)
 
 
 def memory_snapshot(device=None) -> list:
     """``torch.cuda.memory_snapshot``: a segment per live buffer (``memory._snapshot``)."""
+    from . import memory
+
     return memory.memory_snapshot(device)
+
+
+def get_executed_ops() -> dict[str, int]:
+    """Every ATen op that reached the device, with its calls (``op_tracking``; torch_neuronx's name)."""
+    from .op_tracking import get_executed_ops
+
+    return get_executed_ops()
+
+
+def get_fallback_ops() -> dict[str, int]:
+    """The ops that ran on host copies of their neuron tensors, with their calls (``op_tracking``)."""
+    from .op_tracking import get_fallback_ops
+
+    return get_fallback_ops()
+
+
+def clear_op_tracking() -> None:
+    from .op_tracking import clear_op_tracking
+
+    clear_op_tracking()
+
+
+def __getattr__(name):
+    # ``torch.neuron.memory`` (_record_memory_history, _snapshot, _dump_snapshot): loaded when first asked for
+    if name == "memory":
+        from . import memory
+
+        return memory
+    raise AttributeError(f"module 'torch.neuron' has no attribute {name!r}")
 
 
 def mem_get_info(device=None) -> tuple[int, int]:
