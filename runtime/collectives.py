@@ -28,10 +28,10 @@ timeout. A peer that never joins, raises or dies makes the run raise
 ``CollectiveError`` naming the rank, the graph and its collectives, never hang;
 after that the client is broken and every later run says so at once. A dead
 peer is seen at once by a collective in flight (gloo's connection closes: the
-error comes within milliseconds); the process group's collectives that fail
-while waiting on their peers say so too (``peer_failed``). Either way this
-process then leaves at exit without the shutdown barrier, which would wait
-for the dead peer: its client is made with ``shutdown_on_destruction=False``
+error comes within milliseconds); the process group's collectives whose
+transport to a peer failed say so too (``peer_failed``: that leaves the
+client usable). Either way this process then leaves at exit without the
+shutdown barrier, which would wait for the dead peer: its client is made with ``shutdown_on_destruction=False``
 and ``shutdown`` skips the barrier, so the survivors exit with their error
 a moment after it is raised. A slow peer is no failure: the barrier at exit
 waits for every rank up to the group's timeout, and heartbeats come from
@@ -118,7 +118,8 @@ class DistributedTarget:
         from .xla_logs import quiet_runtime_logs
 
         self.rank, self.world, self.timeout_s = rank, world, timeout_s
-        self.broken: str | None = None
+        self.broken: str | None = None  # why later runs raise at once
+        self.peer_lost: str | None = None  # why the exit skips the shutdown barrier (and ``broken``)
         host = _store_host(store)
         seconds = max(1, int(timeout_s))
         self.heartbeat_s = heartbeat = max(1, min(seconds, _HEARTBEAT_S))
@@ -193,15 +194,15 @@ class DistributedTarget:
 
     def shutdown(self) -> None:
         """Leave the distributed runtime (at exit): the client's shutdown is a barrier of every rank, run
-        only while the world is whole. After a failure (``broken``) nothing is shut down: the barrier
-        would wait the group's timeout for a peer that is gone, and stopping rank 0's coordinator under
+        only while the world is whole. After a failure (``broken``, ``peer_lost``) nothing is shut down: the
+        barrier would wait the group's timeout for a peer that is gone, and stopping rank 0's coordinator under
         its own live client makes that client abort (SIGABRT, seconds later). So the coordinator is also
         kept from the interpreter's teardown, which would destroy it before the client (executables hold
         the client): the process is ending, and its threads end with it."""
         client, service = getattr(self, "client", None), getattr(self, "service", None)
-        if self.broken:
+        if self.broken or self.peer_lost:
             log.debug("rank %d leaves the distributed XLA client without its shutdown barrier: %s", self.rank,
-                      self.broken)
+                      self.broken or self.peer_lost)
             if service is not None:
                 ctypes.pythonapi.Py_IncRef(ctypes.py_object(service))  # never destroyed: see above
             return
@@ -261,11 +262,12 @@ _LOCK = threading.Lock()
 
 
 def peer_failed(reason: str) -> None:
-    """A collective of this process failed while waiting on its peers (torch.distributed's, outside any
-    executable): the world is no longer whole, so the exit skips the shutdown barrier (``shutdown``).
-    Nothing happens where no distributed client was made."""
-    if _TARGET is not None and not _TARGET.broken:
-        _TARGET.broken = reason
+    """A collective of this process lost a peer (torch.distributed's, outside any executable: its
+    connection closed, or it timed out): the world may no longer be whole, so the exit skips the shutdown
+    barrier (``shutdown``); executables still run (one whose peer is gone fails at once). Nothing happens
+    where no distributed client was made."""
+    if _TARGET is not None and not _TARGET.peer_lost:
+        _TARGET.peer_lost = reason
 
 
 def target(replicas: int) -> DistributedTarget:

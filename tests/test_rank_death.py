@@ -2,7 +2,9 @@
 
 Two ranks train with neuron tensors, under one torchrun or one torchrun per rank (as two machines run
 it), over the ``neuron`` process group or a ``gloo`` one (``init_process_group("gloo")`` serving neuron
-tensors): eager DDP, a compiled ``all_reduce`` on device tensors, or DTensor tensor parallel compiled.
+tensors): eager DDP, a compiled ``all_reduce`` on device tensors, or DTensor tensor parallel compiled
+(and gloo's DDP after a compiled collective made the distributed XLA client: the staged all-reduce's
+failure must end that client's wait at exit too).
 Rank 1 kills itself (SIGKILL) at the start of step 2; rank 0 must raise an error naming the collective
 and its rank, and its launcher must exit nonzero a few seconds later. Before the fix, rank 0 raised
 within 0.05 s and then waited at exit in the distributed XLA client's shutdown barrier for the dead
@@ -56,6 +58,10 @@ WORKER = textwrap.dedent('''
         model = MLP().to("neuron")
         if workload == "ddp":
             from torch.nn.parallel import DistributedDataParallel as DDP
+            return model, DDP(model)
+        if workload == "ddp_after_compiled":  # the distributed XLA client exists; DDP's all-reduces are gloo's
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            torch.compile(lambda x: (dist.all_reduce(x), x * 2)[1], backend="neuron")(torch.ones(4, device="neuron"))
             return model, DDP(model)
         if workload == "tp":
             from torch.distributed.device_mesh import init_device_mesh
@@ -151,6 +157,7 @@ def _launch(folder, backend: str, workload: str, mode: str, per_rank: bool, time
 
 
 DEATHS = [(backend, workload, True) for backend in ("neuron", "gloo") for workload in ("ddp", "compiled", "tp")]
+DEATHS += [("gloo", "ddp_after_compiled", True)]  # the staged all-reduce's failure ends the wait at exit
 DEATHS += [(backend, "ddp", False) for backend in ("neuron", "gloo")]
 
 

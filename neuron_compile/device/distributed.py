@@ -35,7 +35,10 @@ torch makes a backend that is a ``ProcessGroup`` the whole group, so the
 dropped).
 
 What gloo lacks, the group adds: ``ReduceOp.AVG`` (FSDP2's default for float32
-gradients) is a gloo SUM divided by the group size on the host; the
+gradients) is a gloo SUM divided by the group size on the host; ``PREMUL_SUM``
+(FSDP2's with a gradient divide factor) multiplies the input by its factor on
+the device, then SUMs; every reduction's op is checked against its dtypes
+first (``reduce_ops``: bitwise ops for integers, PREMUL_SUM for floats); the
 ``*_coalesced`` tensor variants are one gloo collective per pair. Failures
 never hang: gloo's collectives time out after the group's timeout
 (``init_process_group(timeout=...)``, or ``wait(timeout)``), and every error
@@ -43,7 +46,8 @@ is a ``RuntimeError`` naming the collective, the rank, the group size and the
 group. A collective that fails while waiting on its peers (a dead peer closes
 gloo's connections at once) tells ``runtime.collectives.peer_failed``, so the
 process exits without the distributed XLA client's shutdown barrier, which
-would wait the group's timeout for the dead.
+would wait the group's timeout for the dead. A C++ group's collectives on
+neuron tensors (``init_process_group("gloo")``) are ``staged_collectives``'.
 
 What DDP and FSDP2 ask of the device besides collectives: ``storage.resize_``
 (FSDP2 frees each unsharded parameter with ``resize_(0)``: here it drops the
@@ -65,8 +69,10 @@ import datetime
 
 import torch
 
-from . import _torch_hooks, xla_collectives
+from . import _torch_hooks, reduce_ops, xla_collectives
 from . import storage as _storage
+from .staged_collectives import is_neuron as _is_neuron
+from .staged_collectives import peer_failed, premul_sum_on_cpp_groups, staged_collective
 
 NAME = _torch_hooks.NAME
 
@@ -76,98 +82,20 @@ _c10d_library = None
 
 def register() -> None:
     """Name the ``neuron`` backend (cheap: dictionary entries in torch.distributed, nothing connects), and
-    let C++ groups (``init_process_group("gloo")``) serve neuron tensors through host copies."""
+    let C++ groups (``init_process_group("gloo")``) serve neuron tensors through host copies, PREMUL_SUM
+    included (``staged_collectives``)."""
     global _c10d_library
     if torch.distributed.is_available() and torch.distributed.is_gloo_available():
         _torch_hooks.register_process_group_backend(NAME, create, devices=[NAME, "cpu"])
         _c10d_library = _torch_hooks.collectives_on_device_through(staged_collective)
+        premul_sum_on_cpp_groups()
     _torch_hooks.resize_storage_through(_storage.resize_storage)  # one attribute: FSDP2 frees storages with it
-
-
-# --- a C++ group (gloo) on neuron tensors -------------------------------------------------------
-
-# the arguments each c10d op writes its results into (the rest it only reads)
-_WRITTEN = frozenset({"tensors", "output_tensors", "output_tensor", "outputs", "output_lists", "output"})
-_READ_ONLY_OPS = frozenset({"send"})
-
-
-def staged_collective(op, *args, **kwargs):
-    """A C++ group's collective (gloo's, ``init_process_group("gloo")``) on neuron tensors: the neuron
-    tensors' host copies go to the op's CPU kernel, which runs the group's CPU backend; once it finished
-    (waited here: gloo runs on its own threads) the results are written back into the neuron tensors.
-    Returns what the CPU kernel returns, with the neuron tensors in place of their host copies. A failure
-    names the collective, the rank and the group."""
-    from torch.utils._pytree import tree_map
-
-    name = op._schema.name.split("::")[-1]
-    schema_args = op._schema.arguments
-    pairs = []  # (neuron tensor, host copy, written)
-    by_id = {}
-
-    def stage(written):
-        def to_host(value):
-            if not _is_neuron(value):
-                return value
-            with torch.no_grad():
-                host = value.detach().cpu().contiguous()
-            pairs.append((value, host, written))
-            by_id[id(host)] = value
-            return host
-        return to_host
-
-    host_args = []
-    for position, value in enumerate(args):
-        argument = schema_args[position].name if position < len(schema_args) else ""
-        host_args.append(tree_map(stage(argument in _WRITTEN and name not in _READ_ONLY_OPS), value))
-    host_kwargs = {key: tree_map(stage(key in _WRITTEN and name not in _READ_ONLY_OPS), value)
-                   for key, value in kwargs.items()}
-    group = next((a for a in args if isinstance(a, torch.ScriptObject) and "ProcessGroup" in str(a._type())), None)
-    try:
-        result = _torch_hooks.redispatch_cpu(op, *host_args, **host_kwargs)
-    except Exception as error:  # noqa: BLE001 - any failure becomes the collective's error
-        raise _c10d_error(name, group, error) from error
-    try:
-        work = result[-1] if isinstance(result, tuple) else result
-        work.wait()
-    except Exception as error:  # noqa: BLE001 - failed waiting on the peers
-        error = _c10d_error(name, group, error)
-        _peer_failed(str(error))
-        raise error from error.__cause__
-    with torch.no_grad():
-        for tensor, host, written in pairs:
-            if written:
-                tensor.copy_(host)
-    return tree_map(lambda v: by_id.get(id(v), v) if isinstance(v, torch.Tensor) else v, result)
-
-
-def _c10d_error(collective: str, group, error: Exception) -> RuntimeError:
-    try:  # the op's group is a boxed ProcessGroup (a ScriptObject)
-        group = torch.distributed.ProcessGroup.unbox(group)
-        where = f"rank {group.rank()} (world size {group.size()}, group {group.group_name!r})"
-    except Exception:  # noqa: BLE001 - a group that cannot say: the rank in the default group
-        where = f"rank {torch.distributed.get_rank()}" if torch.distributed.is_initialized() else "this rank"
-    failure = RuntimeError(f"torch.distributed: {collective} on neuron tensors (staged through the group's CPU "
-                           f"backend) failed on {where}: {error}")
-    failure.__cause__ = error
-    return failure
-
-
-def _peer_failed(reason: str) -> None:
-    """A collective failed waiting on its peers: the process leaves without the distributed XLA client's
-    shutdown barrier (``runtime.collectives.peer_failed``)."""
-    from runtime import collectives
-
-    collectives.peer_failed(reason)
 
 
 def create(options, backend_options=None) -> "NeuronProcessGroup":
     """The backend's creator (torch's extended API): a group over ``options``' store, rank, size and timeout."""
     store, rank, size, timeout, name, ranks = _torch_hooks.backend_options(options)
     return NeuronProcessGroup(store, rank, size, timeout=timeout, group_name=name, global_ranks=ranks)
-
-
-def _is_neuron(tensor) -> bool:
-    return isinstance(tensor, torch.Tensor) and tensor.device.type == NAME
 
 
 class _Staging:
@@ -243,7 +171,7 @@ class NeuronWork(_torch_hooks.PythonWork):
             self._staging.finish()
         except Exception as error:  # noqa: BLE001 - any failure becomes the collective's error
             self._error = self._group._error(self._collective, error)
-            _peer_failed(str(self._error))
+            peer_failed(str(self._error))
             raise self._error from error
         self._done = True
         self._works = self._staging = None
@@ -415,6 +343,21 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
             raise self._error(f"{collective} (XLA, on the device's buffers)", error) from error
         return self._issued(NeuronWork(self, collective, [], _Staging(), result))
 
+    def _reduction(self, collective: str, opts, tensors, inputs, in_place: bool) -> tuple:
+        """``opts`` (a reduction's), its op checked against ``tensors``' dtypes (``reduce_ops.check``), and
+        ``inputs``: a PREMUL_SUM becomes a SUM of ``inputs`` multiplied by its factor (in place, or copies
+        where the collective only reads them). Returns (opts, inputs)."""
+        red_op = opts.reduceOp.op
+        try:
+            reduce_ops.check(red_op, tensors)
+        except TypeError as error:
+            raise self._error(collective, error) from error
+        if red_op != torch.distributed.ReduceOp.PREMUL_SUM:
+            return opts, inputs
+        factor = opts.reduceOp.factor
+        opts.reduceOp = torch.distributed.ReduceOp.SUM
+        return opts, [reduce_ops.premultiply(t, factor, in_place) for t in inputs]
+
     def _reduce_staging(self, opts) -> tuple:
         """A staging for a reduction; AVG (which gloo lacks) becomes SUM, divided by the size afterwards."""
         staging = _Staging()
@@ -426,7 +369,8 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
     # --- collectives -------------------------------------------------------------------------
 
     def allreduce(self, tensors, opts=None):
-        opts = opts or _torch_hooks.collective_options("Allreduce")
+        opts, tensors = self._reduction("allreduce", opts or _torch_hooks.collective_options("Allreduce"), tensors,
+                                        tensors, in_place=True)
         op = self._on_device(tensors, opts)
         if op is not None:  # XLA's own all_reduce on the tensors' buffers: no host copy
             return self._on_xla("allreduce", [("all_reduce", t, t) for t in tensors], op, tensors)
@@ -435,7 +379,9 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
                          tensors, staging)
 
     def allreduce_coalesced(self, tensors, opts=None):
-        opts = opts or _torch_hooks.collective_options("AllreduceCoalesced")
+        opts, tensors = self._reduction("allreduce_coalesced",
+                                        opts or _torch_hooks.collective_options("AllreduceCoalesced"), tensors,
+                                        tensors, in_place=True)
         op = self._on_device(tensors, opts)
         if op is not None:
             return self._on_xla("allreduce_coalesced", [("all_reduce", t, t) for t in tensors], op, tensors)
@@ -445,7 +391,8 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
                          tensors, staging)
 
     def reduce(self, tensors, opts=None):
-        opts = opts or _torch_hooks.collective_options("Reduce")
+        opts, tensors = self._reduction("reduce", opts or _torch_hooks.collective_options("Reduce"), tensors, tensors,
+                                        in_place=True)
         staging, opts = self._reduce_staging(opts)
         return self._run("reduce", lambda s: self._gloo.reduce([s.read_write(t) for t in tensors], opts),
                          tensors, staging)
@@ -504,6 +451,10 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
 
     def reduce_scatter(self, output_tensors, input_lists, opts=None):
         opts = opts or _torch_hooks.collective_options("ReduceScatter")
+        sizes = [len(ins) for ins in input_lists]
+        inputs = [t for ins in input_lists for t in ins]
+        opts, flat = self._reduction("reduce_scatter", opts, list(output_tensors) + inputs, inputs, in_place=False)
+        input_lists = [flat[sum(sizes[:i]):sum(sizes[:i + 1])] for i in range(len(sizes))]
         staging, opts = self._reduce_staging(opts)
 
         def launch(s):
@@ -514,6 +465,7 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
 
     def reduce_scatter_single(self, output, input, opts=None):
         opts = opts or _torch_hooks.collective_options("ReduceScatter")
+        opts, (input,) = self._reduction("reduce_scatter_tensor", opts, [output, input], [input], in_place=False)
         op = self._on_device([output, input], opts)
         if op is not None and input.numel() == output.numel() * self._size:
             return self._on_xla("reduce_scatter_tensor", [("reduce_scatter", input, output)], op, [output])
@@ -525,7 +477,9 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        opts = opts or _torch_hooks.collective_options("ReduceScatter")
+        opts, inputs = self._reduction("reduce_scatter_tensor_coalesced",
+                                       opts or _torch_hooks.collective_options("ReduceScatter"),
+                                       list(outputs) + list(inputs), list(inputs), in_place=False)
         op = self._on_device(list(outputs) + list(inputs), opts)
         if op is not None and all(i.numel() == o.numel() * self._size for o, i in zip(outputs, inputs)):
             return self._on_xla("reduce_scatter_tensor_coalesced",

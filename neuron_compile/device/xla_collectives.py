@@ -71,7 +71,10 @@ def run(calls: list, op: str | None, groups: list) -> None:
 
 
 def reduction(red_op) -> str | None:
-    """The lowering's name of a ``ReduceOp`` (its ``RedOpType``), or None where XLA has none here."""
+    """The lowering's name of a ``ReduceOp`` (its ``RedOpType``), or None where XLA has none here: BAND, BOR
+    and BXOR stage through gloo (XLA CPU's gloo collectives refuse an ``and`` reduction: "Unsupported
+    reduction computation"); PREMUL_SUM reaches XLA as the SUM of its multiplied input
+    (``distributed.NeuronProcessGroup._reduction``)."""
     if not _REDUCTIONS:
         ops = torch.distributed.ReduceOp
         _REDUCTIONS.update({ops.SUM: "sum", ops.AVG: "avg", ops.MAX: "max", ops.MIN: "min", ops.PRODUCT: "product"})
