@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -58,7 +59,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
-from .artifact import Artifact, ArtifactError, encode_artifact, read_artifact, read_manifest, write_atomic
+from .artifact import (Artifact, ArtifactError, encode_artifact, read_artifact, read_manifest, stablehlo_text,
+                       write_atomic)
 from .cache_key import CacheKey
 from .executor import XlaExecutable
 
@@ -610,6 +612,8 @@ class CompileCache:
         if reason is not None:
             self.disk.discard(digest, reason)
             return None
+        # its StableHLO, decoded only if asked for (a fused run of eager ops is built from its kernels' modules)
+        executable.source = functools.partial(stablehlo_text, Artifact(artifact.manifest, artifact.stablehlo))
         return Loaded(executable, artifact.manifest, digest, artifact.size, "disk")
 
     def _from_disk_or_compile(self, front: CacheKey, lower, check) -> CacheResult:

@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import jaxlib
 import torch
@@ -316,6 +316,15 @@ class XlaExecutable:
     _on_devices: dict | None = None  # device index -> the same executable loaded on that PJRT device
     _serialized: bytes | None = None  # what it was loaded from (an executable loaded from bytes does not
     # serialize again into bytes that load: "Function wrapped_iota not found")
+    # the StableHLO it was compiled from: the text, or a callable giving it (an artifact's portable bytecode,
+    # decoded on first use): what fused runs of eager ops (neuron_compile.device.fusion) are built from
+    source: object = field(default=None, repr=False)
+
+    def stablehlo(self) -> str | None:
+        """The StableHLO text this executable was compiled from, when it is known."""
+        if callable(self.source):
+            self.source = self.source()
+        return self.source
 
     def loaded_on(self, index: int):
         """The executable loaded on PJRT device ``index`` (neuron:``index``'s buffers): device 0's is
@@ -351,7 +360,7 @@ class XlaExecutable:
                     lambda: _client().compile_and_load(stablehlo_text, _device_list(), _compile_options()))
         except Exception as exc:  # jaxlib raises XlaRuntimeError
             raise XlaCompileError(str(exc)) from exc
-        return cls(loaded, time.perf_counter() - start, target=target)
+        return cls(loaded, time.perf_counter() - start, target=target, source=stablehlo_text)
 
     def serialize(self) -> bytes:
         if self.target is not None:

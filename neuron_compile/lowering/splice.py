@@ -174,16 +174,19 @@ def lower_spliced(gm: torch.fx.GraphModule, chosen: set[torch.fx.Node], lower_ml
 
 
 def _renamed(module, prefix: str) -> list:
-    """The module's functions as text, private, renamed ``prefix + name`` (calls follow)."""
+    """The module's functions as text, private, renamed ``prefix + name`` (calls and composites follow)."""
     from torch_mlir import ir
 
     with module.context:
         functions = [op for op in module.body.operations if op.operation.name == "func.func"]
         names = {op.attributes["sym_name"].value for op in functions}
 
-        def visit(op):
-            if op.name == "func.call" and op.attributes["callee"].value in names:
-                op.attributes["callee"] = ir.FlatSymbolRefAttr.get(prefix + op.attributes["callee"].value)
+        def visit(op):  # the references to one of the functions: a call's callee, a composite's decomposition
+            for name in ("callee", "decomposition"):
+                if name in op.attributes:
+                    value = op.attributes[name]
+                    if isinstance(value, ir.FlatSymbolRefAttr) and value.value in names:
+                        op.attributes[name] = ir.FlatSymbolRefAttr.get(prefix + value.value)
             return ir.WalkResult.ADVANCE
 
         module.operation.walk(visit)
