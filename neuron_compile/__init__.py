@@ -38,8 +38,8 @@ def __getattr__(name):
 
 
 def reset() -> None:
-    """Forget reports, zero the counters and empty the in-memory executable cache (not the disk), and
-    the device's sightings of growing lengths with their bucketed kernels."""
+    """Forget reports, zero the counters and empty the in-memory executable cache (not the disk), the
+    device's sightings of growing lengths with their bucketed kernels, and its fused runs of eager ops."""
     import sys
 
     from .compiler import MEMORY
@@ -49,6 +49,9 @@ def reset() -> None:
     lengths = sys.modules.get("neuron_compile.device.lengths")
     if lengths is not None:  # loaded with the device's first op, not before
         lengths.forget()
+    queue = sys.modules.get("neuron_compile.device.op_queue")
+    if queue is not None:  # the device's queue runs; its runs' sightings and fused executables go
+        queue.reset()
 
 
 def cache_stats(options=None) -> dict:

@@ -233,9 +233,11 @@ def _copy(op, dst, src, non_blocking=False):
         if dst.numel() == 0:
             return dst
         data, source = _storage.data_of(dst), _storage.data_of(src)
-        # buffers are immutable: a whole-storage copy of an equal tensor shares the buffer
-        buffer = _storage.own_buffer(src, source)
-        if buffer is not None and src.dtype == dst.dtype and src.shape == dst.shape and ops.whole(dst, data):
+        # buffers are immutable: a whole-storage copy of an equal tensor shares the buffer (a queued op's
+        # pending result too: both storages then hold it, op_queue)
+        buffer = source._buffer
+        if (_storage.is_whole_buffer(src, source, buffer) and src.dtype == dst.dtype and src.shape == dst.shape
+                and ops.whole(dst, data)):
             data.set(buffer)
             return dst
         return ops.dispatch(op, (dst, src), {})

@@ -15,8 +15,10 @@ from sys import getrefcount as _getrefcount
 
 import torch
 
+from . import op_queue as _op_queue
 from . import storage as _storage
-from .storage import Data, new_tensor, own_buffer
+from .op_queue import Pending as _Pending
+from .storage import Data, is_whole_buffer, new_tensor
 from .trace import RUNTIME, runtime_float
 
 # op_compiles: kernels built by tracing (their executables may still come from the artifact cache);
@@ -97,10 +99,10 @@ class Leaves:
                             self.two_dtypes = True
                         else:
                             self.retypes.append((data, value.dtype))
-                if own_buffer(value, data) is not None:
+                buffer = data._buffer  # a queued op's pending result too: its shape is known (op_queue)
+                if is_whole_buffer(value, data, buffer):
                     self.parts.append((value.dtype, value.shape, slot))
                 else:
-                    buffer = data.buffer
                     offset = value.storage_offset()
                     stride = value.stride()
                     if 1 in value.shape:  # a size-1 dim's stride addresses nothing (a view's may hold a length)
@@ -180,7 +182,7 @@ class OpKernel:
     """One op at one signature: which buffers feed the executable and what its results become."""
 
     __slots__ = ("executable", "inputs", "fresh", "written", "returns", "name", "_run", "_direct", "_count",
-                 "_scalars", "_donated")
+                 "_scalars", "_donated", "_queueable", "shapes")
 
     def __init__(self, executable, inputs, fresh, written, returns, name, donated=()):
         from ..compiler import FROM_XLA
@@ -204,34 +206,89 @@ class OpKernel:
         self._scalars = direct and any(entry[0] != "slot" for entry in inputs)  # any parameter but a buffer
         self._count = plan.num_xla_outputs
         self._donated = tuple(donated)  # slots whose buffers the executable takes (``ops.donated_storages``)
+        # the op may wait in the device's queue (``op_queue``): one executable on plain parameters, taking no
+        # buffer in place, on the local client; ``shapes`` (its results' shapes) is learned on its first run
+        self._queueable = direct and not self._donated and executable.xla.target is None
+        self.shapes = None
 
     def __call__(self, leaves: Leaves):
         datas = leaves.datas
         slots = self._direct
         index = leaves.index
+        if self.shapes is not None and not index and _op_queue.ENABLED and _op_queue.active():
+            with _op_queue.LOCK:
+                params = self._params(leaves, slots, True)
+                if params is not None:
+                    return self._finish(_op_queue.enqueue(self, params, self.shapes), leaves, None)
         if self._donated:
+            _op_queue.flush()  # a queued op may still read the buffer the executable takes
             for s in self._donated:  # a buffer the executable takes must be this storage's alone
                 if _getrefcount(datas[s].buffer) > 2 and datas[s].buffer is not None:
                     _unshare(datas[s], index or 0)
         if slots is not None:
-            try:
-                if self._scalars:  # a view's offset (~k), a float ((k, dtype)), a 0-d CPU tensor ((k,))
-                    offsets, floats, host, device = leaves.offsets, leaves.floats, leaves.host, index or 0
-                    params = [(datas[i].buffer if i >= 0 else _scalar_buffer(offsets[~i][2], torch.int64, device))
-                              if i.__class__ is int else _scalar_buffer(floats[i[0]], i[1], device) if len(i) == 2
-                              else _host_scalar_buffer(host[i[0]], device) for i in slots]
+            params = self._params(leaves, slots, False)
+            if params is not None:
+                try:
+                    run = self._run if not index else self.executable.xla.loaded_on(index).execute_sharded
+                    results = [r[0] for r in run(params).disassemble_prefix_into_single_device_arrays(self._count)]
+                except (AttributeError, TypeError, ValueError):  # a storage never written (buffer None)
+                    results = self._slow(leaves)
                 else:
-                    params = [datas[i].buffer for i in slots]
-                run = self._run if not index else self.executable.xla.loaded_on(index).execute_sharded
-                results = run(params).disassemble_prefix_into_single_device_arrays(self._count)
-            except (AttributeError, TypeError, ValueError):  # a storage never written (buffer None)
-                results = None
-            if results is not None:
-                results = [r[0] for r in results]
+                    if self._queueable and self.shapes is None:
+                        self.shapes = tuple(r.shape for r in results)
             else:
                 results = self._slow(leaves)
+                if self._queueable and self.shapes is None:  # every result is an XLA result, in order
+                    self.shapes = tuple(r.shape for r in results)
         else:
             results = self._slow(leaves)
+        return self._finish(results, leaves, index)
+
+    def _params(self, leaves: Leaves, slots: tuple, queued: bool) -> list | None:
+        """The executable's parameters (None where a storage holds nothing yet). ``queued``: a storage's
+        pending result is taken as it is (``op_queue``); otherwise reading it runs the queue."""
+        datas = leaves.datas
+        if queued:
+            buffers = []
+            for i in slots:
+                if i.__class__ is int and i >= 0:
+                    buffer = datas[i]._buffer
+                    if buffer is None:  # never written (torch.empty): unspecified contents, zeros (as _slow)
+                        data = datas[i]
+                        buffer = _storage.zeros_buffer(data.numel, data.dtype)
+                        data.set(buffer)
+                    elif buffer.__class__ is _Pending and buffer.value is not None:  # its run has run
+                        buffer = datas[i].buffer
+                    buffers.append(buffer)
+                else:
+                    buffers.append(None)
+            if not self._scalars:
+                return buffers
+        else:
+            buffers = [datas[i].buffer if i.__class__ is int and i >= 0 else None for i in slots]
+            if not self._scalars and any(b is None for b in buffers):
+                return None
+        if self._scalars:  # a view's offset (~k), a float ((k, dtype)), a 0-d CPU tensor ((k,))
+            offsets, floats, host, device = leaves.offsets, leaves.floats, leaves.host, leaves.index or 0
+            for position, i in enumerate(slots):
+                if i.__class__ is int:
+                    if i < 0:
+                        buffers[position] = _scalar_buffer(offsets[~i][2], torch.int64, device)
+                    elif buffers[position] is None:
+                        return None
+                elif len(i) == 2:
+                    buffers[position] = _scalar_buffer(floats[i[0]], i[1], device)
+                else:
+                    buffers[position] = _host_scalar_buffer(host[i[0]], device)
+        return buffers
+
+    def execute(self, params: list) -> list:
+        """Run the executable on device 0's ``params``; its results (the queue runs a queued op so)."""
+        return [r[0] for r in self._run(params).disassemble_prefix_into_single_device_arrays(self._count)]
+
+    def _finish(self, results: list, leaves: Leaves, index):
+        """The op's results into new tensors and written storages; the op's return value."""
+        datas = leaves.datas
         if not index:
             fresh = [new_tensor(shape, dtype, buffer, stride) for (shape, dtype, stride), buffer in zip(self.fresh, results)]
         else:

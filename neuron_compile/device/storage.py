@@ -39,6 +39,7 @@ import torch
 
 from .. import _profiler_hooks
 from . import _torch_hooks, indices
+from .op_queue import Pending as _Pending
 
 class _Counters:
     """Bytes of the live buffers and their peak; bytes allocated and freed since the last reset."""
@@ -54,15 +55,27 @@ _memory = _Counters()
 
 
 class Data:
-    """The contents of one neuron storage."""
+    """The contents of one neuron storage.
 
-    __slots__ = ("buffer", "dtype", "numel", "nbytes", "__weakref__")
+    ``_buffer`` is a PJRT buffer, None (nothing written yet), or an ``op_queue.Pending``: the result of an
+    op still in the device's queue. Reading ``buffer`` runs the queue first when the value is pending (a
+    host copy, a collective, anything outside the queue sees op-by-op's order); the queue itself reads
+    ``_buffer``."""
+
+    __slots__ = ("_buffer", "dtype", "numel", "nbytes", "__weakref__")
 
     def __init__(self, dtype: torch.dtype, numel: int, buffer=None):
         self.nbytes = 0
-        self.dtype, self.numel, self.buffer = dtype, numel, None
+        self.dtype, self.numel, self._buffer = dtype, numel, None
         if buffer is not None:
             self.set(buffer)
+
+    @property
+    def buffer(self):
+        buffer = self._buffer
+        if buffer.__class__ is _Pending:
+            buffer = self._buffer = buffer.result()
+        return buffer
 
     def set(self, buffer) -> None:
         # the counters are updated under the GIL, without a lock: this runs once per op result
@@ -75,7 +88,7 @@ class Data:
         memory.freed += self.nbytes
         if memory.live > memory.peak:
             memory.peak = memory.live
-        self.buffer, self.nbytes = buffer, nbytes
+        self._buffer, self.nbytes = buffer, nbytes
 
     def __del__(self, memory=_memory):
         # ``memory`` is bound here: at interpreter exit this module's globals may already be None; a Data
@@ -126,10 +139,14 @@ def own_buffer(tensor: torch.Tensor, data: Data):
     """The storage's buffer when ``tensor`` is exactly it (same dtype and shape, contiguous, offset 0):
     what an executable can take as is; None when the tensor must be read through a view."""
     buffer = data.buffer
-    if (buffer is not None and data.dtype is tensor.dtype and buffer.shape == tensor.shape
-            and not tensor.storage_offset() and tensor.is_contiguous()):
-        return buffer
-    return None
+    return buffer if is_whole_buffer(tensor, data, buffer) else None
+
+
+def is_whole_buffer(tensor: torch.Tensor, data: Data, buffer) -> bool:
+    """``tensor`` is exactly ``buffer`` (its storage's buffer, or a queued op's pending result: both have
+    a shape): same dtype and shape, contiguous, offset 0."""
+    return (buffer is not None and data.dtype is tensor.dtype and buffer.shape == tensor.shape
+            and not tensor.storage_offset() and tensor.is_contiguous())
 
 
 def contiguous_strides(shape) -> tuple:

@@ -1,0 +1,368 @@
+"""Adaptive eager execution: eager ops are queued in stream order, and runs of them that repeat are fused.
+
+TorchNeuron's "Adaptive Eager Execution", on our executor. An eager op whose
+kernel is an executable already built (``opkernel.OpKernel``) is not run when
+it is issued: its parameters (PJRT buffers, or ``Pending`` results of ops queued
+before it) go into one process-wide queue, and its results are ``Pending``
+values whose shapes are known. A neuron storage holding a ``Pending`` is a
+tensor like any other; the op returns at once.
+
+The queue runs (``flush``) when
+
+    a value is read   anything that reads a storage's ``buffer`` (``.cpu()``,
+                      ``.item()``, ``print``, an index check, a collective, an op
+                      that cannot be queued) runs the queue first
+                      (``storage.Data.buffer``): every reader sees op-by-op's
+                      values, in op-by-op's order
+    a buffer is taken an op that writes its input buffer in place (donation)
+    it is full        ``LIMIT`` ops, chosen by measurement (``benchmarks/bench_device.py``)
+    synchronize       ``torch.neuron.synchronize()``, ``torch.accelerator.synchronize()``
+
+A run's signature is its ops' kernels in order, how each parameter is wired
+(a buffer from outside the run, or result ``o`` of the run's op ``c``), and
+which results are still referenced when it runs (``getrefcount``: a result only
+the run itself reads never becomes a buffer once fused). A run is executed op by
+op until its signature has been seen ``REPEATS`` times (a training or sampling
+loop); then ``fusion.build`` joins its ops' StableHLO modules into one, compiled
+on a background thread (no call waits on it), and from the next occurrence on the
+run is one executable call. A run whose module fails to compile keeps running
+op by op, with one warning naming it.
+
+Op-by-op's numbers: a fused module is compiled with the kernels' results kept
+apart where XLA would otherwise contract across them (``fusion``); where it
+cannot be made bitwise the difference is listed in the README.
+``NEURON_COMPILE_EAGER_FUSION=0``, ``NEURON_LAUNCH_BLOCKING=1`` and
+``torch.use_deterministic_algorithms(True)`` run every op when issued, as before.
+
+An op that fails when its run executes raises at that synchronization, naming
+the op and the line of the user's code that issued it (recorded when queued).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+import threading
+import warnings
+from sys import getrefcount
+
+import torch
+
+log = logging.getLogger("neuron_compile")
+
+LIMIT = 96  # ops a run holds at most: past it the queue runs (see the module docstring)
+REPEATS = 2  # a run is fused from its REPEATS-th sighting on (built then, used from the next)
+_SIGNATURES = 4096  # run signatures remembered at most (sightings of runs that never repeat are forgotten)
+
+LOCK = threading.RLock()
+_RECORDS: list = []  # (kernel, params, pendings, issuer) in stream order
+_RUNS: dict = {}  # run signature -> sightings (int), _BUILDING, _FAILED or a fusion.FusedRun
+_BUILDING, _FAILED = "building", "failed"
+COUNTS = {"queued_ops": 0, "runs": 0, "fused_runs": 0, "fused_builds": 0, "fused_failures": 0,
+          "executables": 0}
+
+
+def _flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    return default if value is None else value.strip().lower() not in ("0", "false", "no", "off", "")
+
+
+ENABLED = _flag("NEURON_COMPILE_EAGER_FUSION", True) and not _flag("NEURON_LAUNCH_BLOCKING", False)
+
+
+def active() -> bool:
+    """Eager ops are queued now: fusion on, not launch-blocking, not deterministic mode."""
+    return ENABLED and not torch.are_deterministic_algorithms_enabled()
+
+
+def set_enabled(enabled: bool) -> None:
+    """Queue and fuse eager ops (True) or run each when issued (False); the queue runs first."""
+    global ENABLED
+    synchronize()
+    ENABLED = bool(enabled)
+
+
+class Pending:
+    """The result of a queued op: its shape now, its PJRT buffer once the queue has run."""
+
+    __slots__ = ("shape", "value")
+
+    def __init__(self, shape):
+        self.shape = shape
+        self.value = None
+
+    def result(self):
+        if self.value is None:
+            flush()
+        value = self.value
+        if value.__class__ is _Lost:
+            raise value.error()
+        return value
+
+
+class _Lost:
+    """Where a result should be but is not: its op failed, or (a bug of ours) a fused run dropped it."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str):
+        self.message = message
+
+    def error(self) -> RuntimeError:
+        return RuntimeError(self.message)
+
+
+def enqueue(kernel, params: list, shapes: tuple) -> tuple:
+    """Queue ``kernel`` on ``params`` (PJRT buffers or ``Pending`` results); its results, pending. The
+    caller holds ``LOCK`` until the results are in their storages (a run's liveness counts them there)."""
+    if len(_RECORDS) >= LIMIT:
+        _flush_locked()  # the run is full: the op starts the next one, on its operands' values
+        params = [p.result() if p.__class__ is Pending else p for p in params]
+    pendings = tuple([Pending(shape) for shape in shapes])
+    _RECORDS.append((kernel, params, pendings, _issuer()))
+    COUNTS["queued_ops"] += 1
+    return pendings
+
+
+def flush() -> None:
+    """Run every queued op (fused where its run has been built)."""
+    if _RECORDS:
+        with LOCK:
+            _flush_locked()
+
+
+synchronize = flush
+
+
+def pending() -> int:
+    """Ops queued and not yet run."""
+    return len(_RECORDS)
+
+
+def reset() -> None:
+    """Run the queue and forget every run signature (``neuron_compile.reset()``)."""
+    flush()
+    _RUNS.clear()
+
+
+# --- running a run ---------------------------------------------------------------------------
+
+def _flush_locked() -> None:
+    records = list(_RECORDS)
+    _RECORDS.clear()
+    if not records:
+        return
+    COUNTS["runs"] += 1
+    calls, externals, uses = _wiring(records)
+    live = _live(records, uses)  # here, not in _wiring: its loop variables hold results while it runs
+    key = (calls, live)
+    run = _RUNS.get(key)
+    if run is not None and run.__class__ is not int and run not in (_BUILDING, _FAILED):
+        try:
+            _run_fused(run, records, externals, live)
+            return
+        except Exception as exc:  # noqa: BLE001 - XLA refused it at run time: op by op from now on
+            _RUNS[key] = _FAILED
+            COUNTS["fused_failures"] += 1
+            _warn_failed([r[0] for r in records], [r[3] for r in records], exc)
+    _run_op_by_op(records)
+    if run is None or run.__class__ is int:
+        seen = (run or 0) + 1
+        if len(_RUNS) >= _SIGNATURES:
+            for k in [k for k, v in _RUNS.items() if v.__class__ is int]:
+                del _RUNS[k]
+        if seen >= REPEATS and len(records) > 1:
+            _RUNS[key] = _BUILDING
+            _build_later(key, records, live)
+        else:
+            _RUNS[key] = seen
+
+
+def _wiring(records: list) -> tuple:
+    """The run's calls (kernel, parameter references: a number among the outside parameters, or the
+    (call, output) of an earlier result), its parameters from outside the run, and how many times the run
+    reads each of its results."""
+    where: dict[int, tuple] = {}
+    uses: dict[tuple, int] = {}
+    externals: list = []
+    calls = []
+    for c, (kernel, params, pendings, _) in enumerate(records):
+        refs = []
+        for value in params:
+            if value.__class__ is Pending:
+                ref = where[id(value)]
+                uses[ref] = uses.get(ref, 0) + 1
+                refs.append(ref)
+            else:
+                refs.append(len(externals))
+                externals.append(value)
+        for o, result in enumerate(pendings):
+            where[id(result)] = (c, o)
+        calls.append((kernel, tuple(refs)))
+    return tuple(calls), externals, uses
+
+
+def _live(records: list, uses: dict) -> tuple:
+    """The results something outside the run still holds, each a (call, output) pair."""
+    live = []
+    for c in range(len(records)):
+        pendings = records[c][2]
+        for o in range(len(pendings)):
+            # the record's tuple, getrefcount's argument, and each parameter slot of the run reading it:
+            # anything more is a storage (or a caller) that still holds it. (No loop variable may hold the
+            # result here, nor enumerate, which keeps its last item.)
+            if getrefcount(pendings[o]) > 2 + uses.get((c, o), 0):
+                live.append((c, o))
+    return tuple(live)
+
+
+def _run_op_by_op(records: list) -> None:
+    for position, (kernel, params, pendings, issuer) in enumerate(records):
+        values = [p.value if p.__class__ is Pending else p for p in params]
+        try:
+            results = kernel.execute(values)
+        except Exception as exc:
+            _fail(records[position:], f"{kernel.name} (queued at {_describe(issuer)}) failed when the device's "
+                                      f"queue ran: {exc}")
+            raise RuntimeError(f"neuron: the queued op {kernel.name}, issued at {_describe(issuer)}, failed: "
+                               f"{exc}\n(NEURON_LAUNCH_BLOCKING=1 runs every op when issued, so the error is "
+                               "raised at the op itself)") from exc
+        for pending_result, value in zip(pendings, results):
+            pending_result.value = value
+    COUNTS["executables"] += len(records)
+
+
+def _run_fused(run, records: list, externals: list, live: tuple) -> None:
+    results = run.execute(externals)
+    COUNTS["fused_runs"] += 1
+    COUNTS["executables"] += 1
+    for (c, o), value in zip(live, results):
+        records[c][2][o].value = value
+    lost = None
+    for kernel, _, pendings, issuer in records:
+        for result in pendings:
+            if result.value is None:  # nothing outside the run held it when it ran: it never became a buffer
+                if lost is None:
+                    lost = _Lost(f"neuron_compile: a result of {kernel.name} (issued at {_describe(issuer)}) was "
+                                 "not kept by its fused run, but is read now. This is a bug of neuron_compile; "
+                                 "NEURON_COMPILE_EAGER_FUSION=0 avoids it.")
+                result.value = lost
+
+
+def _fail(records: list, message: str) -> None:
+    lost = _Lost(message)
+    for _, _, pendings, _ in records:
+        for result in pendings:
+            if result.value is None:
+                result.value = lost
+
+
+# --- building a fused run in the background ----------------------------------------------------
+
+_worker: threading.Thread | None = None
+_jobs: list = []
+_jobs_ready = threading.Condition(threading.Lock())
+_closing = False
+
+
+def _build_later(key, records: list, live: tuple) -> None:
+    """Build the run's fused executable on the background thread; the run stays op by op till then."""
+    global _worker
+    with _jobs_ready:
+        if _closing:
+            return
+        _jobs.append((key, live, [record[3] for record in records]))
+        _jobs_ready.notify()
+        if _worker is None or not _worker.is_alive():
+            _worker = threading.Thread(target=_work, name="neuron-fusion", daemon=True)
+            _worker.start()
+
+
+def _work() -> None:
+    from . import fusion
+
+    while True:
+        with _jobs_ready:
+            while not _jobs:
+                if _closing or not _jobs_ready.wait(timeout=60.0):
+                    return
+            key, live, issuers = _jobs.pop(0)
+        try:
+            run = fusion.build(key[0], live)
+        except Exception as exc:  # noqa: BLE001 - any failure: the run stays op by op, said once
+            _RUNS[key] = _FAILED
+            COUNTS["fused_failures"] += 1
+            _warn_failed([kernel for kernel, _ in key[0]], issuers, exc)
+            continue
+        COUNTS["fused_builds"] += 1
+        _RUNS[key] = run
+
+
+@atexit.register
+def _close() -> None:
+    """At exit: builds not started are dropped, the one under way is waited for (a thread killed inside
+    XLA's compiler aborts the process)."""
+    global _closing
+    with _jobs_ready:
+        _closing = True
+        _jobs.clear()
+        _jobs_ready.notify_all()
+    worker = _worker
+    if worker is not None and worker.is_alive():
+        worker.join()
+
+
+def wait_for_builds(timeout: float = 120.0) -> None:
+    """Wait until every fused run queued for building is built (tests and benchmarks: a steady state)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with _jobs_ready:
+            idle = not _jobs
+        if idle and not any(v == _BUILDING for v in list(_RUNS.values())):
+            return
+        time.sleep(0.01)
+    raise TimeoutError("fused runs still building")
+
+
+def _warn_failed(kernels: list, issuers: list, exc: Exception) -> None:
+    names = [kernel.name for kernel in kernels]
+    first = next((i for i in issuers if i is not None), None)
+    warnings.warn(f"neuron: a run of {len(names)} eager ops ({', '.join(names[:4])}{'...' if len(names) > 4 else ''}; "
+                  f"first issued at {_describe(first)}) could not be fused ({str(exc).splitlines()[0][:300]}); "
+                  "it runs op by op", stacklevel=2)
+
+
+# --- where an op was issued ------------------------------------------------------------------
+
+_OURS: dict = {}
+_OUR_PARTS = (os.sep + "torch" + os.sep, os.sep + "neuron_compile" + os.sep, "<frozen", os.sep + "jax" + os.sep)
+
+
+def _issuer():
+    """The innermost frame of the user's code issuing this op, as (code, line): kept cheap (a dict
+    lookup per frame), formatted only if the op fails."""
+    frame = sys._getframe(2)
+    ours = _OURS
+    while frame is not None:
+        code = frame.f_code
+        mine = ours.get(code)
+        if mine is None:
+            path = code.co_filename
+            mine = ours[code] = any(part in path for part in _OUR_PARTS)
+        if not mine:
+            return code, frame.f_lineno
+        frame = frame.f_back
+    return None
+
+
+def _describe(issuer) -> str:
+    if issuer is None:
+        return "<unknown>"
+    import linecache
+
+    code, line = issuer
+    return f"{code.co_filename}:{line} in {code.co_name}: {linecache.getline(code.co_filename, line).strip()}"
