@@ -23,6 +23,10 @@ state), ``reset()``, ``LoweringError``.
 
 from ._version import __version__  # cache_key puts it in every key
 
+# torch first: its import runs our device's entry point, which loads this package's profiling hooks; were
+# torch imported from inside report (through _profiler_hooks), that entry point would meet them half made
+import torch  # noqa: F401,E402
+
 from . import report as _report
 from .report import COUNTERS, CompileReport, compile_reports, format_table
 
