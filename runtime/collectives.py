@@ -75,8 +75,8 @@ def _torch_world():
 
     The one place that reads torch.distributed's private state: the default
     store (``_get_default_store``) and the timeout the default group was made
-    with (its CPU backend's ``options._timeout``; the backend-wide default
-    where that can't be read). tests/test_distributed_collectives.py checks
+    with (its CPU backend's ``options._timeout``, or a Python group's own
+    ``options._timeout``; the backend-wide default where neither can be read). tests/test_distributed_collectives.py checks
     they still exist.
     """
     import torch
@@ -87,10 +87,13 @@ def _torch_world():
     from torch.distributed import distributed_c10d as c10d
 
     store = c10d._get_default_store()
+    group = dist.group.WORLD
     try:
-        timeout = dist.group.WORLD._get_backend(torch.device("cpu")).options._timeout
+        timeout = group._get_backend(torch.device("cpu")).options._timeout
     except (AttributeError, RuntimeError):
-        timeout = c10d._get_default_timeout(dist.get_backend())
+        # a Python group (the device's ``neuron`` one) has no C++ backend: its own ``options``, where it has them
+        timeout = getattr(getattr(group, "options", None), "_timeout", None)
+        timeout = timeout or c10d._get_default_timeout(dist.get_backend())
     return store, dist.get_rank(), dist.get_world_size(), timeout.total_seconds()
 
 

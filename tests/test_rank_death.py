@@ -26,7 +26,7 @@ import time
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 WORKER = textwrap.dedent('''
     import datetime, json, os, signal, sys, time
@@ -161,6 +161,7 @@ DEATHS += [("gloo", "ddp_after_compiled", True)]  # the staged all-reduce's fail
 DEATHS += [(backend, "ddp", False) for backend in ("neuron", "gloo")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend,workload,per_rank", DEATHS,
                          ids=[f"{b}-{w}-{'torchrun_per_rank' if p else 'one_torchrun'}" for b, w, p in DEATHS])
 def test_a_dead_rank_ends_the_survivor_with_the_collectives_error(tmp_path, backend, workload, per_rank):
@@ -178,6 +179,7 @@ def test_a_dead_rank_ends_the_survivor_with_the_collectives_error(tmp_path, back
     assert ended - error["t"] < 30, (ended - error["t"], run["log"])  # seconds, not the group's 30 minutes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend,workload", [("neuron", "ddp"), ("gloo", "tp")])
 def test_a_late_rank_is_no_failure_and_changes_no_loss(tmp_path, backend, workload):
     """Eager DDP over the neuron group (its all-reduces XLA's collectives on the distributed client) and
@@ -188,3 +190,21 @@ def test_a_late_rank_is_no_failure_and_changes_no_loss(tmp_path, backend, worklo
     for rank in (0, 1):
         done = run["ranks"][rank]["done"]
         assert done["late"] == done["on_time"] and len(done["late"]) == 4, (rank, done)
+
+
+@pytest.mark.parametrize("backend", ["neuron", "gloo"])
+def test_the_distributed_xla_client_takes_the_groups_timeout(backend):
+    """Its collectives' wait, heartbeats and exit barrier follow ``init_process_group(timeout=...)`` with the
+    neuron group too (a Python group: no C++ backend to read the timeout from; it took torch's 30 minutes)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from runtime.collectives import _torch_world
+
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=7))
+    try:
+        assert _torch_world()[1:] == (0, 1, 7.0)
+    finally:
+        dist.destroy_process_group()

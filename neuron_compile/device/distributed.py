@@ -255,6 +255,11 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
     def getBackendName(self) -> str:
         return NAME
 
+    @property
+    def options(self):
+        """gloo's options, as a C++ backend's: ``_timeout`` is the group's (``runtime.collectives`` reads it)."""
+        return self._gloo.options
+
     def getRank(self) -> int:
         return self._rank
 
