@@ -35,7 +35,11 @@ client does the work.
 
 from __future__ import annotations
 
-from ._profiler_hooks import STATE, event
+# module references only: ``import neuron_compile`` before torch imports torch from ``_profiler_hooks``, whose
+# autoload registers the device, which imports this module while ``_profiler_hooks`` is still half made
+from torch.autograd import profiler as STATE  # STATE._is_profiler_enabled: the cheap check (_profiler_hooks)
+
+from . import _profiler_hooks
 
 _on_host_depth = 0  # host fallbacks under way on this process (a nested one shows in its parent's event)
 
@@ -44,7 +48,7 @@ def execute(kernel, op, args, kwargs, leaves):
     """Run an eager op's kernel (``ops.dispatch``'s last step) inside a ``neuron::execute`` event."""
     from .device.opkernel import OpKernel
 
-    with event("neuron::execute", leaves.tensors, {"op": str(op)}):
+    with _profiler_hooks.event("neuron::execute", leaves.tensors, {"op": str(op)}):
         return kernel(leaves) if kernel.__class__ is OpKernel else kernel(op, args, kwargs, leaves)
 
 
@@ -53,7 +57,7 @@ def host_fallback(run, op, args, kwargs):
     global _on_host_depth
     _on_host_depth += 1
     try:
-        with event("neuron::host_fallback", _tensors(args, kwargs), {"op": str(op)}):
+        with _profiler_hooks.event("neuron::host_fallback", _tensors(args, kwargs), {"op": str(op)}):
             return run(op, args, kwargs)
     finally:
         _on_host_depth -= 1
@@ -82,7 +86,7 @@ def _collective_event(method, path: str):
     def run(self, collective, *args, **kwargs):
         if not STATE._is_profiler_enabled:
             return method(self, collective, *args, **kwargs)
-        with event("neuron::collective", _tensors(args, {}), {"collective": collective, "path": path}):
+        with _profiler_hooks.event("neuron::collective", _tensors(args, {}), {"collective": collective, "path": path}):
             return method(self, collective, *args, **kwargs)
 
     run._neuron_profiled = True

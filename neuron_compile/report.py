@@ -18,8 +18,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from . import _profiler_hooks
-
 log = logging.getLogger("neuron_compile")
 
 COUNTERS: collections.Counter = collections.Counter()
@@ -48,6 +46,8 @@ class CompileReport:
 
     @contextlib.contextmanager
     def stage(self, name: str):
+        from . import _profiler_hooks  # here: importing it imports torch, and this module must not
+
         start = time.perf_counter()
         try:
             if _profiler_hooks.STATE._is_profiler_enabled:  # torch.profiler records: neuron::compile.<stage>

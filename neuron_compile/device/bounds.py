@@ -11,8 +11,8 @@ user's line.
 
 Which indices each op accepts is ``index_bounds.RULES`` (compiled graphs check
 with the same rules). The check reads the index tensor's values on the host
-before the op runs (our PJRT client executes synchronously, so this waits for
-nothing): the storage when it is small, else the view alone, cloned on the
+before the op runs (an index an op still queued computes is checked when the
+queue runs: ``check``): the storage when it is small, else the view alone, cloned on the
 device first (``ops.alone``: a batch of ids sliced from a resident corpus must
 not bring the corpus over). ``aminmax`` of the values decides; the error names the smallest
 value below the range, else the largest above it. ``COUNTS['index_checks']``
@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from .._profiler_hooks import STATE, event
+from .. import _profiler_hooks
+from . import op_queue as _queue
 from ..index_bounds import RULES, checked, enabled  # noqa: F401 - ops reads enabled and RULES here
 
 OPS = None  # ``ops`` (which imports this module) sets itself here: its alone, to_host and user_line
@@ -36,20 +37,35 @@ def _host_values(index: torch.Tensor, counts: dict) -> torch.Tensor:
     if index.device.type != "neuron":
         return index
     counts["index_checks"] += 1
-    if STATE._is_profiler_enabled:  # torch.profiler records: a neuron::index_check event
-        with event("neuron::index_check", (index,)):
+    if _profiler_hooks.STATE._is_profiler_enabled:  # torch.profiler records: a neuron::index_check event
+        with _profiler_hooks.event("neuron::index_check", (index,)):
             return OPS.to_host(OPS.alone(index), counter=None).detach()
     return OPS.to_host(OPS.alone(index), counter=None).detach()
 
 
 def check(op, args, kwargs, counts: dict) -> None:
-    """Raise CPU's error for ``op`` if an index it is given is out of range (``RULES[op]`` says which)."""
+    """Raise CPU's error for ``op`` if an index it is given is out of range (``RULES[op]`` says which).
+
+    An index tensor that an op still in the device's queue computes (``op_queue``: labels shifted on the
+    device, ids stacked from slices) is checked when the queue runs, not now: reading it here would cut
+    the run in two. The error is then raised at that synchronization, as CUDA's device-side asserts are,
+    naming the op and the line that issued it; the op itself has run (clamped or dropped, as XLA does),
+    but nothing was read from the device before the error."""
     for index, bound in RULES[op](args, kwargs):
         if not checked(index):
             continue
-        values = _host_values(index, counts)
-        if bound.exempt is not None:
-            values = torch.where(values == bound.exempt, bound.low, values)
-        value = bound.first_out(*(int(v) for v in torch.aminmax(values)))
-        if value is not None:
-            raise bound.error(value, op, f"on the neuron device, called at {OPS.user_line()}")
+        if index.device.type == "neuron" and _queue.computing(index):
+            index, issuer = index.detach(), _queue.issuer()
+            _queue.defer_check(lambda index=index, bound=bound, issuer=issuer: _check_values(
+                op, index, bound, counts, lambda: f"{_queue.describe(issuer)} (found when the device's queue ran)"))
+            continue
+        _check_values(op, index, bound, counts, OPS.user_line)
+
+
+def _check_values(op, index, bound, counts: dict, where) -> None:
+    values = _host_values(index, counts)
+    if bound.exempt is not None:
+        values = torch.where(values == bound.exempt, bound.low, values)
+    value = bound.first_out(*(int(v) for v in torch.aminmax(values)))
+    if value is not None:
+        raise bound.error(value, op, f"on the neuron device, called at {where()}")
