@@ -156,9 +156,9 @@ def _launch(folder, backend: str, workload: str, mode: str, per_rank: bool, time
             "log": (folder / "launcher0.log").read_text()[-4000:]}
 
 
-DEATHS = [(backend, workload, True) for backend in ("neuron", "gloo") for workload in ("ddp", "compiled", "tp")]
+DEATHS = [(backend, workload, per_rank) for per_rank in (True, False) for backend in ("neuron", "gloo")
+          for workload in ("ddp", "compiled", "tp")]
 DEATHS += [("gloo", "ddp_after_compiled", True)]  # the staged all-reduce's failure ends the wait at exit
-DEATHS += [(backend, "ddp", False) for backend in ("neuron", "gloo")]
 
 
 @pytest.mark.slow
