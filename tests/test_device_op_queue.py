@@ -261,3 +261,24 @@ def test_a_second_process_loads_fused_runs_and_compiles_nothing(tmp_path):
     assert cold["xla_compiles"] == 7 and cold["fused_runs"] >= 2  # six ops, one fused run
     assert warm["xla_compiles"] == 0 and warm["op_compiles"] == 0 and warm["fused_runs"] == cold["fused_runs"]
     assert warm["value"] == cold["value"]
+
+
+def test_an_index_the_queue_computes_is_checked_when_the_queue_runs():
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(10, 4)
+    ids = torch.tensor([[1, 2, 3]])
+    dev, dev_ids = torch.nn.Embedding(10, 4).to("neuron"), ids.to("neuron")
+    dev.weight.data = emb.weight.data.to("neuron")
+    with torch.no_grad():
+        dev(dev_ids + 1).sum().cpu()  # kernels built
+        before = op_queue.COUNTS["runs"]
+        ok = dev(dev_ids + 1).sum()
+        assert op_queue.pending() >= 3 and op_queue.COUNTS["runs"] == before, "the check did not cut the run"
+        torch.testing.assert_close(ok.cpu(), emb(ids + 1).sum())
+        bad = dev(dev_ids + 8).sum()  # 9, 10, 11: past the table
+        with pytest.raises(IndexError, match="out of range") as info:
+            bad.cpu()
+    message = str(info.value)
+    assert "aten.index_select" in message and "bad = dev(dev_ids + 8).sum()" in message, message  # embedding runs as it
+    with pytest.raises(IndexError, match="out of range"):
+        emb(ids + 8)

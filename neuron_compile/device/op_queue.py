@@ -50,6 +50,8 @@ from sys import getrefcount
 
 import torch
 
+from .. import _profiler_hooks as _hooks
+
 log = logging.getLogger("neuron_compile")
 
 LIMIT = 96  # ops a run holds at most: past it the queue runs (see the module docstring)
@@ -58,6 +60,7 @@ _SIGNATURES = 4096  # run signatures remembered at most (sightings of runs that 
 
 LOCK = threading.RLock()
 _RECORDS: list = []  # (kernel, params, pendings, issuer) in stream order
+_CHECKS: list = []  # checks to run after the queue's next run (defer_check)
 _RUNS: dict = {}  # run signature -> sightings (int), _BUILDING, _FAILED or a fusion.FusedRun
 _BUILDING, _FAILED = "building", "failed"
 COUNTS = {"queued_ops": 0, "runs": 0, "fused_runs": 0, "fused_builds": 0, "fused_failures": 0,
@@ -121,9 +124,20 @@ def enqueue(kernel, params: list, shapes: tuple) -> tuple:
         _flush_locked()  # the run is full: the op starts the next one, on its operands' values
         params = [p.result() if p.__class__ is Pending else p for p in params]
     pendings = tuple([Pending(shape) for shape in shapes])
-    _RECORDS.append((kernel, params, pendings, _issuer()))
+    _RECORDS.append((kernel, params, pendings, issuer()))
     COUNTS["queued_ops"] += 1
     return pendings
+
+
+def computing(tensor) -> bool:
+    """``tensor``'s storage holds the pending result of an op still queued."""
+    buffer = tensor.untyped_storage()._neuron._buffer
+    return buffer.__class__ is Pending and buffer.value is None
+
+
+def defer_check(check) -> None:
+    """Run ``check()`` right after the queue's next run (an index check on values the run computes)."""
+    _CHECKS.append(check)
 
 
 def flush() -> None:
@@ -155,6 +169,19 @@ def _flush_locked() -> None:
     if not records:
         return
     COUNTS["runs"] += 1
+    if _hooks.STATE._is_profiler_enabled:  # torch.profiler records: the run, fused or op by op, as one event
+        with _hooks.event("neuron::queue_run", (), {"ops": len(records)}):
+            _run_records(records)
+    else:
+        _run_records(records)
+    if _CHECKS:  # index bounds of ops whose index tensors the run computed (bounds.check)
+        checks = list(_CHECKS)
+        _CHECKS.clear()
+        for check in checks:
+            check()
+
+
+def _run_records(records: list) -> None:
     calls, externals, uses = _wiring(records)
     live = _live(records, uses)  # here, not in _wiring: its loop variables hold results while it runs
     key = (calls, live)
@@ -222,11 +249,15 @@ def _run_op_by_op(records: list) -> None:
     for position, (kernel, params, pendings, issuer) in enumerate(records):
         values = [p.value if p.__class__ is Pending else p for p in params]
         try:
-            results = kernel.execute(values)
+            if _hooks.STATE._is_profiler_enabled:
+                with _hooks.event("neuron::queued_op", (), {"op": kernel.name}):
+                    results = kernel.execute(values)
+            else:
+                results = kernel.execute(values)
         except Exception as exc:
-            _fail(records[position:], f"{kernel.name} (queued at {_describe(issuer)}) failed when the device's "
+            _fail(records[position:], f"{kernel.name} (queued at {describe(issuer)}) failed when the device's "
                                       f"queue ran: {exc}")
-            raise RuntimeError(f"neuron: the queued op {kernel.name}, issued at {_describe(issuer)}, failed: "
+            raise RuntimeError(f"neuron: the queued op {kernel.name}, issued at {describe(issuer)}, failed: "
                                f"{exc}\n(NEURON_LAUNCH_BLOCKING=1 runs every op when issued, so the error is "
                                "raised at the op itself)") from exc
         for pending_result, value in zip(pendings, results):
@@ -235,7 +266,11 @@ def _run_op_by_op(records: list) -> None:
 
 
 def _run_fused(run, records: list, externals: list, live: tuple) -> None:
-    results = run.execute(externals)
+    if _hooks.STATE._is_profiler_enabled:
+        with _hooks.event("neuron::fused_run", (), {"ops": run.ops, "results": run.count}):
+            results = run.execute(externals)
+    else:
+        results = run.execute(externals)
     COUNTS["fused_runs"] += 1
     COUNTS["executables"] += 1
     for (c, o), value in zip(live, results):
@@ -245,7 +280,7 @@ def _run_fused(run, records: list, externals: list, live: tuple) -> None:
         for result in pendings:
             if result.value is None:  # nothing outside the run held it when it ran: it never became a buffer
                 if lost is None:
-                    lost = _Lost(f"neuron_compile: a result of {kernel.name} (issued at {_describe(issuer)}) was "
+                    lost = _Lost(f"neuron_compile: a result of {kernel.name} (issued at {describe(issuer)}) was "
                                  "not kept by its fused run, but is read now. This is a bug of neuron_compile; "
                                  "NEURON_COMPILE_EAGER_FUSION=0 avoids it.")
                 result.value = lost
@@ -332,7 +367,7 @@ def _warn_failed(kernels: list, issuers: list, exc: Exception) -> None:
     names = [kernel.name for kernel in kernels]
     first = next((i for i in issuers if i is not None), None)
     warnings.warn(f"neuron: a run of {len(names)} eager ops ({', '.join(names[:4])}{'...' if len(names) > 4 else ''}; "
-                  f"first issued at {_describe(first)}) could not be fused ({str(exc).splitlines()[0][:300]}); "
+                  f"first issued at {describe(first)}) could not be fused ({str(exc).splitlines()[0][:300]}); "
                   "it runs op by op", stacklevel=2)
 
 
@@ -342,7 +377,7 @@ _OURS: dict = {}
 _OUR_PARTS = (os.sep + "torch" + os.sep, os.sep + "neuron_compile" + os.sep, "<frozen", os.sep + "jax" + os.sep)
 
 
-def _issuer():
+def issuer():
     """The innermost frame of the user's code issuing this op, as (code, line): kept cheap (a dict
     lookup per frame), formatted only if the op fails."""
     frame = sys._getframe(2)
@@ -359,7 +394,7 @@ def _issuer():
     return None
 
 
-def _describe(issuer) -> str:
+def describe(issuer) -> str:
     if issuer is None:
         return "<unknown>"
     import linecache
