@@ -20,7 +20,8 @@ import torch
 
 COLOURS = {"neuron::execute": "#2b7bba", "neuron::compile": "#d7301f", "neuron::host_to_device": "#1a9850",
            "neuron::device_to_host": "#66bd63", "neuron::index_check": "#fdae61", "neuron::host_fallback": "#984ea3",
-           "neuron::graph": "#7570b3", "neuron::collective": "#e7298a"}
+           "neuron::graph": "#7570b3", "neuron::collective": "#e7298a", "neuron::queue_run": "#08306b",
+           "neuron::fused_run": "#4eb3d3", "neuron::queued_op": "#9ecae1"}
 
 
 def _colour(name: str) -> str:
