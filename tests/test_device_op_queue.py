@@ -282,3 +282,36 @@ def test_an_index_the_queue_computes_is_checked_when_the_queue_runs():
     assert "aten.index_select" in message and "bad = dev(dev_ids + 8).sum()" in message, message  # embedding runs as it
     with pytest.raises(IndexError, match="out of range"):
         emb(ids + 8)
+
+
+def _lstm_steps(steps: int):
+    torch.manual_seed(0)
+    lstm, head = torch.nn.LSTM(16, 16, 2), torch.nn.Linear(16, 10)
+    model = torch.nn.ModuleList([lstm, head]).to("neuron")
+    x = torch.randn(8, 4, 16).to("neuron")
+    y = torch.randint(0, 10, (8 * 4,)).to("neuron")
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    losses = []
+    for _ in range(steps):
+        out, _ = lstm(x)
+        loss = torch.nn.functional.cross_entropy(head(out).view(-1, 10), y)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        op_queue.wait_for_builds()
+    return losses, [p.detach().cpu() for p in model.parameters()]
+
+
+@pytest.mark.slow
+def test_lstm_training_fused_keeps_op_by_ops_losses():
+    op_queue.set_enabled(False)
+    losses_off, params_off = _lstm_steps(5)
+    op_queue.set_enabled(True)
+    fused = op_queue.COUNTS["fused_runs"]
+    losses_on, params_on = _lstm_steps(5)
+    assert op_queue.COUNTS["fused_runs"] > fused
+    torch.testing.assert_close(losses_on, losses_off, rtol=2e-6, atol=0)
+    for a, b in zip(params_on, params_off):
+        torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-6)

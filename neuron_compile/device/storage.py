@@ -39,6 +39,7 @@ import torch
 
 from .. import _profiler_hooks
 from . import _torch_hooks, indices
+from . import op_queue as _op_queue
 from .op_queue import Pending as _Pending
 
 class _Counters:
@@ -320,6 +321,12 @@ def _host_to_buffer(tensor: torch.Tensor, index: int = 0):
 
 
 def buffer_to_host(buffer, dtype: torch.dtype) -> torch.Tensor:
+    """A CPU tensor with a copy of a PJRT buffer's contents. Like a device-to-host copy on CUDA it
+    synchronizes: every op queued before it runs first (``op_queue``), whether or not it computes this
+    buffer, so a loop's runs start again at the same op each step (a ``loss.item()`` whose value an
+    earlier run computed would otherwise leave the backward queued into the next step's run)."""
+    if _op_queue._RECORDS:
+        _op_queue.flush()
     if _profiler_hooks.STATE._is_profiler_enabled:  # a neuron::device_to_host event
         with _profiler_hooks.event("neuron::device_to_host", None, {"bytes": buffer.size * dtype.itemsize}):
             return _buffer_to_host(buffer, dtype)
@@ -327,7 +334,6 @@ def buffer_to_host(buffer, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _buffer_to_host(buffer, dtype: torch.dtype) -> torch.Tensor:
-    """A CPU tensor with a copy of a PJRT buffer's contents."""
     import numpy as np
 
     with _put_parts()[4](True):

@@ -1,0 +1,302 @@
+"""Adaptive eager execution (issue 53), side by side in one run: CPU eager, the ``neuron`` device op by op
+(``NEURON_COMPILE_EAGER_FUSION=0``), and the device with its queue and fused runs (the default).
+
+Workloads, each a training step as users write it, ending in a host read (``loss.item()``):
+
+    gpt2     bench_device's section-3 GPT-2 (2 layers, 128 wide, batch 2x64): forward, backward, AdamW
+    nanogpt  a nanoGPT-style char model (2 layers, 64 wide, block 32, batch 8) on batches sliced at
+             random offsets from a corpus resident on the device, AdamW
+    lstm     pytorch/examples word_language_model's loop (2-layer LSTM, 64 wide, bptt 20, batch 8):
+             detached hidden state, cross-entropy, clip_grad_norm_, the manual SGD update
+    lbfgs    an MLP fit with torch.optim.LBFGS (a closure, max_iter 20: some 700 small ops a step)
+
+Each neuron mode runs in a fresh process with an empty artifact cache: its first step is the cold
+start (compiles included; the fused mode must not make it worse, target <= 1.2x op by op), then
+``--warmup`` steps or more (where the fused mode sights its runs and builds them in the background,
+waited for, until a step starts no new build, at most 4 more), then ``--steps`` timed steps: the median step, executables run per step, ops compiled in the
+steady state (target 0) and peak device bytes. CPU eager runs in this process at one thread (on
+shared cores torch's default loses most of its time to descheduled threads). Ratios are to CPU eager;
+targets (issue 53): gpt2 <= 1.5x, nanogpt <= 2x, lstm <= 3x, lbfgs <= 3x; executables per GPT-2 step at
+least 5x fewer fused than op by op.
+
+    python benchmarks/bench_adaptive_eager.py [--quick] [--only gpt2,lstm]
+
+writes ``benchmarks/results/adaptive_eager.md`` (and ``.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+WORKLOADS = ("gpt2", "nanogpt", "lstm", "lbfgs")
+TARGETS = {"gpt2": 1.5, "nanogpt": 2.0, "lstm": 3.0, "lbfgs": 3.0}
+
+
+def _gpt2(device):
+    import bench_device
+
+    return bench_device.make_step(device)
+
+
+def _nanogpt(device):
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    vocab, width, heads, layers, block, batch = 65, 64, 4, 2, 32, 8
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+            self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+            self.fc, self.out = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+        def forward(self, x):
+            b, t, c = x.shape
+            q, k, v = self.qkv(self.ln1(x)).split(width, dim=2)
+            q, k, v = (z.view(b, t, heads, c // heads).transpose(1, 2) for z in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(y.transpose(1, 2).contiguous().view(b, t, c))
+            return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(vocab, width), nn.Embedding(block, width)
+            self.blocks = nn.ModuleList(Block() for _ in range(layers))
+            self.ln, self.head = nn.LayerNorm(width), nn.Linear(width, vocab, bias=False)
+
+        def forward(self, idx, targets):
+            pos = torch.arange(idx.shape[1], device=idx.device)
+            x = self.wte(idx) + self.wpe(pos)
+            for blk in self.blocks:
+                x = blk(x)
+            logits = self.head(self.ln(x))
+            return F.cross_entropy(logits.view(-1, vocab), targets.view(-1))
+
+    torch.manual_seed(0)
+    model = GPT().to(device)
+    corpus = torch.randint(0, vocab, (4096,)).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    offsets = torch.Generator().manual_seed(1)
+
+    def step():
+        ix = torch.randint(len(corpus) - block - 1, (batch,), generator=offsets).tolist()
+        x = torch.stack([corpus[i:i + block] for i in ix])
+        y = torch.stack([corpus[i + 1:i + 1 + block] for i in ix])
+        loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return step
+
+
+def _lstm(device):
+    import torch
+    import torch.nn.functional as F
+
+    vocab, width, layers, bptt, batch = 100, 64, 2, 20, 8
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = torch.nn.Embedding(vocab, width)
+            self.rnn = torch.nn.LSTM(width, width, layers)
+            self.decoder = torch.nn.Linear(width, vocab)
+
+        def forward(self, x, hidden):
+            out, hidden = self.rnn(self.encoder(x), hidden)
+            return self.decoder(out), hidden
+
+    torch.manual_seed(0)
+    model = Model().to(device)
+    data = torch.randint(0, vocab, (64 * bptt + 1, batch)).to(device)
+    state = {"i": 0, "hidden": (torch.zeros(layers, batch, width, device=device),) * 2}
+
+    def step():
+        i = state["i"] = (state["i"] + bptt) % (63 * bptt)
+        x, y = data[i:i + bptt], data[i + 1:i + 1 + bptt].reshape(-1)
+        hidden = tuple(h.detach() for h in state["hidden"])
+        model.zero_grad()
+        out, state["hidden"] = model(x, hidden)
+        loss = F.cross_entropy(out.view(-1, vocab), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+        for p in model.parameters():
+            p.data.add_(p.grad, alpha=-20)
+        return loss.item()
+
+    return step
+
+
+def _lbfgs(device):
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)).to(device)
+    x = torch.randn(64, 8).to(device)
+    y = (x[:, :1] * 2 - x[:, 1:2]).sin()
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=20)
+
+    def closure():
+        opt.zero_grad()
+        loss = (model(x) - y).pow(2).mean()
+        loss.backward()
+        return loss
+
+    def step():
+        return opt.step(closure).item()
+
+    return step
+
+
+MAKERS = {"gpt2": _gpt2, "nanogpt": _nanogpt, "lstm": _lstm, "lbfgs": _lbfgs}
+
+
+def run(workload: str, device: str, warmup: int, steps: int) -> dict:
+    """One workload on one device in this process: cold step, warm-up, timed steps, counters."""
+    import torch
+
+    torch.set_num_threads(1)
+    step = MAKERS[workload](device)
+    out = {"losses": []}
+    start = time.perf_counter()
+    out["losses"].append(step())
+    out["cold_s"] = time.perf_counter() - start
+    queue = ops = None
+    if device == "neuron":
+        from neuron_compile.device import op_queue as queue
+        from neuron_compile.device import ops
+    # warm-up: at least ``warmup`` steps, and on until a step starts no fused build (its runs are all
+    # known: the steady state), at most 4 more
+    for count in range(warmup + 4):
+        builds = queue.COUNTS["fused_builds"] + queue.COUNTS["fused_failures"] if queue is not None else 0
+        out["losses"].append(step())
+        if queue is not None:
+            queue.wait_for_builds(900)
+            if count + 1 >= warmup and queue.COUNTS["fused_builds"] + queue.COUNTS["fused_failures"] == builds:
+                break
+        elif count + 1 >= warmup:
+            break
+    out["warmup_steps"] = count + 1
+    if queue is not None:
+        torch.neuron.reset_peak_memory_stats()
+        before = (ops.COUNTS["op_compiles"], ops.COUNTS["op_cache_hits"], queue.COUNTS["executables"],
+                  queue.COUNTS["queued_ops"])
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        out["losses"].append(step())
+        times.append(time.perf_counter() - start)
+    out["median_s"] = statistics.median(times)
+    out["steps_s"] = times
+    if queue is not None:
+        compiles, hits, ran, queued = before
+        out["op_compiles_steady"] = ops.COUNTS["op_compiles"] - compiles
+        # executables a step: those the queue ran (a fused run is one), plus the ops run when issued (every
+        # kernel call that was not queued: all of them with fusion off)
+        not_queued = (ops.COUNTS["op_cache_hits"] - hits) - (queue.COUNTS["queued_ops"] - queued)
+        out["executables_per_step"] = (queue.COUNTS["executables"] - ran + not_queued) / steps
+        out["queue"] = dict(queue.COUNTS)
+        out["peak_bytes"] = torch.neuron.max_memory_allocated()
+    return out
+
+
+def _worker(args) -> int:
+    result = run(args.workload, args.device, args.warmup, args.steps)
+    Path(args.result).write_text(json.dumps(result))
+    return 0
+
+
+def _in_process(workload: str, fused: bool, warmup: int, steps: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="adaptive-eager-") as folder:
+        result = Path(folder) / "result.json"
+        env = dict(os.environ, NEURON_COMPILE_CACHE_DIR=str(Path(folder) / "cache"),
+                   NEURON_COMPILE_EAGER_FUSION="1" if fused else "0", OMP_NUM_THREADS="1")
+        done = subprocess.run([sys.executable, __file__, "--worker", "--workload", workload, "--device", "neuron",
+                               "--warmup", str(warmup), "--steps", str(steps), "--result", str(result)],
+                              env=env, capture_output=True, text=True, timeout=3000)
+        if done.returncode != 0:
+            return {"error": (done.stderr.strip().splitlines() or ["?"])[-1][:300]}
+        return json.loads(result.read_text())
+
+
+def _row(workload: str, cpu: dict, off: dict, on: dict) -> str:
+    def ms(cell):
+        return f"{cell['median_s'] * 1e3:.2f}" if "median_s" in cell else cell.get("error", "-")
+
+    def ratio(cell):
+        return f"{cell['median_s'] / cpu['median_s']:.2f}x" if "median_s" in cell and "median_s" in cpu else "-"
+
+    def count(cell, key, fmt="{:.0f}"):
+        return fmt.format(cell[key]) if key in cell else "-"
+
+    cold = (f"{on['cold_s'] / off['cold_s']:.2f}x" if "cold_s" in on and "cold_s" in off else "-")
+    fewer = (f"{off['executables_per_step'] / on['executables_per_step']:.1f}x"
+             if on.get("executables_per_step") and "executables_per_step" in off else "-")
+    target = TARGETS[workload]
+    verdict = "met" if "median_s" in on and on["median_s"] / cpu["median_s"] <= target else "missed"
+    return (f"| {workload} | {ms(cpu)} | {ms(off)} ({ratio(off)}) | {ms(on)} ({ratio(on)}) | {target}x: {verdict} | "
+            f"{count(off, 'executables_per_step')} / {count(on, 'executables_per_step')} ({fewer}) | "
+            f"{count(on, 'op_compiles_steady')} | {off.get('cold_s', 0):.1f} / {on.get('cold_s', 0):.1f} s ({cold}) | "
+            f"{count(off, 'peak_bytes', '{:,}')} / {count(on, 'peak_bytes', '{:,}')} |")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer steps (warm-up 3, timed 3)")
+    parser.add_argument("--only", default=",".join(WORKLOADS), help="comma-separated workloads")
+    parser.add_argument("--warmup", type=int, help="steps before the timed ones (default 4)")
+    parser.add_argument("--steps", type=int, help="timed steps (default 8)")
+    parser.add_argument("--out", default=str(HERE / "results" / "adaptive_eager"))
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--workload", help=argparse.SUPPRESS)
+    parser.add_argument("--device", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.warmup = args.warmup if args.warmup is not None else (3 if args.quick else 4)
+    args.steps = args.steps if args.steps is not None else (3 if args.quick else 8)
+    if args.worker:
+        return _worker(args)
+    import bench_device
+
+    line, info = bench_device._machine()
+    rows, raw = [], {"machine": info}
+    for workload in [w for w in args.only.split(",") if w]:
+        cpu = run(workload, "cpu", args.warmup, args.steps)
+        off = _in_process(workload, False, args.warmup, args.steps)
+        on = _in_process(workload, True, args.warmup, args.steps)
+        raw[workload] = {"cpu": cpu, "op_by_op": off, "fused": on}
+        rows.append(_row(workload, cpu, off, on))
+        print(rows[-1], flush=True)
+    text = "\n".join([
+        "# Adaptive eager execution: CPU eager, neuron op by op, neuron fused", "", line, "",
+        f"`python benchmarks/bench_adaptive_eager.py{' --quick' if args.quick else ''}`: warm-up {args.warmup}, "
+        f"timed {args.steps} steps, median; one torch thread. Executables per step: XLA executables the queue ran "
+        "plus ops run when issued (the optimizer's donated step...). Cold: the first step of a new process on an "
+        "empty cache.", "",
+        "| workload | CPU eager ms | op by op ms (x CPU) | fused ms (x CPU) | target | executables/step op by op / "
+        "fused | compiles, steady | cold first step op by op / fused | peak device bytes op by op / fused |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |", *rows, ""])
+    Path(args.out + ".md").write_text(text)
+    Path(args.out + ".json").write_text(json.dumps(raw, indent=1, default=str))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
