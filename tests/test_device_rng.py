@@ -191,6 +191,8 @@ def test_get_and_set_rng_state_round_trip_restores_the_dtensor_stream(mesh):
     with torch.random.fork_rng(device_type="neuron"):  # what checkpointing and DTensor's tracker use
         inside = d.normal_().full_tensor().cpu()
     assert_close(d.normal_().full_tensor().cpu(), inside, rtol=0, atol=0)
+    torch.neuron.manual_seed(SEED)  # the device's own seeding reproduces the DTensor stream too
+    assert_close(d.normal_().full_tensor().cpu(), first, rtol=0, atol=0)
 
 
 def test_plain_and_dtensor_draws_leave_each_others_stream_alone(mesh):
