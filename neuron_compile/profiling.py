@@ -44,12 +44,11 @@ from . import _profiler_hooks
 _on_host_depth = 0  # host fallbacks under way on this process (a nested one shows in its parent's event)
 
 
-def execute(kernel, op, args, kwargs, leaves):
-    """Run an eager op's kernel (``ops.dispatch``'s last step) inside a ``neuron::execute`` event."""
-    from .device.opkernel import OpKernel
-
+def execute(run, op, leaves):
+    """``run()`` (``ops.dispatch``'s last step: an eager op's kernel on its leaves) inside a ``neuron::execute``
+    event. (The device passes the call in: this module sits above the device and imports none of it.)"""
     with _profiler_hooks.event("neuron::execute", leaves.tensors, {"op": str(op)}):
-        return kernel(leaves) if kernel.__class__ is OpKernel else kernel(op, args, kwargs, leaves)
+        return run()
 
 
 def host_fallback(run, op, args, kwargs):

@@ -18,6 +18,7 @@ import collections
 
 EXECUTED: collections.defaultdict = collections.defaultdict(int)  # id(OpOverload) -> calls that reached the device
 ON_HOST: collections.Counter = collections.Counter()  # OpOverload -> calls run on host copies
+KERNELS: dict = {}  # kernels.KERNELS, set there (every op that reached the device is a key): names EXECUTED's ids
 
 
 def on_host(op) -> None:
@@ -35,8 +36,6 @@ def _named(counter: collections.Counter) -> dict[str, int]:
 def get_executed_ops() -> dict[str, int]:
     """Every ATen op (``aten.add.Tensor``) that reached the neuron device since the last clear, with its call
     count, most called first: the ops it ran itself and those it ran on host copies."""
-    from .kernels import KERNELS
-
     ops = {id(op): op for op in KERNELS}
     return _named(collections.Counter({ops.get(key, key): count for key, count in EXECUTED.items() if count}))
 

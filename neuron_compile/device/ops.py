@@ -86,7 +86,7 @@ def dispatch(op, args, kwargs):
     if kernel is not None:
         COUNTS["op_cache_hits"] += 1
         if _profiling.STATE._is_profiler_enabled:  # torch.profiler records: a neuron::execute event
-            return _profiling.execute(kernel, op, args, kwargs, leaves)
+            return _profiling.execute(lambda: _run(kernel, op, args, kwargs, leaves), op, leaves)
         return kernel(leaves) if kernel.__class__ is OpKernel else kernel(op, args, kwargs, leaves)
     if op in _HOST_OPS:
         return run_on_host(op, args, kwargs)
@@ -100,7 +100,11 @@ def dispatch(op, args, kwargs):
                 return run_on_host(op, args, kwargs)
             _KERNELS[key] = kernel
     if _profiling.STATE._is_profiler_enabled:
-        return _profiling.execute(kernel, op, args, kwargs, leaves)
+        return _profiling.execute(lambda: _run(kernel, op, args, kwargs, leaves), op, leaves)
+    return kernel(leaves) if kernel.__class__ is OpKernel else kernel(op, args, kwargs, leaves)
+
+
+def _run(kernel, op, args, kwargs, leaves):
     return kernel(leaves) if kernel.__class__ is OpKernel else kernel(op, args, kwargs, leaves)
 
 
