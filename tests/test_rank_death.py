@@ -168,15 +168,20 @@ def test_a_dead_rank_ends_the_survivor_with_the_collectives_error(tmp_path, back
     run = _launch(tmp_path, backend, workload, "die", per_rank)
     died, error = run["ranks"][1].get("dying"), run["ranks"][0].get("error")
     assert died, f"rank 1 never reached its death:\n{run['log']}"
-    assert error, f"rank 0 raised nothing:\n{run['log']}"
-    assert "rank 0" in error["error"], error  # the rank...
-    assert any(name in error["error"] for name in ("allreduce", "all_reduce")), error  # ...and the collective
+    if per_rank or error:
+        assert error, f"rank 0 raised nothing:\n{run['log']}"
+        assert "rank 0" in error["error"], error  # the rank...
+        assert any(name in error["error"] for name in ("allreduce", "all_reduce")), error  # ...and the collective
+    else:  # one torchrun: its agent may end the survivor (SIGTERM) before the survivor's collective fails
+        assert "ChildFailedError" in run["log"], run["log"]
     assert 0 in run["ended"], f"rank 0's launcher still running 120 s on (the bug: never):\n{run['log']}"
     ended, code = run["ended"][0]
-    print(f"{backend} {workload} {'per rank' if per_rank else 'one torchrun'}: error {error['t'] - died['t']:.2f} s "
-          f"after the death, launcher exit {ended - died['t']:.2f} s after, code {code}")
+    since = error["t"] if error else died["t"]
+    how = f"error {since - died['t']:.2f} s after the death" if error else "ended by torchrun"
+    print(f"{backend} {workload} {'per rank' if per_rank else 'one torchrun'}: {how}, "
+          f"launcher exit {ended - died['t']:.2f} s after, code {code}")
     assert code != 0
-    assert ended - error["t"] < 30, (ended - error["t"], run["log"])  # seconds, not the group's 30 minutes
+    assert ended - since < 30, (ended - since, run["log"])  # seconds, not the group's 30 minutes
 
 
 @pytest.mark.slow
