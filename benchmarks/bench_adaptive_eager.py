@@ -167,11 +167,16 @@ def _lbfgs(device):
 MAKERS = {"gpt2": _gpt2, "nanogpt": _nanogpt, "lstm": _lstm, "lbfgs": _lbfgs}
 
 
-def run(workload: str, device: str, warmup: int, steps: int) -> dict:
-    """One workload on one device in this process: cold step, warm-up, timed steps, counters."""
+def run(workload: str, device: str, warmup: int, steps: int, limit: int | None = None) -> dict:
+    """One workload on one device in this process: cold step, warm-up, timed steps, counters. ``limit``:
+    the queue's run bound (``op_queue.LIMIT``) for this process."""
     import torch
 
     torch.set_num_threads(1)
+    if limit:
+        from neuron_compile.device import op_queue
+
+        op_queue.LIMIT = limit
     step = MAKERS[workload](device)
     out = {"losses": []}
     start = time.perf_counter()
@@ -217,18 +222,19 @@ def run(workload: str, device: str, warmup: int, steps: int) -> dict:
 
 
 def _worker(args) -> int:
-    result = run(args.workload, args.device, args.warmup, args.steps)
+    result = run(args.workload, args.device, args.warmup, args.steps, args.limit)
     Path(args.result).write_text(json.dumps(result))
     return 0
 
 
-def _in_process(workload: str, fused: bool, warmup: int, steps: int) -> dict:
+def _in_process(workload: str, fused: bool, warmup: int, steps: int, limit: int | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="adaptive-eager-") as folder:
         result = Path(folder) / "result.json"
         env = dict(os.environ, NEURON_COMPILE_CACHE_DIR=str(Path(folder) / "cache"),
                    NEURON_COMPILE_EAGER_FUSION="1" if fused else "0", OMP_NUM_THREADS="1")
         done = subprocess.run([sys.executable, __file__, "--worker", "--workload", workload, "--device", "neuron",
-                               "--warmup", str(warmup), "--steps", str(steps), "--result", str(result)],
+                               "--warmup", str(warmup), "--steps", str(steps), "--result", str(result),
+                               *(["--limit", str(limit)] if limit else [])],
                               env=env, capture_output=True, text=True, timeout=3000)
         if done.returncode != 0:
             return {"error": (done.stderr.strip().splitlines() or ["?"])[-1][:300]}
@@ -262,6 +268,9 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default=",".join(WORKLOADS), help="comma-separated workloads")
     parser.add_argument("--warmup", type=int, help="steps before the timed ones (default 4)")
     parser.add_argument("--steps", type=int, help="timed steps (default 8)")
+    parser.add_argument("--limits", default="", help="also run the GPT-2 step fused at these run bounds "
+                        "(op_queue.LIMIT), e.g. 32,64,192: how LIMIT was chosen")
+    parser.add_argument("--limit", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(HERE / "results" / "adaptive_eager"))
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--workload", help=argparse.SUPPRESS)
@@ -283,6 +292,17 @@ def main(argv=None) -> int:
         raw[workload] = {"cpu": cpu, "op_by_op": off, "fused": on}
         rows.append(_row(workload, cpu, off, on))
         print(rows[-1], flush=True)
+    sweep = []
+    for limit in [int(n) for n in args.limits.split(",") if n]:
+        cell = _in_process("gpt2", True, args.warmup, args.steps, limit)
+        raw.setdefault("limits", {})[limit] = cell
+        sweep.append(f"| {limit} | " + (f"{cell['median_s'] * 1e3:.2f} | {cell['executables_per_step']:.0f} | "
+                                        f"{cell['peak_bytes']:,} |" if "median_s" in cell else f"{cell.get('error')} | | |"))
+        print(sweep[-1], flush=True)
+    if sweep:
+        sweep = ["", "The GPT-2 step fused at other run bounds (`op_queue.LIMIT`; the default is "
+                 "96), the same run:", "", "| LIMIT | fused ms | executables/step | peak device bytes |",
+                 "| --- | --- | --- | --- |", *sweep]
     text = "\n".join([
         "# Adaptive eager execution: CPU eager, neuron op by op, neuron fused", "", line, "",
         f"`python benchmarks/bench_adaptive_eager.py{' --quick' if args.quick else ''}`: warm-up {args.warmup}, "
@@ -291,7 +311,7 @@ def main(argv=None) -> int:
         "empty cache.", "",
         "| workload | CPU eager ms | op by op ms (x CPU) | fused ms (x CPU) | target | executables/step op by op / "
         "fused | compiles, steady | cold first step op by op / fused | peak device bytes op by op / fused |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |", *rows, ""])
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |", *rows, *sweep, ""])
     Path(args.out + ".md").write_text(text)
     Path(args.out + ".json").write_text(json.dumps(raw, indent=1, default=str))
     print(text)

@@ -100,8 +100,10 @@ class Pending:
         if self.value is None:
             flush()
         value = self.value
-        if value.__class__ is _Lost:
-            raise value.error()
+        if value is None or value.__class__ is _Lost:  # None: never queued, or its run never ran (a bug of ours)
+            raise (value or _Lost("neuron_compile: a queued op's result was read before its run ran, and the queue "
+                                  "holds no op computing it. This is a bug of neuron_compile; "
+                                  "NEURON_COMPILE_EAGER_FUSION=0 avoids it.")).error()
         return value
 
 
@@ -182,6 +184,9 @@ def _flush_locked() -> None:
 
 
 def _run_records(records: list) -> None:
+    if len(records) == 1:  # nothing to join (a sync right after one op): no signature to take
+        _run_op_by_op(records)
+        return
     calls, externals, uses = _wiring(records)
     live = _live(records, uses)  # here, not in _wiring: its loop variables hold results while it runs
     key = (calls, live)
