@@ -45,10 +45,10 @@ module imports (before the trainers import it by name): in a multi-process run o
 
 from __future__ import annotations
 
-import importlib.abc
 import importlib.util
 import os
-import sys
+
+from .post_import import patch_on_import
 
 TARGET = "accelerate.utils.imports"
 FUNCTION = "is_neuron_available"
@@ -138,31 +138,6 @@ def patch_trl(utils) -> None:
 _PATCHES = {TARGET: patch, TRANSFORMERS_TARGET: patch_transformers, TRL_TARGET: patch_trl}
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    """Patches ``accelerate.utils.imports``, ``transformers.utils.import_utils`` and ``trl.trainer.utils``
-    right after each runs (a post-import hook)."""
-
-    def find_spec(self, name, path, target=None):
-        fix = _PATCHES.get(name)
-        if fix is None:
-            return None
-        for finder in sys.meta_path:
-            if finder is self:
-                continue
-            spec = finder.find_spec(name, path, target) if hasattr(finder, "find_spec") else None
-            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                loader = spec.loader
-                execute = loader.exec_module
-
-                def exec_module(module, execute=execute, fix=fix):
-                    execute(module)
-                    fix(module)
-
-                loader.exec_module = exec_module
-                return spec
-        return None
-
-
 _installed = False
 
 
@@ -171,8 +146,4 @@ def install() -> None:
     if _installed:
         return
     _installed = True
-    for name, fix in _PATCHES.items():
-        if name in sys.modules:
-            fix(sys.modules[name])
-    if any(name not in sys.modules for name in _PATCHES):
-        sys.meta_path.insert(0, _Finder())
+    patch_on_import(_PATCHES)

@@ -22,8 +22,8 @@ fails there, by name.
 from __future__ import annotations
 
 import contextlib
-import importlib.abc
-import sys
+
+from .post_import import patch_on_import
 
 TARGET = "torch.distributed.tensor._random"
 DEVICE = "neuron"
@@ -98,28 +98,6 @@ def shard_positions(spec, shape):
     return positions
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    """Patches ``torch.distributed.tensor._random`` right after it runs (a post-import hook)."""
-
-    def find_spec(self, name, path, target=None):
-        if name != TARGET:
-            return None
-        for finder in sys.meta_path:
-            if finder is self:
-                continue
-            spec = finder.find_spec(name, path, target) if hasattr(finder, "find_spec") else None
-            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                execute = spec.loader.exec_module
-
-                def exec_module(module, execute=execute):
-                    execute(module)
-                    patch(module)
-
-                spec.loader.exec_module = exec_module
-                return spec
-        return None
-
-
 _installed = False
 
 
@@ -128,7 +106,4 @@ def install() -> None:
     if _installed:
         return
     _installed = True
-    if TARGET in sys.modules:
-        patch(sys.modules[TARGET])
-    else:
-        sys.meta_path.insert(0, _Finder())
+    patch_on_import({TARGET: patch})
