@@ -382,10 +382,22 @@ _OURS: dict = {}
 _OUR_PARTS = (os.sep + "torch" + os.sep, os.sep + "neuron_compile" + os.sep, "<frozen", os.sep + "jax" + os.sep)
 
 
+_ENTRY = 6  # frames from here to the device's dispatcher fallback on an op's usual way in (see issuer)
+
+
 def issuer():
     """The innermost frame of the user's code issuing this op, as (code, line): kept cheap (a dict
-    lookup per frame), formatted only if the op fails."""
-    frame = sys._getframe(2)
+    lookup per frame), formatted only if the op fails. An op queued on its usual way in (the dispatcher's
+    fallback, kernels.handle, ops.dispatch, OpKernel, enqueue) skips those frames unread: a third of the
+    walk's cost a warm op paid (measured 3.4 us of 18 for a 16-float add)."""
+    try:
+        frame = sys._getframe(_ENTRY)
+    except ValueError:
+        frame = None
+    if frame is None or frame.f_code is not (_FALLBACK or _fallback_code()):
+        frame = sys._getframe(2)
+    else:
+        frame = frame.f_back
     ours = _OURS
     while frame is not None:
         code = frame.f_code
@@ -397,6 +409,17 @@ def issuer():
             return code, frame.f_lineno
         frame = frame.f_back
     return None
+
+
+_FALLBACK = None  # the code of the device's dispatcher fallback (``device._fallback``), looked up once
+
+
+def _fallback_code():
+    global _FALLBACK
+    from . import _fallback
+
+    _FALLBACK = _fallback.__code__
+    return _FALLBACK
 
 
 def describe(issuer) -> str:
