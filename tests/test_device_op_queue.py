@@ -317,3 +317,24 @@ def test_lstm_training_fused_keeps_op_by_ops_losses():
     torch.testing.assert_close(losses_on, losses_off, rtol=2e-6, atol=0)
     for a, b in zip(params_on, params_off):
         torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-6)
+
+
+FUSION_OPS = ["add", "mul", "softmax", "nn.functional.layer_norm", "tanh", "exp", "sum", "mean", "matmul",
+              "nn.functional.gelu", "index_select", "cumsum", "nn.functional.cross_entropy"]
+
+
+def test_opinfo_samples_fused_in_a_run_keep_op_by_ops_results():
+    """benchmarks/opinfo_fusion.py on a fixed subset: each op's first float32 sample between a producer and
+    consumers XLA can fuse with it, fused against op by op (bitwise, or within op by op's own distance to
+    CPU), and the run did fuse."""
+    pytest.importorskip("expecttest", reason="PyTorch's OpInfo database imports expecttest (test extra)")
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "opinfo_fusion.py"
+    spec = importlib.util.spec_from_file_location("opinfo_fusion", path)
+    harness = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(harness)
+    results = harness.sweep(FUSION_OPS)
+    assert {n: r for n, r in results.items() if r["status"] not in ("bitwise", "close")} == {}
+    assert sum(r["status"] == "bitwise" for r in results.values()) >= len(FUSION_OPS) // 2, results
