@@ -88,7 +88,13 @@ def compare(op, sample) -> dict:
         return {"status": "error", "error": str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}
     if not ran_fused:
         return {"status": "not-fused"}
-    if all(torch.equal(a, b) for a, b in zip(fused, alone)) and len(fused) == len(alone):
+    def same(a, b):  # bit for bit, NaN where NaN (its payload aside)
+        if not a.is_floating_point():
+            return torch.equal(a, b)
+        nan = a.isnan()
+        return torch.equal(nan, b.isnan()) and torch.equal(a[~nan], b[~nan])
+
+    if len(fused) == len(alone) and all(same(a, b) for a, b in zip(fused, alone)):
         return {"status": "bitwise"}
     worst, allowed = 0.0, 0.0
     for a, b, c in zip(fused, alone, cpu):
@@ -97,7 +103,9 @@ def compare(op, sample) -> dict:
                 return {"status": "differs", "error": "an integer result differs"}
             continue
         finite = torch.isfinite(b) & torch.isfinite(a)
-        if not torch.equal(torch.isfinite(a), torch.isfinite(b)) or not torch.equal(a[~finite], b[~finite]):
+        nan = a.isnan()
+        if (not torch.equal(torch.isfinite(a), torch.isfinite(b)) or not torch.equal(nan, b.isnan())
+                or not torch.equal(a[~finite & ~nan], b[~finite & ~nan])):  # the same NaNs, the same infinities
             return {"status": "differs", "error": "non-finite values differ"}
         diff = (a - b).abs()[finite].max().item() if finite.any() else 0.0
         own = (b.double() - c.double()).abs()[finite].max().item() if finite.any() and b.shape == c.shape else 0.0
