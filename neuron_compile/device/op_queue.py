@@ -28,9 +28,12 @@ on a background thread (no call waits on it), and from the next occurrence on th
 run is one executable call. A run whose module fails to compile keeps running
 op by op, with one warning naming it.
 
-Op-by-op's numbers: a fused module is compiled with the kernels' results kept
-apart where XLA would otherwise contract across them (``fusion``); where it
-cannot be made bitwise the difference is listed in the README.
+Numbers: XLA fuses across a run's ops (a multiply and an add become a fused
+multiply-add, an elementwise op is computed inside the reduction it feeds), so
+fused results may differ from op by op's in the last bits, within op by op's
+own distance to CPU (``benchmarks/opinfo_fusion.py``; the README's "Numbers";
+XLA CPU drops optimization barriers before fusing, so they cannot keep ops
+apart).
 ``NEURON_COMPILE_EAGER_FUSION=0``, ``NEURON_LAUNCH_BLOCKING=1`` and
 ``torch.use_deterministic_algorithms(True)`` run every op when issued, as before.
 
