@@ -42,12 +42,13 @@ def register() -> None:
     if _registered:  # the first `import torch` of the process ran our entry point, which registered
         return
     from .. import profiling
-    from . import _accelerate_hooks, _dtensor_rng_hooks, _index_less, _optim_hooks, _torch_hooks, distributed, module, optim, storage
+    from . import _accelerate_hooks, _dtensor_rng_hooks, _index_less, _optim_hooks, _torch_hooks, distributed, module, op_queue, optim, storage
 
     if torch._C._get_privateuse1_backend_name() not in ("privateuseone", _torch_hooks.NAME):
         return  # another backend owns PrivateUse1 in this process: leave it alone
     _torch_hooks.setup_backend(module)
     _library = _torch_hooks.fallback_library(_fallback)
+    op_queue.FALLBACK = _fallback.__code__  # where a queued op's issuer walk starts (op_queue.issuer)
     _torch_hooks.save_through_cpu()
     _torch_hooks.pin_memory_as_copy()
     _torch_hooks.load_onto_device()

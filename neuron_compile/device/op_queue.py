@@ -397,7 +397,7 @@ def issuer():
         frame = sys._getframe(_ENTRY)
     except ValueError:
         frame = None
-    if frame is None or frame.f_code is not (_FALLBACK or _fallback_code()):
+    if frame is None or frame.f_code is not FALLBACK:
         frame = sys._getframe(2)
     else:
         frame = frame.f_back
@@ -414,15 +414,7 @@ def issuer():
     return None
 
 
-_FALLBACK = None  # the code of the device's dispatcher fallback (``device._fallback``), looked up once
-
-
-def _fallback_code():
-    global _FALLBACK
-    from . import _fallback
-
-    _FALLBACK = _fallback.__code__
-    return _FALLBACK
+FALLBACK = None  # the code of the device's dispatcher fallback (``device._fallback``): ``device.register`` sets it
 
 
 def describe(issuer) -> str:
