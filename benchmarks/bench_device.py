@@ -159,7 +159,7 @@ def _ty(shape) -> str:
 
 
 def _raw_add(n: int):
-    from runtime.executor import XlaExecutable
+    from neuron_compile.runtime.executor import XlaExecutable
 
     t = _ty((n,))
     return XlaExecutable.compile(f"func.func @main(%a: {t}, %b: {t}) -> {t} {{\n"
@@ -168,7 +168,7 @@ def _raw_add(n: int):
 
 
 def _raw_dot(n: int):
-    from runtime.executor import XlaExecutable
+    from neuron_compile.runtime.executor import XlaExecutable
 
     t = _ty((n, n))
     return XlaExecutable.compile(f"func.func @main(%a: {t}, %b: {t}) -> {t} {{\n"

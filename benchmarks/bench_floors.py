@@ -55,7 +55,7 @@ def per_call_floor() -> dict:
     import torch
 
     import neuron_compile.compiler as compiler
-    from runtime.executor import _device, _from_capsule, _jax, _to_dlpack, to_buffer
+    from neuron_compile.runtime.executor import _device, _from_capsule, _jax, _to_dlpack, to_buffer
 
     model, inputs = build("overhead")
     model.eval()
@@ -106,7 +106,7 @@ def per_call_floor() -> dict:
             compiler.Executable.__call__ = original
 
         buffers = xla_buffers(exe, args)
-        from runtime.executor import to_tensor
+        from neuron_compile.runtime.executor import to_tensor
 
         out["raw execute (bench_perf's floor)"] = _per_call(
             lambda: [to_tensor(a) for a in exe.xla.run_buffers(buffers)])
@@ -200,7 +200,7 @@ def time_gemm(batch: int, m: int, k: int, n: int, repeat: int = 15) -> tuple[flo
     """Seconds for one (batch, m, k, n) product: torch (MKL), XLA (our executor)."""
     import torch
 
-    from runtime.executor import XlaExecutable, to_buffer
+    from neuron_compile.runtime.executor import XlaExecutable, to_buffer
 
     shape_a, shape_b = ((batch, m, k), (batch, k, n)) if batch > 1 else ((m, k), (k, n))
     a, b = torch.randn(*shape_a), torch.randn(*shape_b)

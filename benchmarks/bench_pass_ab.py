@@ -28,7 +28,7 @@ sys.path.insert(0, str(HERE.parent))
 
 def without(name: str, profile: str = "default") -> str:
     """``profile``'s pipeline with the pass ``name`` taken out: the baseline for that pass's effect."""
-    from passes.pipeline import Pipeline, parse_pipeline
+    from neuron_compile.passes.pipeline import Pipeline, parse_pipeline
 
     return Pipeline(tuple(p for p in parse_pipeline(profile).passes if p.name != name)).spec
 
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     from tabulate import tabulate
 
     from neuron_compile.cli.bench import machine_line
-    from passes import parse_pipeline
+    from neuron_compile.passes import parse_pipeline
 
     rows = []
     for item in args.workloads.split(","):

@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "tests" / "passes"))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from passes import PROFILES, parse_pipeline  # noqa: E402
+from neuron_compile.passes import PROFILES, parse_pipeline  # noqa: E402
 from pass_models import lower, to_device  # noqa: E402
 
 VARIANTS = {
@@ -96,8 +96,8 @@ def compile_xla(text: str):
 TIME_ONE = r"""
 import json, sys, time
 from torch_mlir import ir
-from passes import parse_pipeline
-from passes.pipeline import new_context
+from neuron_compile.passes import parse_pipeline
+from neuron_compile.passes.pipeline import new_context
 path, spec, repeat = sys.argv[1], sys.argv[2], int(sys.argv[3])
 text = open(path).read()
 best = None

@@ -174,7 +174,7 @@ def recorded_calls():
 
 def xla_buffers(exe, args) -> list:
     """The PJRT buffers a recorded call hands its XLA executable."""
-    from runtime.executor import to_buffer
+    from neuron_compile.runtime.executor import to_buffer
 
     return [to_buffer(args[i]) for i in exe.plan.tensor_args]
 
@@ -183,7 +183,7 @@ def _raw_xla(fn, model, inputs) -> float:
     """Execute time of the compiled XLA executable alone: parameters and input already buffers."""
     import torch
 
-    from runtime.executor import to_tensor
+    from neuron_compile.runtime.executor import to_tensor
 
     with recorded_calls() as calls, torch.no_grad():
         fn(**inputs)

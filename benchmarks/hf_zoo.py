@@ -129,7 +129,7 @@ def build(arch: str, positions: int | None = None):
 
 def _classify(exc: BaseException) -> tuple[str, str]:
     from neuron_compile.lowering import LoweringError, exception_chain, innermost_exception
-    from runtime.executor import XlaCompileError
+    from neuron_compile.runtime.executor import XlaCompileError
 
     for e in exception_chain(exc):
         if isinstance(e, LoweringError):

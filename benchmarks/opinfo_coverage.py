@@ -110,7 +110,7 @@ def _classify(exc: BaseException) -> tuple[str, str]:
     import torch._dynamo.exc as dexc
 
     from neuron_compile.lowering import LoweringError, exception_chain, innermost_exception
-    from runtime.executor import XlaCompileError
+    from neuron_compile.runtime.executor import XlaCompileError
 
     for e in exception_chain(exc):
         if isinstance(e, LoweringError):
@@ -476,7 +476,7 @@ class Sequence:
 
 def buckets_label(value=None) -> str:
     """``on`` (the default, multiples of 128), ``off`` (NEURON_COMPILE_BUCKETS=0) or the setting itself."""
-    from neuron_compile.capture.options import parse_buckets
+    from neuron_compile.options import parse_buckets
 
     value = os.environ.get("NEURON_COMPILE_BUCKETS", "128") if value is None else value
     parsed = parse_buckets(value)

@@ -107,7 +107,7 @@ def _aten_op(exc: BaseException) -> str:
 def _classify(exc: BaseException) -> tuple[str, str, str]:
     """(status, message, aten op) of an exception raised on the device."""
     from neuron_compile.lowering import LoweringError, exception_chain, innermost_exception
-    from runtime.executor import XlaCompileError
+    from neuron_compile.runtime.executor import XlaCompileError
 
     aten = _aten_op(exc)
     for e in exception_chain(exc):

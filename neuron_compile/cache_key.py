@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import re
 from pathlib import Path
 
 import torch
 import torch.fx
 
-from runtime.cache_key import CacheKey, toolchain_parts
+from neuron_compile.runtime.cache_key import CacheKey, toolchain_parts
 
 from ._version import __version__
 
@@ -35,8 +36,25 @@ _NOT_IN_FINGERPRINT = {
     "neuron_compile/__main__.py", "neuron_compile/cli/__init__.py", "neuron_compile/cli/__main__.py",
     "neuron_compile/cli/entry.py", "neuron_compile/cli/common.py", "neuron_compile/cli/commands.py",
     "neuron_compile/cli/cache_commands.py", "neuron_compile/cli/models.py", "neuron_compile/cli/specs.py",
-    "neuron_compile/report.py", "neuron_compile/dump.py", "neuron_compile/capture/options.py", "runtime/cache.py",
+    "neuron_compile/report.py", "neuron_compile/dump.py", "neuron_compile/options.py", "neuron_compile/runtime/cache.py",
 }
+
+
+def _our_sources() -> list[tuple[str, Path]]:
+    """(name, file) of every source of ours, named as installed: ``neuron_compile/...``, with ``passes/``
+    and ``runtime/`` (kept at the repository's top, installed as ``neuron_compile.passes`` and
+    ``neuron_compile.runtime``) under ``neuron_compile/`` wherever their folders are."""
+    here = Path(__file__).resolve().parent
+    roots = {"neuron_compile": [here]}
+    for sub in ("passes", "runtime"):
+        spec = importlib.util.find_spec(f"neuron_compile.{sub}")
+        roots[f"neuron_compile/{sub}"] = [Path(p).resolve() for p in spec.submodule_search_locations]
+    found = {}
+    for prefix, folders in roots.items():
+        for folder in folders:
+            for path in folder.rglob("*.py"):
+                found[path] = f"{prefix}/{path.relative_to(folder).as_posix()}"
+    return sorted((name, path) for path, name in found.items())
 
 
 @functools.lru_cache(maxsize=1)
@@ -47,12 +65,9 @@ def source_fingerprint() -> str:
     changes executables without a version bump.
     """
     digest = hashlib.sha256()
-    top = Path(__file__).resolve().parent.parent
-    for package in ("neuron_compile", "passes", "runtime"):
-        for path in sorted((top / package).rglob("*.py")):
-            if path.relative_to(top).as_posix() in _NOT_IN_FINGERPRINT:
-                continue
-            digest.update(str(path.relative_to(top)).encode())
+    for name, path in _our_sources():
+        if name not in _NOT_IN_FINGERPRINT:
+            digest.update(name.encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()
 

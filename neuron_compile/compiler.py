@@ -27,16 +27,16 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx
 
-from runtime.artifact import Artifact, portable_stablehlo
-from runtime.cache import ArtifactCache, CacheResult, CompileCache, MemoryCache
-from runtime.cache_key import CacheKey
-from runtime.executor import (DistributedBridge, PersistentBuffers, XlaExecutable, input_converter,
+from neuron_compile.runtime.artifact import Artifact, portable_stablehlo
+from neuron_compile.runtime.cache import ArtifactCache, CacheResult, CompileCache, MemoryCache
+from neuron_compile.runtime.cache_key import CacheKey
+from neuron_compile.runtime.executor import (DistributedBridge, PersistentBuffers, XlaExecutable, input_converter,
                               platform_description, replicas_of, result_converter)
 
 from .cache_key import fx_cache_key, input_signature, output_signature, stablehlo_cache_key
 from .dump import GraphDump, pass_file_name
-from .capture.associative_scan import expand_associative_scans
-from .capture.graph_rewrites import fold_one_hot_sums, one_device, zero_size_values_to_constants
+from .decompositions.associative_scan import expand_associative_scans
+from .decompositions.graph_rewrites import fold_one_hot_sums, one_device, zero_size_values_to_constants
 from .index_bounds import add_checks, check_results
 from .index_bounds import enabled as index_checks_enabled
 from .output_views import find_output_views, make_view
@@ -345,7 +345,7 @@ class LoweredGraph:
         distributed = key_parts(gm)  # before lowering, which fuses the graph's nodes in place
         # mlir-setup: load torch-mlir and the passes (first graph of a process; a cache hit never does)
         with report.stage("mlir-setup"):
-            import passes  # noqa: F401
+            from . import passes  # noqa: F401
             import torch_mlir.dialects.torch  # noqa: F401
             import torch_mlir.extras.fx_importer  # noqa: F401
         # lower: FX -> Torch-MLIR -> StableHLO, weights stay arguments; custom ops a kernel serves through it
@@ -407,7 +407,7 @@ class LoweredGraph:
     def _manifest(self, encoding: dict, text: str) -> dict:
         import datetime
 
-        from runtime.cache_key import tool_versions, xla_compile_options
+        from neuron_compile.runtime.cache_key import tool_versions, xla_compile_options
 
         from ._version import __version__
 
@@ -525,7 +525,7 @@ def _count(result: CacheResult, report: CompileReport, dump) -> None:
 
 def cache_stats(options=None) -> dict:
     """This process's cache counters and the disk cache's state (``neuron_compile.cache_stats()``)."""
-    from .capture.options import Options
+    from .options import Options
 
     options = options or Options.resolve()
     counters = {name: COUNTERS[name] for name in (
@@ -539,7 +539,7 @@ def cache_stats(options=None) -> dict:
 
 def resolve_pipeline(options):
     """The pass pipeline the options ask for (a pipeline string or a profile name)."""
-    from passes import parse_pipeline
+    from neuron_compile.passes import parse_pipeline
 
     return parse_pipeline(options.passes if options.passes is not None else "default")
 
@@ -550,7 +550,7 @@ def run_passes(module, options, dump=None, graph: str = "") -> list:
     A pass that raises is a ``PassError`` naming the pass and the graph, with the
     module the pipeline got saved (``input.mlir``) and the command that reruns it.
     """
-    from passes.pipeline import Pipeline
+    from neuron_compile.passes.pipeline import Pipeline
 
     pipeline = resolve_pipeline(options)
     before = module.operation.clone()  # a pass that fails may leave the module half rewritten
@@ -592,7 +592,7 @@ def pass_error(name: str, graph: str, spec: str, before, exc: Exception) -> Pass
     lines = [f"neuron_compile's StableHLO pass '{name}' failed on graph {graph or '?'}: {type(exc).__name__}: {exc}"]
     if repro:
         lines.append(f"The module the pipeline got is saved at {repro / 'input.mlir'}; rerun the pipeline on it with "
-                     f"`python -m passes --pipeline '{spec}' {repro / 'input.mlir'}`.")
+                     f"`python -m neuron_compile.passes --pipeline '{spec}' {repro / 'input.mlir'}`.")
     lines.append("To compile without our passes meanwhile: NEURON_COMPILE_PASSES=none (or options={'passes': 'none'}). "
                  "This is a bug in neuron_compile: please report it with that folder.")
     return PassError("\n".join(lines), pass_name=name, repro_dir=str(repro) if repro else None)

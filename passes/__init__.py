@@ -1,6 +1,6 @@
 """StableHLO-to-StableHLO passes: a pipeline of named, configurable passes.
 
-    from passes import parse_pipeline
+    from neuron_compile.passes import parse_pipeline
     pipeline = parse_pipeline("canonicalize,pad-to-multiple{multiple=128},fuse")
     stats = pipeline.run(module)            # torch_mlir.ir.Module, mutated in place
     text, stats = pipeline.run_on_text(mlir_text)
@@ -8,7 +8,7 @@
 Passes: ``canonicalize`` (fold importer leftovers), ``pad-to-multiple``
 (pad dot_general / convolution dims to multiples of 128, slice back), ``fuse``
 (outline fusion regions as ``stablehlo.composite "neuron.<kind>"``).
-This package never imports ``neuron_compile`` or ``runtime``.
+This package imports nothing of ``neuron_compile`` but itself, nor ``neuron_compile.runtime``.
 """
 from .pass_result import PassResult
 from .pipeline import DEFAULT_PIPELINE, PROFILES, PassStat, Pipeline, parse_pipeline

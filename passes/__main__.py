@@ -1,4 +1,4 @@
-"""`python -m passes --pipeline SPEC [--verify-each] [-o OUT] FILE.mlir`
+"""`python -m neuron_compile.passes --pipeline SPEC [--verify-each] [-o OUT] FILE.mlir`
 
 Runs a pipeline on a StableHLO file and prints per-pass stats to stderr: the
 command the pipeline's reproducer messages name.
@@ -12,7 +12,7 @@ from . import PipelineError, parse_pipeline
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m passes", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m neuron_compile.passes", description=__doc__)
     ap.add_argument("file")
     ap.add_argument("--pipeline", default="default", help="pipeline string or profile name")
     ap.add_argument("--verify-each", action="store_true")

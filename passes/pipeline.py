@@ -122,7 +122,7 @@ class Pipeline:
                 raise PipelineError(
                     f"pass {format_pass(p)!r} failed: {e}\n"
                     f"IR before the pass saved to {path}\n"
-                    f"reproduce: python -m passes --pipeline '{format_pass(p)}' --verify-each {path}"
+                    f"reproduce: python -m neuron_compile.passes --pipeline '{format_pass(p)}' --verify-each {path}"
                 ) from e
             seconds = time.perf_counter() - start
             stats.append(PassStat(p.name, pass_options(p), result.fired, seconds, result.details))

@@ -4,7 +4,7 @@ import struct
 
 import pytest
 
-from runtime.artifact import (
+from neuron_compile.runtime.artifact import (
     FORMAT_VERSION,
     MAGIC,
     Artifact,

@@ -14,7 +14,7 @@ from torch._higher_order_ops.associative_scan import associative_scan
 
 import neuron_compile
 from neuron_compile import COUNTERS
-from neuron_compile.capture import associative_scan as ours
+from neuron_compile.decompositions import associative_scan as ours
 
 LENGTHS = [37, 64, 100, 129, 200, 250]
 

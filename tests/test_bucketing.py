@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import neuron_compile
 from neuron_compile import COUNTERS
-from neuron_compile.capture.bucket_sizes import round_up
+from neuron_compile.bucketing.sizes import round_up
 
 LENGTHS = [1, 127, 128, 129, 600, 5]
 
@@ -39,7 +39,7 @@ def test_round_up_arithmetic():
 
 
 def test_options_parse_buckets(monkeypatch):
-    from neuron_compile.capture.options import Options
+    from neuron_compile.options import Options
 
     assert Options.resolve({}).buckets == 128
     assert Options.resolve({"buckets": "64,512,256"}).buckets == (64, 256, 512)

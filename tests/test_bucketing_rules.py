@@ -747,9 +747,9 @@ def test_a_size_taken_for_the_same_at_the_bucket_is_checked_at_each_call():
     # sends the graph to exact shapes)
     import sympy
 
-    from neuron_compile.capture.bucket_layouts import NotBucketable
-    from neuron_compile.capture.bucket_padding import check_sizes
-    from neuron_compile.capture.bucketing import SAME_AT_BUCKET
+    from neuron_compile.bucketing.layouts import NotBucketable
+    from neuron_compile.bucketing.padding import check_sizes
+    from neuron_compile.bucketing.analysis import SAME_AT_BUCKET
 
     s = sympy.Symbol("s", integer=True, positive=True)
     padded = s + sympy.Mod(256 - sympy.Mod(s, 256), 256)
@@ -1046,7 +1046,7 @@ def test_a_graph_dynamo_specialized_every_size_of_runs_at_one_size():
     # analysis refused (no fallback counted, explain does not blame an op)
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from neuron_compile.capture.bucketing import analyze
+    from neuron_compile.bucketing.analysis import analyze
 
     gm = make_fx(lambda x: x.softmax(-1))(torch.randn(2, 64))
     result = analyze(gm, buckets=128)

@@ -20,14 +20,14 @@ import torch.nn as nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import neuron_compile
-import runtime.cache_key
-import runtime.executor
+import neuron_compile.runtime.cache_key
+import neuron_compile.runtime.executor
 from neuron_compile import COUNTERS
 from neuron_compile.cache_key import fx_cache_key, stablehlo_cache_key, strip_debug_locations
-from runtime.artifact import FORMAT_VERSION, Artifact, read_artifact
-from runtime.cache import ArtifactCache, CacheWarning, MemoryCache
-from runtime.cache_key import CacheKey
-from runtime.executor import XlaCompileError, XlaExecutable
+from neuron_compile.runtime.artifact import FORMAT_VERSION, Artifact, read_artifact
+from neuron_compile.runtime.cache import ArtifactCache, CacheWarning, MemoryCache
+from neuron_compile.runtime.cache_key import CacheKey
+from neuron_compile.runtime.executor import XlaCompileError, XlaExecutable
 
 
 class MLP(nn.Module):
@@ -103,10 +103,10 @@ def test_each_part_changed_gives_a_new_key(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
     assert changed(fx_cache_key(traced(f_relu, (4, 8), (8, 2)), "default")) == ["xla_compile_options"]
     monkeypatch.delenv("XLA_FLAGS")
-    monkeypatch.setattr(runtime.cache_key, "tool_versions", lambda: {"torch": "9.9", "jaxlib": "9.9"})
+    monkeypatch.setattr(neuron_compile.runtime.cache_key, "tool_versions", lambda: {"torch": "9.9", "jaxlib": "9.9"})
     assert changed(fx_cache_key(traced(f_relu, (4, 8), (8, 2)), "default")) == ["tool_versions"]
     monkeypatch.undo()
-    monkeypatch.setattr(runtime.executor, "platform_description", lambda: {"platform": "neuron", "device_kind": "trn2"})
+    monkeypatch.setattr(neuron_compile.runtime.executor, "platform_description", lambda: {"platform": "neuron", "device_kind": "trn2"})
     assert changed(fx_cache_key(traced(f_relu, (4, 8), (8, 2)), "default")) == ["platform"]
     monkeypatch.undo()
     monkeypatch.setattr("neuron_compile.cache_key.source_fingerprint", lambda: "edited lowering")
@@ -274,7 +274,7 @@ def test_read_only_or_full_folder(fresh_cache, monkeypatch, err):
     def refuse(path, data, mode=0o600):
         raise OSError(err, os.strerror(err))
 
-    monkeypatch.setattr("runtime.cache.write_atomic", refuse)
+    monkeypatch.setattr("neuron_compile.runtime.cache.write_atomic", refuse)
     with pytest.warns(CacheWarning, match="cannot write") as record:
         assert run_compiled(model, x).cache == "disk"  # reading still works
         assert run_compiled(MLP(width=24).eval(), torch.randn(8, 24)).cache == "miss"
@@ -336,7 +336,7 @@ def test_a_write_lists_the_folder_only_when_the_cap_may_be_passed(tmp_path, monk
     """Listing thousands of artifacts on every write cost an eager op's cold build milliseconds: the
     folder is listed on the first write, when this process's count passes the cap, and every
     RESCAN_EVERY writes (for what other processes wrote)."""
-    import runtime.cache as cache_module
+    import neuron_compile.runtime.cache as cache_module
 
     listings = []
     original = ArtifactCache._artifact_files
@@ -452,7 +452,7 @@ def test_counters_reach_stats_json_at_most_once_a_second_all_of_them_by_stats_an
     import subprocess
     import sys
 
-    import runtime.cache as cache_module
+    import neuron_compile.runtime.cache as cache_module
 
     cache = ArtifactCache(tmp_path / "c")
     written = []

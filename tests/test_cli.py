@@ -211,7 +211,7 @@ def test_demo_on_the_device_runs_eager_compiled_and_generates_cpu_tokens(fresh_c
 # ---- dump ----------------------------------------------------------------------------------------
 
 def test_dump_builtin_mlp_writes_every_stage_and_parses(capsys, tmp_path, fresh_cache):
-    from passes import parse_pipeline
+    from neuron_compile.passes import parse_pipeline
 
     code, out, err = run_main(capsys, "dump", "mlp", "--out", tmp_path / "d", "--json")
     assert code == 0, err

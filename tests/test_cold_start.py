@@ -50,7 +50,7 @@ def test_training_compile_does_not_import_inductor_lowerings(tmp_path):
 COMPILE_IMPORTS_JAX = r'''
 import sys, threading
 import torch
-from runtime.executor import XlaExecutable, to_buffer, to_tensor
+from neuron_compile.runtime.executor import XlaExecutable, to_buffer, to_tensor
 
 assert "jax" not in sys.modules
 TEXT = """module @m { func.func public @main(%a: tensor<4xf32>) -> tensor<4xf32> {

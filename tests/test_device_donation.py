@@ -107,7 +107,7 @@ def test_pjrt_copies_a_donated_buffer_while_a_dlpack_export_lives():
     (deleted) after the call, unless a DLPack export of it is alive: then it is copied, and kept."""
     from jaxlib import _jax
 
-    from runtime.executor import XlaExecutable, _from_capsule, to_buffer
+    from neuron_compile.runtime.executor import XlaExecutable, _from_capsule, to_buffer
 
     n = 1024
     text = (f"module {{\n  func.func @main(%arg0: tensor<{n}xf32> {{tf.aliasing_output = 0 : i32}}, "
@@ -149,8 +149,8 @@ def test_the_donating_kernel_is_keyed_and_found_again_by_a_new_process(tmp_path)
     first, second = runs
     assert first["in_place"] and first["ok"] and first["traced"] >= 1
     assert second["in_place"] and second["ok"] and second["traced"] == 0 and second["index_hits"] >= 1, second
-    from runtime.artifact import read_artifact
-    from runtime.cache import ArtifactCache
+    from neuron_compile.runtime.artifact import read_artifact
+    from neuron_compile.runtime.cache import ArtifactCache
 
     donated = [read_artifact(e["path"]).manifest.get("donated") for e in ArtifactCache(tmp_path / "cache").entries()]
     assert [[0, 0]] in donated, donated  # the add_'s storage (parameter 0) is its result 0

@@ -23,7 +23,7 @@ def _run(snippet: str, env: dict, timeout: int = 240) -> subprocess.CompletedPro
 
 
 def test_the_count_follows_the_variable_then_torchrun_then_one(monkeypatch):
-    from runtime.devices import local_device_count
+    from neuron_compile.runtime.devices import local_device_count
 
     monkeypatch.delenv("NEURON_DEVICE_COUNT", raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)

@@ -133,7 +133,7 @@ def test_fallback_training_matches_eager_gradients():
 
 
 def test_xla_rejecting_a_graph_runs_it_eagerly(monkeypatch):
-    from runtime.executor import XlaCompileError
+    from neuron_compile.runtime.executor import XlaCompileError
 
     def rejects(gm, *, report, options):
         raise XlaCompileError("UNIMPLEMENTED: pretend XLA refused this graph")

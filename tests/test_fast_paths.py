@@ -3,7 +3,7 @@
 import torch
 import torch.nn as nn
 
-from runtime.executor import PersistentBuffers
+from neuron_compile.runtime.executor import PersistentBuffers
 
 
 def compiled(model):

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from neuron_compile.decompositions import decomposition_table
-from neuron_compile.capture.graph_rewrites import eliminate_common_subexpressions, fold_one_hot_sums
+from neuron_compile.decompositions.graph_rewrites import eliminate_common_subexpressions, fold_one_hot_sums
 
 
 def _loss_and_grad(kwargs):
@@ -112,7 +112,7 @@ def test_zero_size_values_compile(fn):
 
 
 def test_zero_size_values_become_constants():
-    from neuron_compile.capture.graph_rewrites import zero_size_values_to_constants
+    from neuron_compile.decompositions.graph_rewrites import zero_size_values_to_constants
 
     def fn(x):
         return x[:, :0].sum(1) + 1, x[:, :0]

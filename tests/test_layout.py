@@ -22,7 +22,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("neuron_compile", "passes", "runtime")
+# folder -> the dotted name it installs as (pyproject's package-dir): passes/ and runtime/ stay at the
+# repository's top and install under neuron_compile
+PACKAGES = {"neuron_compile": "neuron_compile", "passes": "neuron_compile.passes", "runtime": "neuron_compile.runtime"}
 MAX_LINES = 600
 
 # Modules allowed over MAX_LINES, each with its reason.
@@ -39,12 +41,13 @@ LONG_MODULES = {
 def _modules(root: Path = ROOT, packages=PACKAGES) -> dict[str, Path]:
     """Dotted name -> source file, for every module of our three packages."""
     found = {}
-    for package in packages:
-        for path in sorted((root / package).rglob("*.py")):
-            parts = path.relative_to(root).with_suffix("").parts
+    packages = packages if isinstance(packages, dict) else {p: p for p in packages}
+    for folder, dotted in packages.items():
+        for path in sorted((root / folder).rglob("*.py")):
+            parts = path.relative_to(root / folder).with_suffix("").parts
             if parts[-1] == "__init__":
                 parts = parts[:-1]
-            found[".".join(parts)] = path
+            found[".".join((dotted, *parts))] = path
     return found
 
 
@@ -155,11 +158,13 @@ def test_graph_reads_lazy_relative_and_parent_imports(tmp_path):
     assert find_cycles(graph) == [["pkg", "pkg.sub", "pkg"], ["pkg.inner.leaf", "pkg.other", "pkg.inner.leaf"]]
 
 
-@pytest.mark.parametrize("package", ["passes", "runtime"])
+@pytest.mark.parametrize("package", ["neuron_compile.passes", "neuron_compile.runtime"])
 def test_passes_and_runtime_never_import_neuron_compile(package):
+    """They stand alone: nothing of neuron_compile but themselves (and the package above them, which
+    importing them runs first)."""
     graph = import_graph()
-    bad = {name: sorted(t for t in targets if t.split(".")[0] == "neuron_compile")
-           for name, targets in graph.items() if name.split(".")[0] == package}
+    bad = {name: sorted(t for t in targets if t not in ("neuron_compile", package) and not t.startswith(package + "."))
+           for name, targets in graph.items() if name == package or name.startswith(package + ".")}
     assert not {k: v for k, v in bad.items() if v}
 
 
@@ -205,9 +210,10 @@ def test_modules_are_short_enough_to_read():
 
 def test_fingerprint_exclusions_name_files():
     """``cache_key._NOT_IN_FINGERPRINT`` names files by path: a moved file must be renamed there."""
-    from neuron_compile.cache_key import _NOT_IN_FINGERPRINT
+    from neuron_compile.cache_key import _NOT_IN_FINGERPRINT, _our_sources
 
-    assert [p for p in sorted(_NOT_IN_FINGERPRINT) if not (ROOT / p).is_file()] == []
+    names = {name for name, _ in _our_sources()}
+    assert [p for p in sorted(_NOT_IN_FINGERPRINT) if p not in names] == []
 
 
 def test_benchmarks_and_tests_import_modules_that_exist():
@@ -221,6 +227,88 @@ def test_benchmarks_and_tests_import_modules_that_exist():
             names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level
                      else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
             for name in names:
-                if name.split(".")[0] in PACKAGES and importlib.util.find_spec(name) is None:
+                if name.split(".")[0] in ("passes", "runtime"):  # importable only from the repository's top
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name} (neuron_compile.{name})")
+                elif name.split(".")[0] == "neuron_compile" and importlib.util.find_spec(name) is None:
                     bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name}")
     assert not bad, bad
+
+
+# The stages, top to bottom: a module imports only from its own layer and those below it (README's
+# "Layout", docs/architecture.md). neuron_compile's own __init__ is the public face, above them all.
+LAYERS = [
+    ("cli", ["neuron_compile.__main__", "neuron_compile.cli"]),
+    ("device", ["neuron_compile.device"]),
+    ("capture", ["neuron_compile.capture"]),
+    ("bucketing", ["neuron_compile.bucketing"]),
+    ("spine", ["neuron_compile.compiler", "neuron_compile.cache_key", "neuron_compile.index_bounds",
+               "neuron_compile.output_views", "neuron_compile.dump", "neuron_compile.structured_trace",
+               "neuron_compile.profiling", "neuron_compile.dynamo_skips"]),
+    ("kernels", ["neuron_compile.kernels"]),
+    ("lowering", ["neuron_compile.lowering", "neuron_compile.decompositions"]),
+    ("leaves", ["neuron_compile.options", "neuron_compile.report", "neuron_compile.traced",
+                "neuron_compile._profiler_hooks", "neuron_compile._version"]),
+    ("passes and runtime", ["neuron_compile.passes", "neuron_compile.runtime"]),
+]
+
+
+def layer_of(module: str) -> int | None:
+    for rank, (_, prefixes) in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return rank
+    return None
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in MODULES if m != "neuron_compile" and layer_of(m) is None] == []
+
+
+def test_imports_go_down_the_stages():
+    """compiler.py imports nothing of capture/, the device nothing of capture's bucketing... an arrow up
+    (a lazy import in a function included) fails here."""
+    up = [f"{a} ({LAYERS[layer_of(a)][0]}) -> {b} ({LAYERS[layer_of(b)][0]})"
+          for a, targets in import_graph().items() if a != "neuron_compile"
+          for b in targets if b != "neuron_compile" and layer_of(b) < layer_of(a)]
+    assert not up, "imports going up the stages:\n" + "\n".join(sorted(up))
+
+
+def test_stage_check_sees_an_arrow_up(tmp_path):
+    graph = _graph_of(tmp_path, {"pkg/__init__.py": "", "pkg/low.py": "from .high import f\n",
+                                 "pkg/high.py": "def f():\n    from . import low\n"})
+    ranks = {"pkg.high": 0, "pkg.low": 1}
+    assert [(a, b) for a, ts in graph.items() for b in ts if b in ranks and a in ranks and ranks[b] < ranks[a]] \
+        == [("pkg.low", "pkg.high")]
+
+
+def test_installed_import_names_are_ours(tmp_path):
+    """Installed, passes/ and runtime/ are neuron_compile.passes and neuron_compile.runtime: no top-level
+    ``passes`` or ``runtime`` of ours that another distribution's module could shadow or be shadowed by.
+    Run away from the repository's top, where the folders themselves would be importable."""
+    import subprocess
+    import sys
+
+    code = ("import importlib.util, json, neuron_compile.passes, neuron_compile.runtime\n"
+            "print(json.dumps({n: (s.origin if (s := importlib.util.find_spec(n)) else None) "
+            "for n in ('passes', 'runtime', 'neuron_compile.passes', 'neuron_compile.runtime')}))")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    import json
+
+    found = json.loads(done.stdout.splitlines()[-1])
+    ours = [n for n in ("passes", "runtime") if found[n] and Path(found[n]).resolve().is_relative_to(ROOT)]
+    assert ours == [], f"top-level names installed from this repository: {ours}"
+    assert Path(found["neuron_compile.passes"]).resolve() == ROOT / "passes" / "__init__.py"
+    assert Path(found["neuron_compile.runtime"]).resolve() == ROOT / "runtime" / "__init__.py"
+
+
+def test_pyproject_lists_every_package():
+    """pyproject's ``packages`` is explicit (package-dir maps two of them): a new package folder
+    missing from it would be left out of a wheel."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {name for name, path in MODULES.items() if path.name == "__init__.py"}
+    assert set(config["packages"]) == folders
+    assert config["package-dir"] == {"neuron_compile.passes": "passes", "neuron_compile.runtime": "runtime"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from neuron_compile.capture.options import ALIASES, Options
+from neuron_compile.options import ALIASES, Options
 
 
 def test_torchneuron_cache_and_debug_dirs_are_aliases_ours_first(monkeypatch, tmp_path):

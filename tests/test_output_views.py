@@ -132,12 +132,12 @@ def test_specialization_key_tells_apart_what_equality_does_not():
 
 
 def test_a_failing_bucketed_compile_falls_back_to_exact_shapes(monkeypatch, caplog):
-    from neuron_compile.capture import bucket_padding
+    from neuron_compile.bucketing import padding
 
     def broken(self, true_sizes, *args):
         raise RuntimeError("injected failure in the bucketed trace")
 
-    monkeypatch.setattr(bucket_padding.BucketInterpreter, "run_with_true_sizes", broken)
+    monkeypatch.setattr(padding.BucketInterpreter, "run_with_true_sizes", broken)
 
     def fn(x):
         return torch.softmax(x, -1) * x.shape[0]
@@ -155,7 +155,7 @@ def test_a_failing_bucketed_compile_falls_back_to_exact_shapes(monkeypatch, capl
 
 
 def test_padding_analysis_errors_never_reach_the_user(monkeypatch):
-    from neuron_compile.capture import bucketing
+    from neuron_compile.bucketing import analysis as bucketing
 
     def broken(*args, **kwargs):
         raise TypeError("injected analysis bug")

@@ -7,8 +7,8 @@ import torch
 from torch.testing import assert_close
 
 import neuron_compile
-from passes import parse_pipeline
-from runtime.executor import XlaExecutable
+from neuron_compile.passes import parse_pipeline
+from neuron_compile.runtime.executor import XlaExecutable
 
 
 def _ty(shape):

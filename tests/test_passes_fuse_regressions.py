@@ -9,7 +9,7 @@ using value defined outside the region" (GPT-2 backward, the transformers
 tests), or a segfault re-sorting the block (`neuron-compile compile cnn
 --train`). Values an op's regions capture were not inputs either.
 
-Checked here: the failing inputs run through ``python -m passes`` in a child
+Checked here: the failing inputs run through ``python -m neuron_compile.passes`` in a child
 process (a segfault is a failed test, not a dead test session) and verify;
 outputs equal the unpassed module on XLA and on the reference interpreter;
 the block's def-use graph survives rewiring; claimed regions cannot close a
@@ -31,10 +31,10 @@ sys.path.insert(0, str(HERE / "passes"))
 
 from pass_models import run_interpreter, run_xla  # noqa: E402
 
-from passes import parse_pipeline  # noqa: E402
-from passes.dataflow import OUTSIDE, BlockGraph  # noqa: E402
-from passes.pipeline import new_context  # noqa: E402
-from passes.stablehlo_ops import entry_block, public_functions  # noqa: E402
+from neuron_compile.passes import parse_pipeline  # noqa: E402
+from neuron_compile.passes.dataflow import OUTSIDE, BlockGraph  # noqa: E402
+from neuron_compile.passes.pipeline import new_context  # noqa: E402
+from neuron_compile.passes.stablehlo_ops import entry_block, public_functions  # noqa: E402
 
 INTERLEAVED = HERE / "filecheck" / "fuse_interleaved.mlir"
 CAPTURED = HERE / "filecheck" / "fuse_captured.mlir"
@@ -68,7 +68,7 @@ def random_inputs(text: str, seed: int = 0) -> list[np.ndarray]:
 def test_passes_verify_in_a_child_process(path, spec, tmp_path):
     out = tmp_path / "out.mlir"
     proc = subprocess.run(
-        [sys.executable, "-m", "passes", "--pipeline", spec, "--verify-each", str(path), "-o", str(out)],
+        [sys.executable, "-m", "neuron_compile.passes", "--pipeline", spec, "--verify-each", str(path), "-o", str(out)],
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stderr[-3000:]}"
@@ -191,7 +191,7 @@ def test_a_failing_pass_names_itself_and_saves_its_input(monkeypatch, tmp_path):
 
     import neuron_compile
     from neuron_compile.compiler import PassError
-    from passes.fuse import Fuse
+    from neuron_compile.passes.fuse import Fuse
 
     def broken(self, module):
         raise RuntimeError("fuse: cycle between outlined regions")
@@ -206,7 +206,7 @@ def test_a_failing_pass_names_itself_and_saves_its_input(monkeypatch, tmp_path):
     assert "NEURON_COMPILE_PASSES=none" in str(err)
     saved = Path(err.repro_dir) / "input.mlir"
     monkeypatch.undo()  # the real fuse again: the saved module reruns through the saved pipeline
-    proc = subprocess.run([sys.executable, "-m", "passes", "--pipeline", (saved.parent / "pipeline.txt").read_text().strip(),
+    proc = subprocess.run([sys.executable, "-m", "neuron_compile.passes", "--pipeline", (saved.parent / "pipeline.txt").read_text().strip(),
                            str(saved), "-o", str(tmp_path / "out.mlir")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "stablehlo.composite" in (tmp_path / "out.mlir").read_text()

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from passes import parse_pipeline
-from passes.registry import PASSES
+from neuron_compile.passes import parse_pipeline
+from neuron_compile.passes.registry import PASSES
 
 CASES = sorted((Path(__file__).parent / "filecheck").glob("*.mlir"))
 FILECHECK = Path(sys.executable).with_name("filecheck")

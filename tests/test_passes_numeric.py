@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent / "passes"))
 
 from pass_models import MODELS, lower, lowered, run_interpreter, run_xla  # noqa: E402
 
-from passes import parse_pipeline  # noqa: E402
+from neuron_compile.passes import parse_pipeline  # noqa: E402
 
 TOL = dict(rtol=2e-5, atol=2e-5)
 # The interpreter is slow on 128-padded matmuls; it checks the same rewrite at 32.

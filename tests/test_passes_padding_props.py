@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).parent / "passes"))
 
 from pass_models import run_xla  # noqa: E402
 
-from passes import parse_pipeline  # noqa: E402
-from passes.pad_to_multiple import PadPlan, padded_length, padded_shape, should_pad  # noqa: E402
+from neuron_compile.passes import parse_pipeline  # noqa: E402
+from neuron_compile.passes.pad_to_multiple import PadPlan, padded_length, padded_shape, should_pad  # noqa: E402
 
 sizes = st.integers(min_value=0, max_value=10_000)
 multiples = st.integers(min_value=1, max_value=512)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from passes import DEFAULT_PIPELINE, PROFILES, PipelineError, parse_pipeline
-from passes.pad_to_multiple import PadToMultiple
-from passes.pipeline import new_context
+from neuron_compile.passes import DEFAULT_PIPELINE, PROFILES, PipelineError, parse_pipeline
+from neuron_compile.passes.pad_to_multiple import PadToMultiple
+from neuron_compile.passes.pipeline import new_context
 
 MLIR = (Path(__file__).parent / "filecheck" / "pad_to_multiple.mlir").read_text()
 
@@ -89,8 +89,8 @@ class BreakIt:
     name = "break-it"
 
     def apply(self, module):
-        from passes.pass_result import PassResult
-        from passes.stablehlo_ops import entry_block, public_functions
+        from neuron_compile.passes.pass_result import PassResult
+        from neuron_compile.passes.stablehlo_ops import entry_block, public_functions
 
         ops = list(entry_block(public_functions(module)[0]).operations)
         ops[0].operands[0] = ops[1].results[0]
@@ -100,7 +100,7 @@ class BreakIt:
 def test_verify_each_names_the_pass_and_saves_the_ir():
     from torch_mlir import ir
 
-    from passes.pipeline import Pipeline
+    from neuron_compile.passes.pipeline import Pipeline
 
     pipeline = Pipeline((parse_pipeline("canonicalize").passes[0], BreakIt()))
     with new_context():
@@ -108,7 +108,7 @@ def test_verify_each_names_the_pass_and_saves_the_ir():
         with pytest.raises(PipelineError) as e:
             pipeline.run(module, verify_each=True)
     msg = str(e.value)
-    assert "break-it" in msg and "python -m passes" in msg
+    assert "break-it" in msg and "python -m neuron_compile.passes" in msg
     path = Path(msg.split("saved to ")[1].split()[0])
     try:
         assert "stablehlo.dot_general" in path.read_text()
@@ -117,7 +117,7 @@ def test_verify_each_names_the_pass_and_saves_the_ir():
 
 
 def test_cli(tmp_path):
-    from passes.__main__ import main
+    from neuron_compile.passes.__main__ import main
 
     src = tmp_path / "in.mlir"
     src.write_text(MLIR)
@@ -136,11 +136,11 @@ def test_stablehlo_op_lookups_find_a_module_once():
     from torch_mlir import ir
     from torch_mlir._mlir_libs import _mlir
 
-    assert "passes.dialect_stubs" in _mlir.globals.dialect_search_modules
+    assert "neuron_compile.passes.dialect_stubs" in _mlir.globals.dialect_search_modules
     with new_context():
         module = ir.Module.parse(MLIR)
-        from passes.stablehlo_ops import entry_block, public_functions
+        from neuron_compile.passes.stablehlo_ops import entry_block, public_functions
 
         names = [op.name for op in entry_block(public_functions(module)[0]).operations]  # OpViews
     assert "stablehlo.dot_general" in names
-    assert "passes.dialect_stubs.stablehlo" in sys.modules
+    assert "neuron_compile.passes.dialect_stubs.stablehlo" in sys.modules

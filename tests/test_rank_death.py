@@ -205,7 +205,7 @@ def test_the_distributed_xla_client_takes_the_groups_timeout(backend):
 
     import torch.distributed as dist
 
-    from runtime.collectives import _torch_world
+    from neuron_compile.runtime.collectives import _torch_world
 
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
                             timeout=datetime.timedelta(seconds=7))

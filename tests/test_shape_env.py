@@ -1,11 +1,11 @@
-"""The ShapeEnv reads shape bucketing relies on (neuron_compile/capture/shape_env.py): fails loudly
+"""The ShapeEnv reads shape bucketing relies on (neuron_compile/bucketing/shape_env.py): fails loudly
 when a torch release renames or drops one of them."""
 
 import warnings
 
 import torch
 
-from neuron_compile.capture import shape_env
+from neuron_compile.bucketing import shape_env
 
 
 def _symbolic_shape_env():

@@ -13,7 +13,7 @@ A static graph is compiled at once. A graph with symbolic sizes (Dynamo's
 automatic dynamic shapes after a second shape, ``dynamic=True``,
 ``mark_dynamic``) is compiled lazily:
 
-* bucketed (the default; ``bucketing`` proves it exact, ``bucket_padding``
+* bucketed (the default; ``bucketing.analysis`` proves it exact, ``bucketing.padding``
   applies it): sizes round up to a bucket, the symbolic graph is re-traced at
   the bucket's sizes with the padding made exact, and one executable serves
   every size in the bucket;
@@ -54,14 +54,14 @@ from ..dynamo_skips import hide_compile_stack_from_dynamo as _hide_compile_stack
 from ..output_views import _storage, find_output_views, make_view
 from .. import _profiler_hooks, structured_trace
 from ..report import COUNTERS, CompileReport, record
-from .associative_scan import install as _install_associative_scan, mark_backend
-from .options import Options, _env_flag
+from ..decompositions.associative_scan import install as _install_associative_scan, mark_backend
+from ..options import Options, _env_flag
 from .partition import partition
 from .precompile import (_bypass_reason, _cacheable_rewrites, _precompile_tag, _refused_unloadable_package,
                          _save_precompiled, _skip_unsaveable_frame, _summarize_dropped_guards, _user_options,
                          precompile_enabled)
 
-# Imported where first used, not here: bucketing and bucket_padding (symbolic graphs), fallback
+# Imported where first used, not here: bucketing (symbolic graphs), fallback
 # (the compile path) and decompositions (tracing). A process that loads a precompiled package needs none
 # of them, and their imports were 24 ms of its 1 s warm start.
 
@@ -157,8 +157,8 @@ class CompiledGraph:
                 self.static = self._compile_once((), "")
         elif options.buckets:
             # one executable per bucket when the analysis proves it exact, else per exact shape
-            from .bucket_layouts import shape_key
-            from .bucketing import OUTPUTS, SPECIALIZED, analyze
+            from ..bucketing.layouts import shape_key
+            from ..bucketing.analysis import OUTPUTS, SPECIALIZED, analyze
 
             self.bucketing = analyze(gm, boundary_layouts, options.buckets)
             structured_trace.bucketing(name, kind, self.bucketing, options.buckets)
@@ -271,9 +271,9 @@ class CompiledGraph:
     # -- bucketed path: pad to the bucket, run the bucket's executable, slice back ------------
 
     def _call_bucketed(self, args: list) -> list:
-        from .bucket_sizes import buckets_within, sym_to_value
-        from .bucket_padding import check_sizes, pad_to_bucket, slice_from_bucket
-        from .bucketing import SymOutput
+        from ..bucketing.sizes import buckets_within, sym_to_value
+        from ..bucketing.padding import check_sizes, pad_to_bucket, slice_from_bucket
+        from ..bucketing.analysis import SymOutput
 
         analysis = self.bucketing
         true_env = {}
@@ -316,7 +316,7 @@ class CompiledGraph:
         return result
 
     def _specialize_bucket(self, key, padded, true_sizes, bucket_env) -> Executable:
-        from .bucket_padding import BucketInterpreter
+        from ..bucketing.padding import BucketInterpreter
 
         def trace():
             interpreter = BucketInterpreter(self.gm, self.bucketing, bucket_env)
@@ -334,7 +334,7 @@ class CompiledGraph:
 def specialize(gm: torch.fx.GraphModule, args: list) -> torch.fx.GraphModule:
     """Re-trace a symbolic graph on concrete arguments: every size becomes a constant."""
 
-    from .bucket_padding import RetraceInterpreter
+    from ..bucketing.padding import RetraceInterpreter
 
     def run(*flat):
         return RetraceInterpreter(gm).run(*flat)

@@ -69,7 +69,7 @@ def compile_with_fallback(gm: torch.fx.GraphModule, *, report: CompileReport, op
         return _compile_partitioned(_copy(gm), report, options, eager_collectives)
     if options.fallback != "eager":
         return compile_graph(gm, report=report, options=options)
-    from runtime.executor import XlaCompileError
+    from neuron_compile.runtime.executor import XlaCompileError
 
     original = _copy(gm)
     if not _blocked_nodes(original, _learned()):
@@ -246,7 +246,7 @@ def _compile_parts(parent: torch.fx.GraphModule, report: CompileReport, options)
             whole_eager.append((sub, f"{exc.op or 'an op'} does not lower ({exc.stage})"))
             continue
         except Exception as exc:  # noqa: BLE001 - XLA rejecting a partition: run that partition eagerly
-            from runtime.executor import XlaCompileError
+            from neuron_compile.runtime.executor import XlaCompileError
 
             if not isinstance(exc, (XlaCompileError, NotImplementedError)) or options.fallback != "eager":
                 raise

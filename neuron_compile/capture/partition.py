@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..output_views import find_output_views
-from .graph_rewrites import eliminate_common_subexpressions
+from ..decompositions.graph_rewrites import eliminate_common_subexpressions
 
 
 def partition(joint_module: torch.fx.GraphModule, joint_inputs, **kwargs):

@@ -36,7 +36,7 @@ import torch.fx
 
 from .._version import __version__
 from ..report import COUNTERS
-from .options import Options
+from ..options import Options
 
 log = logging.getLogger("neuron_compile")
 

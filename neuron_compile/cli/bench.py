@@ -225,7 +225,7 @@ def bench(spec: str, peers: list[str], *, repeat: int, train: bool, calls: int, 
                                TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"),
                                TRITON_CACHE_DIR=os.path.join(tmp, "triton"))
                     env.pop("NEURON_COMPILE_DUMP_DIR", None)
-                    env.pop("TORCH_NEURONX_DEBUG_DIR", None)  # its alias (capture/options.py)
+                    env.pop("TORCH_NEURONX_DEBUG_DIR", None)  # its alias (options.py)
                     phases = ["-"] if backend == "eager" else ["cold", "warm"]
                     for phase in phases:
                         bar.set_postfix_str(f"{backend} {phase}")

@@ -18,10 +18,10 @@ from .common import CompileFailure, UsageError, _fail_paragraph, emit_json
 
 def _artifact_cache(args):
     try:
-        from runtime.cache import ArtifactCache
+        from neuron_compile.runtime.cache import ArtifactCache
     except ImportError as exc:
         raise CompileFailure(f"the artifact cache is not available in this build (runtime.cache: {exc}).") from None
-    from ..capture.options import Options
+    from ..options import Options
 
     options = Options.resolve()
     path = args.cache_dir or options.cache_dir
@@ -102,7 +102,7 @@ def cmd_inspect(args) -> int:
     from pathlib import Path
 
     try:
-        from runtime.artifact import ArtifactError, read_artifact, stablehlo_text
+        from neuron_compile.runtime.artifact import ArtifactError, read_artifact, stablehlo_text
     except ImportError as exc:
         raise CompileFailure(f"the artifact format is not available in this build (runtime.artifact: {exc}).") from None
     path = Path(args.artifact)

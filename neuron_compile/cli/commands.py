@@ -253,7 +253,7 @@ def cmd_compile(args) -> int:
 
     import neuron_compile
 
-    from ..capture.options import Options
+    from ..options import Options
     from .specs import resize
 
     options = _backend_options(args)
@@ -362,7 +362,7 @@ def cmd_explain(args) -> int:
     import neuron_compile
 
     from ..capture.backend import neuron_backend
-    from ..capture.options import Options
+    from ..options import Options
     from .specs import resize
 
     options = _backend_options(args)

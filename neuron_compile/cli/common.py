@@ -80,7 +80,7 @@ def _backend_options(args) -> dict:
 
 def _check_pipeline(spec: str) -> None:
     from ..compiler import resolve_pipeline
-    from ..capture.options import Options
+    from ..options import Options
 
     try:
         resolve_pipeline(Options.resolve({"passes": spec}))

@@ -42,7 +42,8 @@ def register() -> None:
     if _registered:  # the first `import torch` of the process ran our entry point, which registered
         return
     from .. import profiling
-    from . import _accelerate_hooks, _dtensor_rng_hooks, _index_less, _optim_hooks, _torch_hooks, distributed, module, op_queue, optim, storage
+    from . import (_accelerate_hooks, _dtensor_rng_hooks, _index_less, _optim_hooks, _torch_hooks, distributed, module,
+                   op_queue, optim, storage)
 
     if torch._C._get_privateuse1_backend_name() not in ("privateuseone", _torch_hooks.NAME):
         return  # another backend owns PrivateUse1 in this process: leave it alone
@@ -71,7 +72,7 @@ def register() -> None:
 
 def _several_devices() -> bool:
     """Whether this process has several devices (``runtime/devices.py``) (a bad value is an error at first use)."""
-    from runtime.devices import local_device_count
+    from neuron_compile.runtime.devices import local_device_count
 
     try:
         return local_device_count() > 1

@@ -47,7 +47,7 @@ def build(calls: tuple, live: tuple) -> FusedRun:
     With the artifact cache on, the run is found by a key made of its kernels' own keys (their FX keys,
     known without any StableHLO at hand), its wiring and its live results: a process that meets a run
     another process fused loads the executable and builds no module at all."""
-    from ..capture.options import Options
+    from ..options import Options
     from ..compiler import compile_cache
     from ..report import COUNTERS, CompileReport, record
 
@@ -64,7 +64,7 @@ def build(calls: tuple, live: tuple) -> FusedRun:
             xla = _compile(text)
         COUNTERS["fused_run_compiles"] += 1
     else:
-        from runtime.cache_key import CacheKey
+        from neuron_compile.runtime.cache_key import CacheKey
 
         front = CacheKey.build("fused-run", {"kernels": [f.digest for f in fronts],
                                              "wiring": [[list(r) if r.__class__ is tuple else r for r in refs]
@@ -93,8 +93,8 @@ class _PendingRun:
     def compile(self):
         import datetime
 
-        from runtime.artifact import Artifact, portable_stablehlo
-        from runtime.cache_key import tool_versions
+        from neuron_compile.runtime.artifact import Artifact, portable_stablehlo
+        from neuron_compile.runtime.cache_key import tool_versions
 
         from .._version import __version__
         from ..report import COUNTERS
@@ -185,6 +185,6 @@ def _value(ref: tuple, called: list) -> str:
 
 
 def _compile(text: str):
-    from runtime.executor import XlaExecutable
+    from neuron_compile.runtime.executor import XlaExecutable
 
     return XlaExecutable.compile(text)

@@ -27,7 +27,7 @@ def _length(sizes: set, n: int, first: set) -> bool:
 def _bucket_shape(key, shape, table: dict):
     """``shape`` with its leading length (``_length``) at its bucket, or None where it has none; ``table``
     records the sightings under ``key``."""
-    from ..capture.bucket_sizes import round_up
+    from ..bucketing.sizes import round_up
 
     if not active() or not shape or not _buckets():
         return None
@@ -80,7 +80,7 @@ def _arange_values(op, args, dtype):
 
 def _host_arange(op, args, kwargs, leaves):
     from . import _torch_hooks
-    from ..capture.bucket_sizes import round_up
+    from ..bucketing.sizes import round_up
 
     out = kwargs["out"]
     data = out.untyped_storage()._neuron
@@ -130,7 +130,7 @@ def fill_bucket(tensor: torch.Tensor, value) -> bool:
 
 def _grown_shape(dtype, size):
     """``size`` with every dim ``empty_padded``'s sightings saw grow at its bucket, or None."""
-    from ..capture.bucket_sizes import round_up
+    from ..bucketing.sizes import round_up
 
     seen = EMPTY_SEEN.get((dtype, len(size)))
     if seen is None:

@@ -32,10 +32,10 @@ FORMAT = 1
 
 @functools.lru_cache(maxsize=1)
 def _salt() -> str:
-    from runtime.cache_key import toolchain_parts
+    from neuron_compile.runtime.cache_key import toolchain_parts
 
     from ..cache_key import source_fingerprint
-    from ..capture.options import Options
+    from ..options import Options
 
     # the lowering option picks another executable for the same signature (its FX key says so)
     return repr((FORMAT, source_fingerprint(), sorted(toolchain_parts().items()), Options.resolve().lowering))

@@ -12,7 +12,7 @@ def device_count() -> int:
     """The neuron devices of this process: ``NEURON_DEVICE_COUNT``, else torchrun's ``LOCAL_WORLD_SIZE``, else 1
     (``runtime/devices.py``).
     ``neuron:i`` lives on PJRT device ``i``."""
-    from runtime.devices import local_device_count
+    from neuron_compile.runtime.devices import local_device_count
 
     return local_device_count()
 

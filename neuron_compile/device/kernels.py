@@ -72,7 +72,7 @@ def register_direct_kernels() -> None:
                aten.copy_.default]
     for op in direct:
         _direct.impl(op, functools.partial(handle, op), _torch_hooks.PRIVATE_KEY)
-    from runtime.executor import register_device_adapter
+    from neuron_compile.runtime.executor import register_device_adapter
 
     from . import autocast
 

@@ -224,8 +224,8 @@ def _analyze(op, args, kwargs, leaves, dynamic, written=None):
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
-    from ..capture.bucketing import analyze
-    from ..capture.options import Options
+    from ..bucketing.analysis import analyze
+    from ..options import Options
     from ..decompositions import decomposition_table
     from ._torch_hooks import plain_dispatch
 
@@ -291,7 +291,7 @@ class Family:
         self._holds: dict = {}
 
     def _envs(self, leaves):
-        from ..capture.bucket_sizes import buckets_within
+        from ..bucketing.sizes import buckets_within
 
         analysis = self.analysis
         true = tuple(leaves.tensors[leaf].shape[dim] for leaf, dim in self.bind)
@@ -306,10 +306,10 @@ class Family:
         ok = self._holds.get(sizes)
         if ok is None:
             true, true_env, bucket_env = self._envs(leaves)
-            from ..capture.bucket_sizes import sym_to_value
+            from ..bucketing.sizes import sym_to_value
 
             try:
-                from ..capture.bucket_sizes import round_up
+                from ..bucketing.sizes import round_up
 
                 # every symbol of the trace at its size here (one size per symbol), and at its bucket
                 full: dict = {}
@@ -323,7 +323,7 @@ class Family:
                 ok = ok and all(bool(sym_to_value(g, env)) for g in self.guards if g.free_symbols <= full.keys()
                                 for env in (full, full_bucket))
                 if ok and self.analysis.checks:
-                    from ..capture.bucket_padding import check_sizes
+                    from ..bucketing.padding import check_sizes
 
                     check_sizes(self.analysis.checks, true_env, bucket_env)  # raises where one fails
             except Exception:  # noqa: BLE001 - a guard we cannot evaluate: exact shapes
@@ -333,7 +333,7 @@ class Family:
 
     def _adopt(self, leaves) -> bool:
         """Move a fresh written tensor onto a bucket's storage (its true part, the bucket's strides)."""
-        from ..capture.bucket_padding import padded_size
+        from ..bucketing.padding import padded_size
         from . import _torch_hooks
 
         tensor = leaves.tensors[self.written]
@@ -352,7 +352,7 @@ class Family:
         """The written tensor (if any) at its bucket shape is its storage's whole buffer."""
         if self.written is None:
             return True
-        from ..capture.bucket_padding import padded_size
+        from ..bucketing.padding import padded_size
 
         tensor = leaves.tensors[self.written]
         data = tensor.untyped_storage()._neuron
@@ -368,7 +368,7 @@ class Family:
                                                         _storage.contiguous_strides(shape))))
 
     def __call__(self, op, args, kwargs, leaves):
-        from ..capture.bucket_padding import padded_size
+        from ..bucketing.padding import padded_size
 
         if self.written is not None and active() and self.fits(leaves) and self._adopt(leaves):
             return OPS.dispatch(op, args, kwargs)  # its written tensor is now a bucket's: a new signature
@@ -409,7 +409,7 @@ class Family:
     def _compile(self, op, args, kwargs, leaves, shapes, bucket_env):
         from torch.fx.experimental.proxy_tensor import make_fx  # noqa: F401 - trace_op's
 
-        from ..capture.bucket_padding import BucketInterpreter
+        from ..bucketing.padding import BucketInterpreter
         from .trace import trace_op
 
         interpreter = BucketInterpreter(self.gm, self.analysis, bucket_env)
@@ -445,7 +445,7 @@ def _kinds(returns):
 
 
 def _buckets():
-    from ..capture.options import Options
+    from ..options import Options
 
     return Options.resolve().buckets
 

@@ -79,7 +79,7 @@ def _exchange_device(index: int) -> int:
 
 
 def get_device_name(device=None) -> str:
-    from runtime.executor import platform_description
+    from neuron_compile.runtime.executor import platform_description
 
     return f"neuron (XLA {platform_description()['platform']})"
 

@@ -348,7 +348,7 @@ class ExecutorAdapter:
         if (data.buffer is not None and data.dtype is tensor.dtype and tensor.numel() == data.numel
                 and not tensor.storage_offset() and tensor.is_contiguous() and tensor.numel()):
             # the whole storage at another shape (a head split, a 0-d view of one element): the same memory
-            from runtime.executor import reshaped_buffer
+            from neuron_compile.runtime.executor import reshaped_buffer
 
             return reshaped_buffer(data.buffer, tensor.shape)
         # a view, or a storage never written: its elements, computed on the device (at its own shape)
@@ -366,7 +366,7 @@ class ExecutorAdapter:
 # --- building a kernel -----------------------------------------------------------------------
 
 def _build(op, args, kwargs, leaves: Leaves) -> OpKernel | None:
-    from ..capture.options import Options
+    from ..options import Options
     from . import index
     from .trace import OpTraceError, trace_op
 
@@ -497,7 +497,7 @@ def user_line() -> str:
 
 
 def _compile(op, traced, options=None, index_name: str | None = None, retry=None) -> OpKernel | None:
-    from ..capture.options import Options
+    from ..options import Options
     from ..compiler import compile_graph, xla_aliases
     from ..lowering import LoweringError
     from ..report import CompileReport, record

@@ -104,7 +104,7 @@ def peer_failed(reason: str) -> None:
     work is waited on too) say nothing of the peers."""
     if "gloo/transport/" not in reason:
         return
-    from runtime import collectives
+    from neuron_compile.runtime import collectives
 
     collectives.peer_failed(reason)
 

@@ -284,7 +284,7 @@ def _put_parts(index: int = 0):
     from jax.sharding import SingleDeviceSharding
     from jaxlib import _jax
 
-    from runtime.executor import _device
+    from neuron_compile.runtime.executor import _device
 
     device = _device(index)
     # jax turns 64-bit values into 32-bit ones unless x64 is on: on for our transfers only, never globally

@@ -28,7 +28,7 @@ def run(calls: list, op: str | None, groups: list) -> None:
     and the results are written by device copies, no host copy. One executable per kinds, shapes, dtypes
     and op, compiled by every rank at its first such call (every rank makes the same collectives in the
     same order: DDP's buckets, FSDP2's per-module gathers, a coalesced batch)."""
-    from runtime.executor import DistributedBridge, XlaExecutable
+    from neuron_compile.runtime.executor import DistributedBridge, XlaExecutable
 
     from ..lowering.collectives import eager_module
     from ..lowering.splice import tensor_type

@@ -165,7 +165,7 @@ def composite_lookup(site) -> tuple[str, str] | None:
 
 def swap_composite_kernels(module) -> list[dict]:
     """``passes.swap`` with our lookup: one ``{site, kind, kernel, origin}`` per composite a kernel now serves."""
-    from passes.swap import SwapError, swap_composites
+    from neuron_compile.passes.swap import SwapError, swap_composites
 
     try:
         swaps = swap_composites(module, composite_lookup)

@@ -176,7 +176,7 @@ def _why_not_compiled(node: torch.fx.Node, name: str, world: int) -> str | None:
 def _devices_with_buffers():
     """Devices whose tensors are PJRT buffers of this process (``runtime.executor.DEVICE_ADAPTERS``): their
     collectives compile too, the buffers crossing to the distributed client (``DistributedBridge``)."""
-    from runtime.executor import DEVICE_ADAPTERS
+    from neuron_compile.runtime.executor import DEVICE_ADAPTERS
 
     return DEVICE_ADAPTERS
 

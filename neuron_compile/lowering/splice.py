@@ -292,7 +292,7 @@ def jax_to_stablehlo(function, avals) -> str:
     #sdy attributes it does not know), CHLO expanded."""
     import jax
 
-    from runtime.xla_logs import quiet_runtime_logs
+    from neuron_compile.runtime.xla_logs import quiet_runtime_logs
 
     quiet_runtime_logs()  # lowering may start JAX's own CPU client first: its INFO lines stay off the terminal
     with jax.enable_x64(True), _no_shardy():

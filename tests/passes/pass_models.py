@@ -110,7 +110,7 @@ def run_xla(text: str, inputs: list[np.ndarray]) -> list[np.ndarray]:
 def run_interpreter(text: str, inputs: list[np.ndarray]) -> list[np.ndarray]:
     """The reference interpreter aborts the process (LLVM ERROR) on
     `arith.constant`, so those become the equal `stablehlo.constant` first."""
-    from passes.canonicalize import arith_constants_to_stablehlo
+    from neuron_compile.passes.canonicalize import arith_constants_to_stablehlo
 
     ctx = ir.Context()
     _stablehlo.register_dialect(ctx)

@@ -1,8 +1,8 @@
 """Padding rules for ops whose outputs along a padded dim read neighbours or shift: convolution,
 cat and constant_pad_nd.
 
-``bucketing.py`` asks these for a node's layout (and the rewrite the bucketed
-re-trace applies, ``bucket_padding``). Each rule's algebra is in its docstring;
+``analysis.py`` asks these for a node's layout (and the rewrite the bucketed
+re-trace applies, ``padding``). Each rule's algebra is in its docstring;
 what no rule proves raises ``NotBucketable`` and the graph keeps exact shapes.
 """
 
@@ -11,8 +11,7 @@ from __future__ import annotations
 import sympy
 import torch
 
-from .bucket_layouts import (NotBucketable, _broadcast, _dim_expr, _expr, _norm, _padded, _static, layout_of_shape,
-                             prefix_atoms)
+from .layouts import NotBucketable, _broadcast, _dim_expr, _expr, _norm, _padded, _static, layout_of_shape, prefix_atoms
 
 aten = torch.ops.aten
 
@@ -34,7 +33,7 @@ def convolution_layout(node: torch.fx.Node, layout_of, rewrite):
     A weight padded along a spatial dim (a weight gradient, computed as a convolution of the input
     by the output gradient) is a contraction over that dim: with both sides masked to zeros the
     padded terms add nothing, if the output's spatial size is not padded (static, or the same at
-    the bucket, ``bucket_layouts.assume_invariant_sizes``; a padded one would differ there).
+    the bucket, ``layouts.assume_invariant_sizes``; a padded one would differ there).
     """
     args = node.args
     val = node.meta["val"]

@@ -3,12 +3,12 @@
 What ``bucketing.analyze`` proved, applied per call by ``CompiledGraph``:
 
 * ``check_sizes``: what the analysis assumed of the sizes (``BucketAnalysis.checks``)
-  holds at this call's true sizes and their buckets (``bucket_layouts.round_up``);
+  holds at this call's true sizes and their buckets (``layouts.round_up``);
 * ``BucketInterpreter``: re-runs the symbolic graph at the bucket's sizes
   under ``make_fx``, applying the analysis' rewrites (``Rewrite``): masks that
   give reductions their identity on padded positions (``apply_mask``,
   ``valid_mask``), sizes used as values read from the true sizes the
-  executable receives in a small int64 tensor (``bucket_layouts.sym_to_value``), a mean
+  executable receives in a small int64 tensor (``layouts.sym_to_value``), a mean
   divided by the true count, ``constant_pad_nd`` writing its value at the true
   end, an ``index_put`` into a padded dim wrapping negative indices with the
   true size. The result is a static graph for the ordinary compile path;
@@ -23,9 +23,9 @@ import math
 import torch
 import torch.fx
 
-from .bucket_layouts import Atoms, Layout, NotBucketable, _dim_expr, _padded_layout, _static
-from .bucket_sizes import round_up, sym_to_value
-from .bucketing import SAME_AT_BUCKET, BucketAnalysis
+from .layouts import Atoms, Layout, NotBucketable, _dim_expr, _padded_layout, _static
+from .sizes import round_up, sym_to_value
+from .analysis import SAME_AT_BUCKET, BucketAnalysis
 
 aten = torch.ops.aten
 
@@ -117,7 +117,7 @@ def _sort_padding_last(x, dim, atoms, descending, buckets_env, true_env):
 def _read_at_true_position(x, bucketed, target, d, position, size, true_env):
     """A slice or select at a size, read at the size's true value (the bucketed op read at the
     bucket's): rows ``position + j``, negative from the dim's true end ``size``, clamped to the
-    dim (``bucket_indexing``)."""
+    dim (``indexing``)."""
     n = x.shape[d]
     start = torch.as_tensor(sym_to_value(position, true_env))
     start = torch.where(start < 0, start + sym_to_value(size, true_env), start).clamp(0, n - 1)
@@ -189,7 +189,7 @@ class BucketInterpreter(RetraceInterpreter):
             indices[k] = torch.where(indices[k] < 0, indices[k] + n, indices[k])
             args[1] = indices
         if rewrite.scratch is not None:
-            # padded index entries write a scratch row past the end, dropped after (bucket_indexing)
+            # padded index entries write a scratch row past the end, dropped after (indexing)
             d, dims = rewrite.scratch
             target_in, n = args[0], args[0].shape[d]
             indices = list(args[1])
@@ -197,7 +197,7 @@ class BucketInterpreter(RetraceInterpreter):
             extended = torch.cat([target_in, target_in.narrow(d, 0, 1)], d)
             return target(extended, indices, *args[2:], **kwargs).narrow(d, 0, n)
         if rewrite.sort_last is not None and target is aten.topk.default:
-            # topk: the first k of the sort with the padded elements last (bucket_indexing.topk_layout)
+            # topk: the first k of the sort with the padded elements last (indexing.topk_layout)
             largest = args[3] if len(args) > 3 else kwargs.get("largest", True)
             d = rewrite.sort_last[0]
             values, order = _sort_padding_last(args[0], *rewrite.sort_last, largest, self.buckets_env, self.true_env)
@@ -238,7 +238,7 @@ class BucketInterpreter(RetraceInterpreter):
 
     def _cat_in_eager_order(self, out, pieces, d, atoms):
         """A bucketed cat gathered so that each real element sits where eager's cat puts it
-        (``bucket_conv_cat.cat_layout``)."""
+        (``conv_cat.cat_layout``)."""
         j = torch.arange(out.shape[d])
         index = j
         start_true, start_bucket = 0, 0

@@ -1,6 +1,6 @@
-"""Reductions over padded dims, for the padding analysis (``bucketing.py``): a reduced padded dim
+"""Reductions over padded dims, for the padding analysis (``analysis.py``): a reduced padded dim
 sees the reduction's identity on its padded positions (``where(mask, x, identity)`` before the op,
-``bucket_padding`` applies it), a mean divides by the true element count.
+``padding`` applies it), a mean divides by the true element count.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from .bucket_layouts import NotBucketable, _padded, _padded_layout, prefix_atoms
+from .layouts import NotBucketable, _padded, _padded_layout, prefix_atoms
 
 aten = torch.ops.aten
 

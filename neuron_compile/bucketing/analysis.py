@@ -3,7 +3,7 @@
 When Dynamo hands us a graph with symbolic sizes, each size symbol ``s`` is
 rounded up to a bucket ``S`` (the next multiple of 128 by default, or the next
 entry of an explicit list; capped at the last size the graph's guards admit,
-``bucket_layouts.bucket_within``). Inputs are padded to the bucket at call
+``layouts.bucket_within``). Inputs are padded to the bucket at call
 time, outputs sliced back, and one executable serves every length in the bucket.
 
 Padding must never leak into real values. The padded region of a tensor holds
@@ -24,7 +24,7 @@ padded dim (flip, roll along it, a view that splits a padded size, ...) makes
 the whole graph compile at exact shapes instead, and the reason is kept
 (``CompiledGraph.bucketing``, the compile report, ``neuron-compile explain``).
 
-Layouts (their arithmetic is ``bucket_layouts.py``). A dim of a padded tensor
+Layouts (their arithmetic is ``layouts.py``). A dim of a padded tensor
 is a row-major product of *atoms*, each a sympy expression of the true size
 (``s1``, ``s1 + 1``, a static ``64``); a view merging ``[s0, s1]`` into
 ``[s0*s1]`` keeps the atoms ``(s0, s1)`` so the padding pattern of the merged
@@ -32,9 +32,9 @@ dim is known. Where such a merged dim crosses a graph boundary (a forward
 output saved for the backward), the backward reads the forward's atoms back.
 
 Rewrites happen while the symbolic graph is re-traced at the bucket's sizes
-(``bucket_padding.BucketInterpreter`` under ``make_fx``), so the result is a
+(``padding.BucketInterpreter`` under ``make_fx``), so the result is a
 static graph that goes through the ordinary compile path and cache. This
-module is the analysis; ``bucket_padding`` applies it at each call.
+module is the analysis; ``padding`` applies it at each call.
 """
 
 from __future__ import annotations
@@ -46,19 +46,18 @@ import sympy
 import torch
 import torch.fx
 
-from .bucket_layouts import (NotBucketable, _broadcast, _dim_expr, _expr, _norm, _padded, _padded_layout, _regroup,
-                             Specialize, agree, assume_equal_sizes, assume_invariant_sizes, assume_products,
-                             assumed_products, end_assumptions, guarded_products, layout_of_shape, merged_input,
-                             shape_key, size_expr, specialize_sizes)
-from .bucket_sizes import size_multiples, symbol_admits
-from .bucket_conv_cat import (cat_layout, constant_pad_layout, convolution_backward_layout, convolution_layout,
-                              split_layout)
-from .bucket_indexing import (index_layout, index_put_layout, row_local_layout, select_layout, slice_layout, sort_layout,
-                              topk_layout)
-from .associative_scan import scan_op
-from .bucket_reductions import (_REDUCTIONS, _SCANS, _reduction, _reduction_layout, _vector_norm,
-                                associative_scan_layout, prefix_scan_layout)
-from .bucket_values import Positions, adopt_uniform, check_reads, inexact, value_fact
+from .layouts import (NotBucketable, _broadcast, _dim_expr, _expr, _norm, _padded, _padded_layout, _regroup,
+                      Specialize, agree, assume_equal_sizes, assume_invariant_sizes, assume_products, assumed_products,
+                      end_assumptions, guarded_products, layout_of_shape, merged_input, shape_key, size_expr,
+                      specialize_sizes)
+from .sizes import size_multiples, symbol_admits
+from .conv_cat import cat_layout, constant_pad_layout, convolution_backward_layout, convolution_layout, split_layout
+from .indexing import (index_layout, index_put_layout, row_local_layout, select_layout, slice_layout, sort_layout,
+                       topk_layout)
+from ..decompositions.associative_scan import scan_op
+from .reductions import (_REDUCTIONS, _SCANS, _reduction, _reduction_layout, _vector_norm, associative_scan_layout,
+                         prefix_scan_layout)
+from .values import Positions, adopt_uniform, check_reads, inexact, value_fact
 from .shape_env import graph_shape_env, graph_size_symbols, graph_traced_values
 
 aten = torch.ops.aten
@@ -109,7 +108,7 @@ class Rewrite:
 
 SPECIALIZED = ("specialized",)  # boundary_layouts' key for the sizes a forward specialized
 OUTPUTS = ("outputs",)  # and for its outputs' (shape, layout): a tangent is padded as its output was
-SAME_AT_BUCKET = "same at the bucket"  # a check's right side: its left is invariant (bucket_layouts)
+SAME_AT_BUCKET = "same at the bucket"  # a check's right side: its left is invariant (layouts)
 
 
 @dataclass(frozen=True)
@@ -131,7 +130,7 @@ class BucketAnalysis:
     input_layouts: dict = field(default_factory=dict)  # arg position -> Layout
     sym_inputs: dict = field(default_factory=dict)  # arg position -> size expression (fed at the bucket)
     output_layouts: list = field(default_factory=list)  # per output: Layout, SymOutput or None
-    output_facts: list = field(default_factory=list)  # per output: what bucket_values knows of its values
+    output_facts: list = field(default_factory=list)  # per output: what values knows of its values
     # positions in a padded layout cross graph boundaries as eager's positions: arg/output index -> atoms
     position_inputs: dict = field(default_factory=dict)
     position_outputs: dict = field(default_factory=dict)
@@ -161,7 +160,7 @@ def analyze(gm: torch.fx.GraphModule, boundary_layouts: dict | None = None, buck
     """Decide whether ``gm`` can run padded to ``buckets`` (the option: a multiple or a list), and
     how; never raises: a case the analysis does not know (NotBucketable) or trips over (any other
     exception) keeps exact shapes. Without ``buckets`` no size is taken for invariant
-    (``bucket_layouts.assume_invariant_sizes``)."""
+    (``layouts.assume_invariant_sizes``)."""
     try:
         hints = graph_traced_values(gm)
         if not hints:  # every size Dynamo gave a symbol it has since specialized (kimi_linear at 64 tokens:
@@ -210,7 +209,7 @@ def _analyze(gm, boundary_layouts, buckets, spec, hints, admits, blocks=False) -
     specialize_sizes(spec, hints)
     products = assumed_products()
     layouts: dict = {}  # node -> Layout (tensor) or list of Layouts (tuple outputs)
-    facts: dict = {}  # node -> what its real values are known to be (bucket_values)
+    facts: dict = {}  # node -> what its real values are known to be (values)
     size_symbols: set = set()
     bindings: dict = {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]

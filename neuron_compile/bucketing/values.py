@@ -1,4 +1,4 @@
-"""What the padding analysis knows about the *values* of integer and bool tensors (``bucketing.py`` asks).
+"""What the padding analysis knows about the *values* of integer and bool tensors (``analysis.py`` asks).
 
 Layouts say where a tensor's real region is; some ops also need to know what
 the real region *holds*. Advanced indexing is the case real models have:
@@ -68,7 +68,7 @@ import sympy
 import torch
 import torch.fx
 
-from .bucket_layouts import NotBucketable, _broadcast, _dim_expr, _norm, _padded, _static, size_expr
+from .layouts import NotBucketable, _broadcast, _dim_expr, _norm, _padded, _static, size_expr
 
 aten = torch.ops.aten
 
@@ -329,7 +329,7 @@ def value_fact(node: torch.fx.Node, facts: dict):
         accumulate = args[3] if len(args) > 3 else node.kwargs.get("accumulate", False)
         facts_in = [get(i) for i in args[1] if i is not None]
         if not accumulate and len(facts_in) == 1 and isinstance(facts_in[0], Positions) and facts_in[0].bijective:
-            return get(args[2])  # every real element written once, from a real value (bucket_indexing)
+            return get(args[2])  # every real element written once, from a real value (indexing)
         return None
     if target is aten.empty_like.default:
         return None  # the values are not read

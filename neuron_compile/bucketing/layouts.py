@@ -1,4 +1,4 @@
-"""Padded layouts: the arithmetic shape bucketing reasons in (``bucketing.py`` decides, with it,
+"""Padded layouts: the arithmetic shape bucketing reasons in (``analysis.py`` decides, with it,
 whether a graph is exact when padded).
 
 A dim of a padded tensor is a row-major product of *atoms*, each a sympy
@@ -7,7 +7,7 @@ content is the prefix of each atom. ``_broadcast`` is the layout of a
 pointwise result, ``_regroup`` of a view (static atoms may split; a view that
 splits a padded size is not bucketable). Pure functions of shapes and layouts:
 no graph, no tensors. The size arithmetic the analysis and the call share (the
-bucket of a true size, a size expression's value) is ``bucket_sizes``.
+bucket of a true size, a size expression's value) is ``sizes``.
 
 A symbolic atom whose value is the same at the true and at the bucket sizes
 (``round_up(t, 256)`` under buckets of 128: Mamba2's tokens padded to whole
@@ -25,7 +25,7 @@ import contextvars
 import sympy
 import torch
 
-from .bucket_sizes import _ANY, _SAMPLES, NotBucketable, _holds, bucket_within, sym_to_value
+from .sizes import _ANY, _SAMPLES, NotBucketable, _holds, bucket_within, sym_to_value
 from .shape_env import guards as shape_env_guards, value_ranges
 
 Atoms = tuple  # tuple[sympy.Expr, ...] : one dim as a row-major product of atoms

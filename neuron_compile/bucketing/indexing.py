@@ -1,9 +1,9 @@
 """Padding rules for ops that move data by index: advanced indexing, ``index_put``, ``gather`` and
 ``scatter``, ``sort`` and ``topk``, and slices and selects at a position.
 
-``bucketing.py`` asks these for a node's layout; what they need to know about
+``analysis.py`` asks these for a node's layout; what they need to know about
 index *values* (an arange over a padded dim, the positions a sort produced)
-comes from ``bucket_values``. Each rule's algebra is in its docstring. A case
+comes from ``values``. Each rule's algebra is in its docstring. A case
 no rule proves raises ``NotBucketable``: the graph keeps exact shapes.
 """
 
@@ -13,9 +13,9 @@ import sympy
 import torch
 import torch.fx
 
-from .bucket_layouts import (NotBucketable, _broadcast, agree, _dim_expr, _expr, _norm, _padded, _padded_layout,
-                             layout_of_shape, prefix_atoms)
-from .bucket_values import Positions, Uniform, _sym, inexact, within
+from .layouts import (NotBucketable, _broadcast, agree, _dim_expr, _expr, _norm, _padded, _padded_layout,
+                      layout_of_shape, prefix_atoms)
+from .values import Positions, Uniform, _sym, inexact, within
 
 aten = torch.ops.aten
 
@@ -291,7 +291,7 @@ def slice_layout(node: torch.fx.Node, src, rewrite):
 
 def _blocks(atoms, start, length):
     """Where a dim laid out as ``(n, *inner)`` (``n`` static: a cat of ``n`` pieces padded alike,
-    ``bucket_conv_cat.cat_layout``) is sliced from ``k E`` for ``m E`` (``E`` the inner size), whole
+    ``conv_cat.cat_layout``) is sliced from ``k E`` for ``m E`` (``E`` the inner size), whole
     blocks ``k .. k + m``, at the bucket as in eager: the layout ``(m, *inner)``; else None."""
     if len(atoms) < 2 or atoms[0].free_symbols or start is None:
         return None
