@@ -519,7 +519,7 @@ def worker(device: str, steps: int, result: str) -> int:
             for stage, seconds in rep.stages.items():
                 stages[stage] = stages.get(stage, 0.0) + seconds
         out["compile_stages_s"] = stages
-        from neuron_compile.cache_key import source_fingerprint
+        from neuron_compile.graph_keys import source_fingerprint
 
         out["source_fingerprint"] = source_fingerprint()[:16]
         out["neuron_compile_from"] = str(Path(report.__file__).parent)

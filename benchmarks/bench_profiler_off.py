@@ -54,7 +54,7 @@ def _without_hooks(function, lines):
 
 
 def _functions():
-    from neuron_compile.device import kernels, ops, storage
+    from neuron_compile.device import aten_kernels as kernels, ops, storage
 
     return {"kernels.handle": kernels.handle, "ops.dispatch": ops.dispatch, "storage.Data.set": storage.Data.set}
 
@@ -68,7 +68,7 @@ def _per_op(x, y, calls: int) -> float:
 
 def _check_alone() -> float:
     """The hooks' statements as a warm op meets them (one op, one result), in seconds."""
-    from neuron_compile.device import kernels, ops, storage
+    from neuron_compile.device import aten_kernels as kernels, ops, storage
 
     op = torch.ops.aten.add.Tensor
     statements = {

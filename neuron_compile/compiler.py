@@ -33,7 +33,7 @@ from neuron_compile.runtime.cache_key import CacheKey
 from neuron_compile.runtime.executor import (DistributedBridge, PersistentBuffers, XlaExecutable, input_converter,
                               platform_description, replicas_of, result_converter)
 
-from .cache_key import fx_cache_key, input_signature, output_signature, stablehlo_cache_key
+from .graph_keys import fx_cache_key, input_signature, output_signature, stablehlo_cache_key
 from .dump import GraphDump, pass_file_name
 from .decompositions.associative_scan import expand_associative_scans
 from .decompositions.graph_rewrites import fold_one_hot_sums, one_device, zero_size_values_to_constants
@@ -41,7 +41,7 @@ from .index_bounds import add_checks, check_results
 from .index_bounds import enabled as index_checks_enabled
 from .output_views import find_output_views, make_view
 from .lowering import drop_error_checks, lower_to_stablehlo
-from .lowering.collectives import collective_names, key_parts
+from .lowering.functional_collectives import collective_names, key_parts
 from . import _profiler_hooks, structured_trace
 from .report import COUNTERS, CompileReport
 

@@ -31,7 +31,7 @@ def skip_in_dynamo(*packages: str) -> None:
 
 # an eager op's way down to XLA (not neuron_compile.cli, whose built-in models are for compiling)
 COMPILE_STACK = ("neuron_compile.device", "neuron_compile.capture", "neuron_compile.lowering",
-                 "neuron_compile.decompositions", "neuron_compile.cache_key", "neuron_compile.compiler",
+                 "neuron_compile.decompositions", "neuron_compile.graph_keys", "neuron_compile.compiler",
                  "neuron_compile.output_views", "neuron_compile.runtime", "neuron_compile.passes", "torch_mlir", "jax", "jaxlib")
 _stack_hidden = False
 

@@ -19,7 +19,7 @@ trace event's ``args``):
                               "xla" on the device's buffers or "gloo" on host copies)
     neuron::graph <id>        one call of a graph ``torch.compile`` compiled (graph)
 
-The hooks sit where the work happens (``ops.dispatch``, ``ops.run_on_host``,
+The hooks sit where the work happens (``ops.dispatch``, ``transfers.run_on_host``,
 ``storage.host_to_buffer``/``buffer_to_host``, ``bounds``, ``report.CompileReport.stage``,
 ``compiler.compile_graph``, ``capture.backend.NeuronOutputCode.__call__``, and
 ``instrument_collectives``' wrappers of the process group's two collective paths); each
@@ -52,7 +52,7 @@ def execute(run, op, leaves):
 
 
 def host_fallback(run, op, args, kwargs):
-    """``run(op, args, kwargs)`` (``ops.run_on_host``) inside a ``neuron::host_fallback`` event."""
+    """``run(op, args, kwargs)`` (``transfers.run_on_host``) inside a ``neuron::host_fallback`` event."""
     global _on_host_depth
     _on_host_depth += 1
     try:

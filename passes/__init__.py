@@ -12,7 +12,7 @@ This package imports nothing of ``neuron_compile`` but itself, nor ``neuron_comp
 """
 from .pass_result import PassResult
 from .pipeline import DEFAULT_PIPELINE, PROFILES, PassStat, Pipeline, parse_pipeline
-from .registry import PASSES, PipelineError
+from .pass_registry import PASSES, PipelineError
 
 __all__ = [
     "DEFAULT_PIPELINE",

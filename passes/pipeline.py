@@ -37,7 +37,7 @@ from typing import Any
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo
 
-from .registry import PipelineError, format_pass, make_pass, pass_options
+from .pass_registry import PipelineError, format_pass, make_pass, pass_options
 
 PROFILES: dict[str, str] = {
     "none": "",

@@ -9,7 +9,7 @@ part hashes. Two keys that differ can then say which part differed
 
 This module is generic: it knows nothing of FX. ``toolchain_parts()`` gives the
 parts every key shares (the versions of the external tools, the XLA platform
-and compile options); ``neuron_compile.cache_key`` adds the FX-level and
+and compile options); ``neuron_compile.graph_keys`` adds the FX-level and
 StableHLO-level parts.
 """
 

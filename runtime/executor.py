@@ -37,7 +37,7 @@ import torch
 from jaxlib import _jax, utils, xla_client
 from torch.utils.dlpack import from_dlpack as _from_capsule
 
-from . import collectives
+from . import distributed as collectives
 from .devices import local_device_count
 from .xla_logs import quiet_runtime_logs
 

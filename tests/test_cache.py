@@ -23,7 +23,7 @@ import neuron_compile
 import neuron_compile.runtime.cache_key
 import neuron_compile.runtime.executor
 from neuron_compile import COUNTERS
-from neuron_compile.cache_key import fx_cache_key, stablehlo_cache_key, strip_debug_locations
+from neuron_compile.graph_keys import fx_cache_key, stablehlo_cache_key, strip_debug_locations
 from neuron_compile.runtime.artifact import FORMAT_VERSION, Artifact, read_artifact
 from neuron_compile.runtime.cache import ArtifactCache, CacheWarning, MemoryCache
 from neuron_compile.runtime.cache_key import CacheKey
@@ -109,7 +109,7 @@ def test_each_part_changed_gives_a_new_key(monkeypatch):
     monkeypatch.setattr(neuron_compile.runtime.executor, "platform_description", lambda: {"platform": "neuron", "device_kind": "trn2"})
     assert changed(fx_cache_key(traced(f_relu, (4, 8), (8, 2)), "default")) == ["platform"]
     monkeypatch.undo()
-    monkeypatch.setattr("neuron_compile.cache_key.source_fingerprint", lambda: "edited lowering")
+    monkeypatch.setattr("neuron_compile.graph_keys.source_fingerprint", lambda: "edited lowering")
     assert changed(fx_cache_key(traced(f_relu, (4, 8), (8, 2)), "default")) == ["neuron_compile"]
 
 

@@ -147,7 +147,7 @@ def test_hugging_face_labels_with_ignore_index_pass_and_a_token_past_the_vocabul
 
 
 def test_the_variable_turns_the_check_off(monkeypatch):
-    from neuron_compile.device import bounds
+    from neuron_compile.device import index_checks as bounds
 
     monkeypatch.setenv("NEURON_COMPILE_INDEX_CHECKS", "0")
     assert not bounds.enabled()  # what ops reads when it is imported

@@ -1,4 +1,4 @@
-"""torch.distributed on neuron tensors: the ``neuron`` process-group backend (``neuron_compile/device/distributed.py``).
+"""torch.distributed on neuron tensors: the ``neuron`` process-group backend (``neuron_compile/device/collectives/process_group.py``).
 
 Two ranks under torchrun (one launch for the module: starting two processes
 that import torch and jax is most of the time) train the same tiny MLP with
@@ -296,7 +296,7 @@ def N(t):
 
 
 def test_collectives_write_their_results_into_neuron_tensors(group):
-    from neuron_compile.device.distributed import NeuronProcessGroup
+    from neuron_compile.device.collectives.process_group import NeuronProcessGroup
 
     assert isinstance(group, NeuronProcessGroup) and dist.get_backend() == "neuron"
     x = torch.arange(6.0)

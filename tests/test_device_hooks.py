@@ -145,7 +145,7 @@ def test_pin_memory_for_the_device_is_a_host_copy():
     torch.testing.assert_close(batch["a"].to("neuron").cpu(), torch.arange(3.0)[None])
 
 
-# --- torch.distributed (neuron_compile/device/distributed.py) ------------------------------------------
+# --- torch.distributed (neuron_compile/device/collectives/process_group.py) ------------------------------------------
 
 def test_the_neuron_process_group_backend_is_registered_for_neuron_and_cpu():
     import torch.distributed as dist
@@ -164,7 +164,7 @@ def test_a_python_process_group_from_the_creator_is_the_group_and_cpp_reaches_it
     DDP's reducer) calls its Python methods and its Python Work's ``wait`` through torch's trampolines."""
     import torch.distributed as dist
 
-    from neuron_compile.device.distributed import NeuronProcessGroup, NeuronWork
+    from neuron_compile.device.collectives.process_group import NeuronProcessGroup, NeuronWork
 
     dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
     try:
@@ -206,10 +206,10 @@ def test_dynamo_disable_and_skip_folders_keep_dynamo_out():
     import torch._dynamo.trace_rules as rules
     import torch_mlir.extras.fx_importer as fx_importer
 
-    import neuron_compile.cache_key as cache_key
+    import neuron_compile.graph_keys as cache_key
 
     # a namespace package (its folder) and a module (its file), in one call
-    dynamo_skips.skip_in_dynamo("torch_mlir", "neuron_compile.cache_key")
+    dynamo_skips.skip_in_dynamo("torch_mlir", "neuron_compile.graph_keys")
     assert rules.check_file(fx_importer.__file__).skipped
     assert rules.check_file(cache_key.__file__).skipped
     fn = _torch_hooks.run_eagerly(lambda x: x + 1)

@@ -212,7 +212,7 @@ def test_shipped_attention_kernel_against_sdpa():
 def test_kernel_version_and_source_are_in_the_cache_key():
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from neuron_compile.cache_key import fx_cache_key
+    from neuron_compile.graph_keys import fx_cache_key
 
     gm = make_fx(lambda x: scaled_tanh(x, 2.0))(torch.randn(2, 3))
     before = fx_cache_key(gm, "default")

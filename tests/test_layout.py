@@ -210,7 +210,7 @@ def test_modules_are_short_enough_to_read():
 
 def test_fingerprint_exclusions_name_files():
     """``cache_key._NOT_IN_FINGERPRINT`` names files by path: a moved file must be renamed there."""
-    from neuron_compile.cache_key import _NOT_IN_FINGERPRINT, _our_sources
+    from neuron_compile.graph_keys import _NOT_IN_FINGERPRINT, _our_sources
 
     names = {name for name, _ in _our_sources()}
     assert [p for p in sorted(_NOT_IN_FINGERPRINT) if p not in names] == []
@@ -241,7 +241,7 @@ LAYERS = [
     ("device", ["neuron_compile.device"]),
     ("capture", ["neuron_compile.capture"]),
     ("bucketing", ["neuron_compile.bucketing"]),
-    ("spine", ["neuron_compile.compiler", "neuron_compile.cache_key", "neuron_compile.index_bounds",
+    ("spine", ["neuron_compile.compiler", "neuron_compile.graph_keys", "neuron_compile.index_bounds",
                "neuron_compile.output_views", "neuron_compile.dump", "neuron_compile.structured_trace",
                "neuron_compile.profiling", "neuron_compile.dynamo_skips"]),
     ("kernels", ["neuron_compile.kernels"]),

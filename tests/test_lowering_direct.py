@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import neuron_compile.report as report
-from neuron_compile.cache_key import fx_cache_key
+from neuron_compile.graph_keys import fx_cache_key
 from neuron_compile.options import Options
 from neuron_compile.lowering import direct, direct_ir
 

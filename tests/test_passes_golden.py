@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from neuron_compile.passes import parse_pipeline
-from neuron_compile.passes.registry import PASSES
+from neuron_compile.passes.pass_registry import PASSES
 
 CASES = sorted((Path(__file__).parent / "filecheck").glob("*.mlir"))
 FILECHECK = Path(sys.executable).with_name("filecheck")

@@ -1,4 +1,4 @@
-"""A dead rank ends the job; a slow one does not (``runtime/collectives.py``, ``device/distributed.py``).
+"""A dead rank ends the job; a slow one does not (``runtime/distributed.py``, ``device/distributed.py``).
 
 Two ranks train with neuron tensors, under one torchrun or one torchrun per rank (as two machines run
 it), over the ``neuron`` process group or a ``gloo`` one (``init_process_group("gloo")`` serving neuron
@@ -205,7 +205,7 @@ def test_the_distributed_xla_client_takes_the_groups_timeout(backend):
 
     import torch.distributed as dist
 
-    from neuron_compile.runtime.collectives import _torch_world
+    from neuron_compile.runtime.distributed import _torch_world
 
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
                             timeout=datetime.timedelta(seconds=7))

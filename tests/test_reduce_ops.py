@@ -25,7 +25,7 @@ WORKER = textwrap.dedent('''
     import json, os, sys, traceback
     import torch, torch.distributed as dist
     import torch.nn.functional as F
-    from neuron_compile.device import reduce_ops
+    from neuron_compile.device.collectives import reduce_ops
     from neuron_compile.device.opkernel import COUNTS
 
     out_dir = sys.argv[1]

@@ -152,7 +152,7 @@ class _Lowerable(OperatorSupportBase):
 
 def _route_collectives(gm: torch.fx.GraphModule, report: CompileReport, options) -> set[str]:
     """Route the graph's collectives (notes and counts in the report); the names of the eager ones."""
-    from ..lowering import collectives
+    from ..lowering import functional_collectives as collectives
 
     if not collectives.has_collectives(gm):
         return set()

@@ -57,7 +57,7 @@ def _precompile_tag(options: Options) -> str:
     """What AOTAutograd's output depends on besides Dynamo's graph: our decomposition table and
     partitioner (our sources) and the options that change what is compiled. Part of
     AOTAutogradCache's key (``cache_key_tag``) and checked again when a package is loaded."""
-    from ..cache_key import source_fingerprint
+    from ..graph_keys import source_fingerprint
 
     what = {f.name: getattr(options, f.name) for f in dataclasses.fields(Options) if f.name not in _ENV_ONLY}
     return f"neuron_compile {__version__} {source_fingerprint()[:16]} {what}"

@@ -695,7 +695,7 @@ def _nonzero_static(x, *, size: int, fill_value: int = -1):
 @_misc(aten.view_copy.dtype)
 def _view_copy_dtype(x, dtype):
     # torch-mlir has no view_copy.dtype: the view (a bitcast, ``lowering.jax_rules``), then a copy. The
-    # device reinterprets a storage's bytes with it (device.ops.retype)
+    # device reinterprets a storage's bytes with it (device.transfers.retype)
     return aten.view.dtype(x, dtype).clone()
 
 

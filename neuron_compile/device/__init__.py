@@ -3,23 +3,31 @@
 ``register()`` runs at ``import torch`` (the ``torch.backends`` entry point;
 ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` turns it off). It only names things:
 PrivateUse1 becomes ``neuron``, ``torch.neuron`` is this package's ``module``,
-and the dispatcher's PrivateUse1 fallback points at ``kernels.handle``. jax,
+and the dispatcher's PrivateUse1 fallback points at ``aten_kernels.handle``. jax,
 torch-mlir and the compiler load on the first op.
 
-* ``_torch_hooks``: the private torch APIs this rests on, in one place;
-* ``storage``: a PJRT buffer per storage, host transfers, memory counters;
-* ``kernels``: factories, copies, views, ``resize_``/``set_``, random ops;
-* ``ops``: every other op, traced once per signature (``trace``) and compiled
-  by ``compiler.compile_graph``: the compiled path's decompositions, lowering,
-  passes, artifact cache and executor; ``opkernel`` holds a call's signature
-  and the compiled kernel, ``index`` the persistent op index (a new process
-  skips tracing);
-* ``optim``: Adam's, AdamW's and SGD's steps as one executable each (fused, and
-  the foreach and for-loop steps, routed through ``_optim_hooks``: the private
-  ``torch.optim`` functions replaced), DTensor parameters on their local tensors;
-* ``distributed`` and ``xla_collectives``: the ``neuron`` process group, its
-  collectives run by XLA on the device's buffers or staged through gloo;
-* ``autocast``: ``torch.autocast("neuron")`` kernels.
+The way of an eager op, top down:
+
+* ``aten_kernels``: the dispatcher's PrivateUse1 fallback (``handle``) and the device's own ATen
+  kernels: factories, copies, views, ``resize_``/``set_``, random ops;
+* ``ops``: every other op, one compiled executable per signature (``dispatch``); ``trace`` traces an
+  op into a functional FX graph, ``opkernel`` holds a call's signature and its compiled kernel,
+  ``op_index`` the persistent signature -> executable index (a new process skips tracing);
+* ``op_queue`` and ``fusion``: adaptive eager execution, ops queued in stream order and runs of them
+  that repeat fused into one executable;
+* ``transfers``: copies to and from the host, ops run on host copies, ``retype``/``resize_``;
+* ``storage``: one PJRT buffer per storage, the buffers' memory counters; ``memory``:
+  ``torch.neuron.memory``;
+* ``lengths`` and ``grown``: ops at growing lengths compiled once per 128-bucket;
+* ``index_checks``: index bounds checked as CPU checks them; ``rng`` and ``philox``: the device's
+  Philox (seed, offset) state; ``autocast``: ``torch.autocast("neuron")``;
+* ``optim``: Adam's, AdamW's and SGD's steps as one executable each;
+* ``collectives/``: the ``neuron`` process group and its collectives;
+* ``module``: ``torch.neuron``; ``ordinals``: how many devices, which is current; ``op_tracking``:
+  which ATen ops ran, and which on the host; ``post_import``: patches applied when a library loads;
+* ``_torch_hooks``, ``_autograd_hooks``, ``_optim_hooks``, ``_device_constructor_hooks``,
+  ``_accelerate_hooks``, ``_dtensor_rng_hooks``: each private API of torch or of a library the
+  device stands on, in one small module, with a test that fails when it changes.
 
 ``neuron_compile.dynamo_skips`` keeps Dynamo out of the kernels
 and the compile path under them; the backend calls it when Dynamo first looks
@@ -42,8 +50,9 @@ def register() -> None:
     if _registered:  # the first `import torch` of the process ran our entry point, which registered
         return
     from .. import profiling
-    from . import (_accelerate_hooks, _dtensor_rng_hooks, _index_less, _optim_hooks, _torch_hooks, distributed, module,
-                   op_queue, optim, storage)
+    from . import (_accelerate_hooks, _dtensor_rng_hooks, _device_constructor_hooks, _optim_hooks,
+                   _torch_hooks, module, op_queue, optim, storage)
+    from .collectives import process_group
 
     if torch._C._get_privateuse1_backend_name() not in ("privateuseone", _torch_hooks.NAME):
         return  # another backend owns PrivateUse1 in this process: leave it alone
@@ -57,8 +66,8 @@ def register() -> None:
     _aten_impls.impl("_unsafe_view", _unsafe_view, "PrivateUse1")  # past CPU's composite kernel
     _torch_hooks.print_through_cpu()
     _torch_hooks.make_storages_with(storage.new_storage, storage.clone_storage, storage.byteswap_storage)
-    distributed.register()  # init_process_group("neuron"): names the backend, connects nothing
-    profiling.instrument_collectives(distributed.NeuronProcessGroup)  # neuron::collective profiler events
+    process_group.register()  # init_process_group("neuron"): names the backend, connects nothing
+    profiling.instrument_collectives(process_group.NeuronProcessGroup)  # neuron::collective profiler events
     _torch_hooks.route_default_compiler(_default_compiler)
     _torch_hooks.route_accelerator_to(module)
     _optim_hooks.multi_tensor_adam_through(optim.multi_tensor_adam)  # one executable a step
@@ -66,7 +75,7 @@ def register() -> None:
     _accelerate_hooks.install()  # accelerate finds this device under torchrun (patched when it imports)
     _dtensor_rng_hooks.install()  # DTensor's RNG tracker draws shards of the device's Philox stream
     if _several_devices():
-        _index_less.index_less_moves_follow_current()  # x.to("neuron") lands on the current device
+        _device_constructor_hooks.index_less_moves_follow_current()  # x.to("neuron") lands on the current device
     _registered = True
 
 
@@ -81,13 +90,13 @@ def _several_devices() -> bool:
 
 
 def _unsafe_view(tensor, size):
-    from .kernels import unsafe_view
+    from .aten_kernels import unsafe_view
 
     return unsafe_view(tensor, size)
 
 
 def _fallback(op, *args, **kwargs):
-    from .kernels import handle
+    from .aten_kernels import handle
 
     return handle(op, *args, **kwargs)
 

@@ -83,7 +83,7 @@ class _PendingRun:
     (``runtime.cache.Pending``)."""
 
     def __init__(self, calls: tuple, live: tuple, front, report):
-        from ..cache_key import stablehlo_cache_key
+        from ..graph_keys import stablehlo_cache_key
 
         self.front, self.report = front, report
         with report.stage("fuse"):

@@ -10,8 +10,8 @@ from typing import NamedTuple
 
 import torch
 
-from . import indices as _indices
-from .indices import check_index, current_device, device_count  # noqa: F401 (torch.neuron's)
+from . import ordinals
+from .ordinals import check_index, current_device, device_count  # noqa: F401 (torch.neuron's)
 from . import storage as _storage
 
 
@@ -37,7 +37,7 @@ def _lazy_init() -> None:
     """Make the device ready for its first op (``torch.cuda._lazy_init``'s name): its direct kernels, and
     the executor's adapter for its buffers. The first eager op does it; a compiled graph that makes
     neuron tensors from no neuron input runs before any (the executor asks for it by this name)."""
-    from .kernels import register_direct_kernels
+    from .aten_kernels import register_direct_kernels
 
     register_direct_kernels()
 
@@ -67,7 +67,7 @@ def set_device(device) -> None:
     ``torch.accelerator.set_device_index(1)``, routed here); a negative int is a no-op, as on CUDA."""
     if isinstance(device, int) and device < 0:
         return
-    _indices.set_current(_index(device))
+    ordinals.set_current(_index(device))
 
 
 def _exchange_device(index: int) -> int:

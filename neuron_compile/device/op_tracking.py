@@ -3,7 +3,7 @@
 ``kernels.handle`` (every op that reaches the ``neuron`` dispatch key) adds one
 to ``EXECUTED[id(op)]`` (keyed by identity: ``OpOverload.__hash__`` is Python
 code, 170 ns a call here; ``kernels.KERNELS`` holds every op handled, so its
-keys name them back); ``ops.run_on_host`` (an op whose output shapes depend on
+keys name them back); ``transfers.run_on_host`` (an op whose output shapes depend on
 its data, one that does not lower under ``fallback="eager"``, one with a
 ``view(dtype)`` beside its base...) adds one to ``ON_HOST[op]``. Counting is
 always on: one dict increment per op (``benchmarks/bench_profiler_off.py``). ``torch.neuron.get_executed_ops()``,

@@ -154,7 +154,7 @@ def region(index: int, positions, increment: int):
 
 def draw(op, args, kwargs):
     """Run random op ``op`` on a local neuron tensor inside a region: its values from the Philox stream."""
-    from . import ops
+    from . import transfers
 
     reg = _local.region
     bound = _bind(op, args, kwargs)
@@ -168,17 +168,17 @@ def draw(op, args, kwargs):
         noise = keep.to(x.dtype)
         scaled = noise.mul_(0) if p == 1 else noise.div_(1 - p)
         index = x.device.index
-        return aten.mul.Tensor(x, ops.from_host(scaled, index)), ops.from_host(keep, index)
+        return aten.mul.Tensor(x, transfers.from_host(scaled, index)), transfers.from_host(keep, index)
     if name in ("normal_", "uniform_", "bernoulli_", "random_"):
         target = bound["self"]
         values = _values(op, name, bound, target, reg)
-        ops.copy_into(target, values)
+        transfers.copy_into(target, values)
         return target
     if op in (aten.bernoulli.default, aten.bernoulli.p):
         source = bound["self"]
-        p = ops.to_host(source) if op is aten.bernoulli.default else bound["p"]
+        p = transfers.to_host(source) if op is aten.bernoulli.default else bound["p"]
         u = torch.from_numpy(philox.uniform(reg.seed, reg.counters(source.shape))).reshape(source.shape)
-        return ops.from_host((u < p).to(source.dtype), source.device.index)
+        return transfers.from_host((u < p).to(source.dtype), source.device.index)
     raise NotImplementedError(
         f"{op} has no draw from the neuron device's Philox stream: DTensor random ops on a neuron mesh draw "
         "normal_, uniform_, bernoulli, random_ and dropout (neuron_compile/device/rng.py)")
@@ -204,9 +204,9 @@ def _values(op, name, bound, target, reg) -> torch.Tensor:
         u = torch.from_numpy(philox.uniform(reg.seed, counters)).reshape(shape)
         p = bound["p"]
         if isinstance(p, torch.Tensor):
-            from . import ops
+            from . import transfers
 
-            p = ops.to_host(p).to(torch.float64)
+            p = transfers.to_host(p).to(torch.float64)
         return (u < p).to(dtype)
     # random_: integers on [low, high), drawn as 64 random bits modulo the range
     low, high = _random_range(op, bound, dtype)

@@ -7,7 +7,7 @@ nothing). Views, ``.data``, ``detach()`` and ``nn.Parameter`` share the storage
 object, so they share the ``Data``; an in-place op replaces ``Data.buffer`` and
 every view sees the new value. A ``view(dtype)`` shares it too: a tensor that
 reaches an op in a dtype other than its storage's has the storage's bytes
-reinterpreted first (``ops.retype``: one bitcast on the device; ``retype``
+reinterpreted first (``transfers.retype``: one bitcast on the device; ``retype``
 here, through the host, for a bool view), so a write through either dtype
 reaches the other.
 
@@ -38,7 +38,7 @@ import functools
 import torch
 
 from .. import _profiler_hooks
-from . import _torch_hooks, indices
+from . import _torch_hooks, ordinals
 from . import op_queue as _op_queue
 from .op_queue import Pending as _Pending
 
@@ -220,11 +220,11 @@ def device_index(device) -> int:
     """The neuron device index a factory's ``device=`` names (the current device when it names none, as on
     CUDA), checked against the device count: an index out of range is an error naming it."""
     if device is None:
-        return indices.current_device()
+        return ordinals.current_device()
     device = torch.device(device)
     if device.type != "neuron" or device.index is None:
-        return indices.current_device()
-    return indices.check_index(device.index)
+        return ordinals.current_device()
+    return ordinals.check_index(device.index)
 
 
 def check_device(device) -> None:
@@ -387,7 +387,7 @@ def shared_constant(numel: int, dtype: torch.dtype, value, index: int = 0, shape
 
 
 def retype(data: Data, dtype: torch.dtype) -> None:
-    """Reinterpret a storage's bytes as ``dtype``, through the host (``ops.retype`` does it on the device
+    """Reinterpret a storage's bytes as ``dtype``, through the host (``transfers.retype`` does it on the device
     where it can). A tail shorter than one ``dtype`` element is padded with zero bytes, so that no byte
     is lost (the storage grows by less than one element)."""
     nbytes = data.numel * data.dtype.itemsize

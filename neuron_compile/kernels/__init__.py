@@ -17,7 +17,8 @@ Nothing here imports JAX until a kernel is lowered.
 from typing import Callable
 
 from .autograd import attach_autograd
-from .registry import ENTRY_POINT_GROUP, Kernel, KernelError, add, kernels, make_kernel, rediscover, unregister_kernel
+from .kernel_registry import (ENTRY_POINT_GROUP, Kernel, KernelError, add, kernels, make_kernel, rediscover,
+                              unregister_kernel)
 
 
 def register_kernel(target, fn: Callable | None = None, *, version: str = "1", backward: Callable | None = None,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .registry import Kernel, KernelError, lookup
+from .kernel_registry import Kernel, KernelError, lookup
 
 NAMESPACE = "neuron_kernels"
 _LIB = None

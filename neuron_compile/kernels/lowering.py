@@ -21,7 +21,7 @@ import torch
 
 from ..lowering.diagnostics import LoweringError, user_source_line
 from .autograd import BACKWARD_OPS, NAMESPACE
-from .registry import Kernel, composite_kernels, discover, lookup
+from .kernel_registry import Kernel, composite_kernels, discover, lookup
 
 
 class KernelLoweringError(LoweringError):

@@ -68,7 +68,7 @@ def lower_to_stablehlo(gm: torch.fx.GraphModule, *, report=None, graph_name: str
     with no Torch-MLIR; any other graph takes the path below."""
     drop_error_checks(gm)
     _refuse_data_dependent_shapes(gm, graph_name)
-    from .collectives import has_collectives
+    from .functional_collectives import has_collectives
     from .splice import jax_nodes, lower_spliced
 
     if direct and (kernel_rule is None or not any(kernel_rule(n) for n in gm.graph.nodes if n.op == "call_function")):

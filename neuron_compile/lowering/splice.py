@@ -39,7 +39,7 @@ import torch
 import torch.fx
 from torch.fx.node import map_arg
 
-from .collectives import is_collective, lower_group, world_size
+from .functional_collectives import is_collective, lower_group, world_size
 from . import runtime_offsets  # noqa: F401 - registers the rule of the device's run-time offset slices
 from .jax_rules import _ELEMENT_NAME, ALWAYS, RULES, _np_dtype
 

@@ -10,16 +10,16 @@ import functools
 import torch
 import torch.utils._device
 
-from . import indices
+from . import ordinals
 
 
 def _with_index(device):
     """``device`` with the current index when it names neuron without one (``"neuron"``), else itself."""
     if type(device) is str:
         if device == "neuron":
-            return torch.device("neuron", indices.current_device())
+            return torch.device("neuron", ordinals.current_device())
     elif type(device) is torch.device and device.type == "neuron" and device.index is None:
-        return torch.device("neuron", indices.current_device())
+        return torch.device("neuron", ordinals.current_device())
     return device
 
 

@@ -4,7 +4,7 @@ The ``neuron`` process group (``distributed.py``) sends its all-reduces, all-gat
 reduce-scatters from one tensor, broadcasts and even all-to-alls of neuron tensors here, one at a time or
 coalesced (its whole-world group, or a subgroup whose size divides the world): one small StableHLO
 module of the collectives (``lowering.collectives.eager_module``), compiled once per kinds, shapes, dtypes
-and op on the client compiled graphs' collectives use (``runtime/collectives.py``), run on the tensors' own
+and op on the client compiled graphs' collectives use (``runtime/distributed.py``), run on the tensors' own
 buffers, which cross to that client and back through DLPack (the same host memory).
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ._torch_hooks import NAME
+from .._torch_hooks import NAME
 
 DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64})
 _REDUCTIONS = {}  # ReduceOp's RedOpType -> the lowering's name, filled on first use
@@ -30,9 +30,9 @@ def run(calls: list, op: str | None, groups: list) -> None:
     same order: DDP's buckets, FSDP2's per-module gathers, a coalesced batch)."""
     from neuron_compile.runtime.executor import DistributedBridge, XlaExecutable
 
-    from ..lowering.collectives import eager_module
-    from ..lowering.splice import tensor_type
-    from .opkernel import COUNTS
+    from ...lowering.functional_collectives import eager_module
+    from ...lowering.splice import tensor_type
+    from ..opkernel import COUNTS
 
     size = len(groups[0])
     sources, results = [], []

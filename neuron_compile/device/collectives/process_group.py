@@ -18,7 +18,7 @@ subgroup), an all-reduce, all-gather (into one tensor), reduce-scatter (from
 one tensor), broadcast or all-to-all (even splits) of neuron tensors, and
 their coalesced batches (``_coalescing_manager``, DDP's ``_broadcast_coalesced``;
 one executable a batch), runs as XLA's collective on
-the distributed PJRT client (``runtime/collectives.py``, the one compiled
+the distributed PJRT client (``runtime/distributed.py``, the one compiled
 graphs' collectives use): each buffer crosses there and back through DLPack,
 the same host memory, and the result is written by a device copy
 (``xla_collectives.py``; ``NEURON_COMPILE_DEVICE_COLLECTIVES=0`` turns it off).
@@ -69,10 +69,11 @@ import datetime
 
 import torch
 
-from . import _torch_hooks, reduce_ops, xla_collectives
-from . import storage as _storage
-from .staged_collectives import is_neuron as _is_neuron
-from .staged_collectives import peer_failed, premul_sum_on_cpp_groups, staged_collective
+from .. import _torch_hooks
+from . import reduce_ops, xla as xla_collectives
+from .. import storage as _storage
+from .staged import is_neuron as _is_neuron
+from .staged import peer_failed, premul_sum_on_cpp_groups, staged_collective
 
 NAME = _torch_hooks.NAME
 
@@ -215,7 +216,7 @@ def _hide_from_dynamo() -> None:
     global _hidden
     if _hidden:
         return
-    from ..dynamo_skips import hide_compile_stack_from_dynamo
+    from ...dynamo_skips import hide_compile_stack_from_dynamo
 
     hide_compile_stack_from_dynamo()
     for cls in (NeuronProcessGroup, NeuronWork):
@@ -332,7 +333,7 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
         """This group's ranks (in group-rank order) first, then the rest of the world in groups of its size
         (XLA wants every replica in a group; only this group's ranks meet), or None where the world does
         not split so."""
-        from ..lowering.collectives import layout_of
+        from ...lowering.functional_collectives import layout_of
 
         ranks = list(self._global_ranks or range(self._size))
         if not torch.distributed.is_initialized() or len(ranks) != self._size:

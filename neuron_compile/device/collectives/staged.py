@@ -24,7 +24,7 @@ import functools
 import torch
 
 from . import reduce_ops
-from ._torch_hooks import NAME, redispatch_cpu
+from .._torch_hooks import NAME, redispatch_cpu
 
 
 def is_neuron(tensor) -> bool:
@@ -104,7 +104,7 @@ def peer_failed(reason: str) -> None:
     work is waited on too) say nothing of the peers."""
     if "gloo/transport/" not in reason:
         return
-    from neuron_compile.runtime import collectives
+    from neuron_compile.runtime import distributed as collectives
 
     collectives.peer_failed(reason)
 

@@ -162,7 +162,7 @@ def _kernels(gm: torch.fx.GraphModule | None) -> dict:
     """Registered kernels that may serve this graph: name, version and a digest of their source (the
     custom ops' kernels it calls, and every composite kernel); no part at all when there are none."""
     from .kernels.lowering import kernels_in_graph
-    from .kernels.registry import composite_kernels
+    from .kernels.kernel_registry import composite_kernels
 
     found = {k.fingerprint() for k in composite_kernels()}
     if gm is not None:
@@ -172,7 +172,7 @@ def _kernels(gm: torch.fx.GraphModule | None) -> dict:
 
 def fx_cache_key(gm: torch.fx.GraphModule, pipeline_spec: str, lowering: str = "direct",
                  donated: tuple = ()) -> CacheKey:
-    from .lowering.collectives import key_parts
+    from .lowering.functional_collectives import key_parts
 
     return CacheKey.build("fx", {
         **({"donated": [list(pair) for pair in donated]} if donated else {}),  # (XLA parameter, result) pairs

@@ -13,7 +13,7 @@ Which indices each op accepts is ``index_bounds.RULES`` (compiled graphs check
 with the same rules). The check reads the index tensor's values on the host
 before the op runs (an index an op still queued computes is checked when the
 queue runs: ``check``): the storage when it is small, else the view alone, cloned on the
-device first (``ops.alone``: a batch of ids sliced from a resident corpus must
+device first (``transfers.alone``: a batch of ids sliced from a resident corpus must
 not bring the corpus over). ``aminmax`` of the values decides; the error names the smallest
 value below the range, else the largest above it. ``COUNTS['index_checks']``
 counts the reads; ``NEURON_COMPILE_INDEX_CHECKS=0`` turns the checks off (the
@@ -26,9 +26,10 @@ import torch
 
 from .. import _profiler_hooks
 from . import op_queue as _queue
+from . import transfers
 from ..index_bounds import RULES, checked, enabled  # noqa: F401 - ops reads enabled and RULES here
 
-OPS = None  # ``ops`` (which imports this module) sets itself here: its alone, to_host and user_line
+OPS = None  # ``ops`` (which imports this module) sets itself here: its user_line
 
 
 # --- the check ---------------------------------------------------------------------------------
@@ -39,8 +40,8 @@ def _host_values(index: torch.Tensor, counts: dict) -> torch.Tensor:
     counts["index_checks"] += 1
     if _profiler_hooks.STATE._is_profiler_enabled:  # torch.profiler records: a neuron::index_check event
         with _profiler_hooks.event("neuron::index_check", (index,)):
-            return OPS.to_host(OPS.alone(index), counter=None).detach()
-    return OPS.to_host(OPS.alone(index), counter=None).detach()
+            return transfers.to_host(transfers.alone(index), counter=None).detach()
+    return transfers.to_host(transfers.alone(index), counter=None).detach()
 
 
 def check(op, args, kwargs, counts: dict) -> None:

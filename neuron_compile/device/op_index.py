@@ -34,7 +34,7 @@ FORMAT = 1
 def _salt() -> str:
     from neuron_compile.runtime.cache_key import toolchain_parts
 
-    from ..cache_key import source_fingerprint
+    from ..graph_keys import source_fingerprint
     from ..options import Options
 
     # the lowering option picks another executable for the same signature (its FX key says so)

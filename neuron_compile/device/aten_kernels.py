@@ -24,7 +24,7 @@ import sys
 
 import torch
 
-from . import _torch_hooks, grown, lengths, op_tracking, ops, rng
+from . import _torch_hooks, grown, lengths, op_tracking, ops, rng, transfers
 from . import storage as _storage
 from .storage import device_index, new_tensor
 
@@ -101,7 +101,7 @@ def handle(op, *args, **kwargs):
     """The PrivateUse1 fallback: every op without a kernel registered for ``neuron``."""
     if _direct is None:
         register_direct_kernels()
-    if lengths._UNALIASED and ops._writes(op):  # a view copied from a bucket lives: no write may miss it
+    if lengths._UNALIASED and transfers._writes(op):  # a view copied from a bucket lives: no write may miss it
         lengths.check_write(op, args, kwargs)
     op_tracking.EXECUTED[id(op)] += 1  # torch.neuron.get_executed_ops()
     fn = KERNELS.get(op)
@@ -209,7 +209,7 @@ def _fill_(op, tensor, value=0):
     data = _storage.data_of(tensor)
     buffer = None
     if type(value) in (int, float, bool):
-        if ops.whole(tensor, data):
+        if transfers.whole(tensor, data):
             buffer = _storage.shared_constant(data.numel, data.dtype, value, tensor.device.index or 0, tensor.shape)
         elif grown.fill_bucket(tensor, value):  # a factory at a growing length: its whole bucket
             return tensor
@@ -228,7 +228,7 @@ def _copy(op, dst, src, non_blocking=False):
     dst_neuron, src_neuron = dst.device.type == "neuron", src.device.type == "neuron"
     if dst_neuron and src_neuron and dst.device.index != src.device.index:
         # between neuron devices (neuron:0 -> neuron:1): through the host, as the transfer API goes
-        ops.copy_into(dst, ops.to_host(src))
+        transfers.copy_into(dst, transfers.to_host(src))
         return dst
     if dst_neuron and src_neuron:
         if dst.numel() == 0:
@@ -238,14 +238,14 @@ def _copy(op, dst, src, non_blocking=False):
         # pending result too: both storages then hold it, op_queue)
         buffer = source._buffer
         if (_storage.is_whole_buffer(src, source, buffer) and src.dtype == dst.dtype and src.shape == dst.shape
-                and ops.whole(dst, data)):
+                and transfers.whole(dst, data)):
             data.set(buffer)
             return dst
         return ops.dispatch(op, (dst, src), {})
     if dst_neuron:
-        ops.copy_into(dst, src)
+        transfers.copy_into(dst, src)
         return dst
-    dst.copy_(ops.to_host(ops.alone(src)))
+    dst.copy_(transfers.to_host(transfers.alone(src)))
     return dst
 
 
@@ -277,7 +277,7 @@ def _copy_from(op, src, dst, non_blocking=False):
 def _copy_from_and_resize(op, src, dst):
     if dst.shape != src.shape:
         if dst.device.type == "neuron":
-            ops.resize_(dst, src.shape)
+            transfers.resize_(dst, src.shape)
         else:
             dst.resize_(src.shape)
     return _copy(aten.copy_.default, dst, src)
@@ -293,7 +293,7 @@ def _to_copy(op, x, dtype=None, layout=None, device=None, pin_memory=None, non_b
             x = torch.Tensor.as_subclass(x, torch.Tensor)
     target = torch.device(device) if device is not None else x.device
     if target.type == "cpu":
-        return aten._to_copy.default(ops.to_host(ops.alone(x)), dtype=dtype, memory_format=memory_format)
+        return aten._to_copy.default(transfers.to_host(transfers.alone(x)), dtype=dtype, memory_format=memory_format)
     if target.type != "neuron":
         raise RuntimeError(f"neuron tensors move to cpu or neuron, not {target}")
     index = device_index(target)
@@ -315,14 +315,14 @@ def _to_copy(op, x, dtype=None, layout=None, device=None, pin_memory=None, non_b
 
 @kernel(aten._local_scalar_dense.default)
 def _item(op, x):
-    return ops.to_host(ops.alone(x)).item()
+    return transfers.to_host(transfers.alone(x)).item()
 
 
 # --- storage surgery -------------------------------------------------------------------------
 
 @kernel(aten.resize_.default)
 def _resize(op, tensor, size, memory_format=None):
-    return ops.resize_(tensor, size, memory_format)
+    return transfers.resize_(tensor, size, memory_format)
 
 
 @kernel(aten.as_strided_.default)
@@ -388,7 +388,7 @@ def _indices_on_device(indices) -> list:
     ``TensorAdvancedIndexing.cpp`` moves every index to ``self``'s device): ``x[cpu_index]`` works on
     CUDA, and so here. Only ``index`` and the ``index_put`` family do this: ``index_select``, ``gather``,
     ``masked_fill``... with a CPU index raise, as on CUDA."""
-    return [ops.from_host(i) if i is not None and i.device.type == "cpu" else i for i in indices]
+    return [transfers.from_host(i) if i is not None and i.device.type == "cpu" else i for i in indices]
 
 
 @kernel(aten.index.Tensor)
@@ -396,7 +396,7 @@ def _index(op, x, indices):
     # x[mask]: how many elements it selects depends on the mask's data, so the host answers; with no index
     # at all, CPU's own check does (an IndexError, where the meta kernel's is a RuntimeError)
     if not indices or _masks(indices):
-        return ops.run_on_host(op, (x, indices), {})
+        return transfers.run_on_host(op, (x, indices), {})
     return ops.dispatch(op, (x, _indices_on_device(indices)), {})
 
 
@@ -408,7 +408,7 @@ def _index_put(op, x, indices, values, *args, **kwargs):
     # lowering of the graph it traced crashed the process: PyTorch's test_index_put_accumulate_empty)
     masks = _masks(indices)
     if not indices or masks and (len(indices) != 1 or values.dim() > x.dim() - masks[0].dim()):
-        return ops.run_on_host(op, (x, indices, values) + args, kwargs)
+        return transfers.run_on_host(op, (x, indices, values) + args, kwargs)
     return ops.dispatch(op, (x, _indices_on_device(indices), values) + args, kwargs)
 
 
@@ -449,11 +449,11 @@ def _random(op, *args, **kwargs):
         # in-place fills (normal_, uniform_, random_...): the old contents are not read
         target = args[0]
         host = torch.empty(target.shape, dtype=target.dtype)
-        rest = [ops.to_host(a) for a in args[1:]]
+        rest = [transfers.to_host(a) for a in args[1:]]
         op(host, *rest, **kwargs)
-        ops.copy_into(target, host)
+        transfers.copy_into(target, host)
         return target
-    return ops.run_on_host(op, args, kwargs)
+    return transfers.run_on_host(op, args, kwargs)
 
 
 def _native_dropout(x, p, train):
@@ -466,5 +466,5 @@ def _native_dropout(x, p, train):
         scaled = noise.mul_(0)
     else:
         scaled = noise.div_(1 - p)
-    out = aten.mul.Tensor(x, ops.from_host(scaled, x.device.index))
-    return out, ops.from_host(mask, x.device.index)
+    out = aten.mul.Tensor(x, transfers.from_host(scaled, x.device.index))
+    return out, transfers.from_host(mask, x.device.index)
