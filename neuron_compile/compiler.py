@@ -28,7 +28,8 @@ import torch
 import torch.fx
 
 from neuron_compile.runtime.artifact import Artifact, portable_stablehlo
-from neuron_compile.runtime.cache import ArtifactCache, CacheResult, CompileCache, MemoryCache
+from neuron_compile.runtime.cache import ArtifactCache
+from neuron_compile.runtime.compile_cache import CacheResult, CompileCache, MemoryCache
 from neuron_compile.runtime.cache_key import CacheKey
 from neuron_compile.runtime.executor import (DistributedBridge, PersistentBuffers, XlaExecutable, input_converter,
                               platform_description, replicas_of, result_converter)
@@ -335,7 +336,7 @@ def _from_cache(cache: CompileCache, front: CacheKey, lower, check, report: Comp
 
 
 class LoweredGraph:
-    """A graph lowered to StableHLO, keyed, waiting for passes and the XLA compile (``runtime.cache.Pending``)."""
+    """A graph lowered to StableHLO, keyed, waiting for passes and the XLA compile (``runtime.compile_cache.Pending``)."""
 
     def __init__(self, gm: torch.fx.GraphModule, report: CompileReport, options, dump, *, front, plan=None,
                  aliases: tuple = ()):

@@ -37,6 +37,7 @@ _NOT_IN_FINGERPRINT = {
     "neuron_compile/cli/entry.py", "neuron_compile/cli/common.py", "neuron_compile/cli/commands.py",
     "neuron_compile/cli/cache_commands.py", "neuron_compile/cli/models.py", "neuron_compile/cli/specs.py",
     "neuron_compile/report.py", "neuron_compile/dump.py", "neuron_compile/options.py", "neuron_compile/runtime/cache.py",
+    "neuron_compile/runtime/compile_cache.py",
 }
 
 

@@ -25,7 +25,8 @@ import neuron_compile.runtime.executor
 from neuron_compile import COUNTERS
 from neuron_compile.graph_keys import fx_cache_key, stablehlo_cache_key, strip_debug_locations
 from neuron_compile.runtime.artifact import FORMAT_VERSION, Artifact, read_artifact
-from neuron_compile.runtime.cache import ArtifactCache, CacheWarning, MemoryCache
+from neuron_compile.runtime.cache import ArtifactCache, CacheWarning
+from neuron_compile.runtime.compile_cache import MemoryCache
 from neuron_compile.runtime.cache_key import CacheKey
 from neuron_compile.runtime.executor import XlaCompileError, XlaExecutable
 
@@ -463,7 +464,7 @@ def test_counters_reach_stats_json_at_most_once_a_second_all_of_them_by_stats_an
         cache.record(misses=1, compiles=1)
     assert sum(p.endswith("stats.json") for p in written) == 1  # the first; the rest within the second wait
     assert cache.stats()["totals"] == {"misses": 50, "compiles": 50}
-    code = ("from runtime.cache import ArtifactCache\n"
+    code = ("from neuron_compile.runtime.cache import ArtifactCache\n"
             f"cache = ArtifactCache({str(tmp_path / 'c')!r})\n"
             "for _ in range(3):\n    cache.record(misses=1)\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

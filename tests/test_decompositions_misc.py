@@ -1,4 +1,4 @@
-"""Search, pairwise, strided and bit-level ops (neuron_compile/decompositions/misc.py), compiled, against eager."""
+"""Search, pairwise, strided and bit-level ops (neuron_compile/decompositions/: search, distances_and_losses, bits, strided, sampling, histograms), compiled, against eager."""
 
 import pytest
 import torch

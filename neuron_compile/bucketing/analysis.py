@@ -55,8 +55,7 @@ from .conv_cat import cat_layout, constant_pad_layout, convolution_backward_layo
 from .indexing import (index_layout, index_put_layout, row_local_layout, select_layout, slice_layout, sort_layout,
                        topk_layout)
 from ..decompositions.associative_scan import scan_op
-from .reductions import (_REDUCTIONS, _SCANS, _reduction, _reduction_layout, _vector_norm, associative_scan_layout,
-                         prefix_scan_layout)
+from .padded_reductions import _REDUCTIONS, _SCANS, _reduction, _reduction_layout, _vector_norm, associative_scan_layout, prefix_scan_layout
 from .values import Positions, adopt_uniform, check_reads, inexact, value_fact
 from .shape_env import graph_shape_env, graph_size_symbols, graph_traced_values
 

@@ -13,8 +13,10 @@ here, in layers, later ones win:
    it): ``core`` (with ``gamma``, ``reductions`` and ``layers``, which register
    into its ``_OURS``), then the ``_foreach_*`` ops, ``linalg`` (unrolled
    LU/Cholesky/QR), ``special`` (Cephes' special functions, coefficients in
-   ``_cephes``), ``pool`` (pooling windows as gathers), ``misc`` (search,
-   pairwise, strided and bit-level ops) and the library ops loaded so far;
+   ``_cephes``), ``pool`` (pooling windows as gathers), ``search`` (searchsorted, mode,
+   stable sort...), ``distances_and_losses``, ``bits`` (nextafter, bitcasts),
+   ``strided`` (as_strided as gathers), ``sampling`` (random distributions),
+   ``histograms``, and the library ops loaded so far;
 3. wrappers over the result: 0-d inputs (``_RANK0``), bool/uint8 inputs of
    max/min/argmax/cummax widened to int32 (``_WIDENED``), half-precision
    gelu, convolution, sum, mean and cumsum computed in float32
@@ -23,9 +25,8 @@ here, in layers, later ones win:
    (``pool.with_zero_size``).
 
 ``pre_autograd`` holds the rewrites of Dynamo's graph that run before
-AOTAutograd (SDPA and embedding_bag as plain ops). The four families
-``linalg``, ``special``, ``pool`` and ``misc`` are imported when the table is
-first built, not with this package.
+AOTAutograd (SDPA and embedding_bag as plain ops). The families from
+``linalg`` on are imported when the table is first built, not with this package.
 """
 
 from __future__ import annotations
@@ -46,9 +47,14 @@ def _base_table() -> dict:
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
     from .linalg import LINALG
-    from .misc import MISC, library_decompositions
+    from .bits import BITS
+    from .distances_and_losses import DISTANCES_AND_LOSSES, library_decompositions
+    from .histograms import HISTOGRAMS
     from .pool import POOL, with_zero_size
+    from .sampling import SAMPLING
+    from .search import SEARCH
     from .special import SPECIAL
+    from .strided import STRIDED
 
     table = dict(get_decomposition_table())
     table.update(_OURS)
@@ -56,7 +62,8 @@ def _base_table() -> dict:
     table.update(LINALG)
     table.update(SPECIAL)
     table.update(POOL)
-    table.update(MISC)
+    for family in (SEARCH, DISTANCES_AND_LOSSES, BITS, STRIDED, SAMPLING, HISTOGRAMS):
+        table.update(family)
     table.update(library_decompositions())
     for op, fn in _RANK0.items():
         if op not in table:  # ops some table already decomposes keep that decomposition

@@ -80,7 +80,7 @@ def build(calls: tuple, live: tuple) -> FusedRun:
 
 class _PendingRun:
     """A fused run the cache does not hold yet: its module, keyed by its text, compiled on request
-    (``runtime.cache.Pending``)."""
+    (``runtime.compile_cache.Pending``)."""
 
     def __init__(self, calls: tuple, live: tuple, front, report):
         from ..graph_keys import stablehlo_cache_key

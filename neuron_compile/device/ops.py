@@ -32,7 +32,6 @@ for it).
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import sys
@@ -40,16 +39,14 @@ import threading
 import warnings
 
 import torch
-from torch.utils._pytree import tree_leaves, tree_map
 
 from .. import profiling as _profiling
-from . import _torch_hooks
 from . import index_checks
 from . import lengths as _lengths
-from . import op_tracking as _op_tracking
 from . import storage as _storage
 from . import transfers
-from .transfers import _factory_on_host, _flat_tensors, _writes, _written_positions, resize_, retype, run_on_host
+from .transfers import _factory_on_host, _writes, _written_positions, resize_, retype, run_on_host
+from .transfers import _flat_tensors  # noqa: F401 - lengths reads it through OPS
 from .opkernel import COUNTS, Leaves, OpKernel, check_same_device, leaves_of
 from .storage import new_tensor
 
