@@ -308,6 +308,7 @@ _worker: threading.Thread | None = None
 _jobs: list = []
 _jobs_ready = threading.Condition(threading.Lock())
 _closing = False
+EXIT_WAIT_S = 60.0
 
 
 def _build_later(key, records: list, live: tuple) -> None:
@@ -346,7 +347,8 @@ def _work() -> None:
 @atexit.register
 def _close() -> None:
     """At exit: builds not started are dropped, the one under way is waited for (a thread killed inside
-    XLA's compiler aborts the process)."""
+    XLA's compiler aborts the process), for at most ``EXIT_WAIT_S``: a build that never ends (the client
+    it compiles with torn down under it) must not keep the process from exiting."""
     global _closing
     with _jobs_ready:
         _closing = True
@@ -354,7 +356,10 @@ def _close() -> None:
         _jobs_ready.notify_all()
     worker = _worker
     if worker is not None and worker.is_alive():
-        worker.join()
+        worker.join(EXIT_WAIT_S)
+        if worker.is_alive():
+            warnings.warn(f"neuron: a fused run's build was still running {EXIT_WAIT_S:.0f} s after exit began; "
+                          "exiting without it", stacklevel=1)
 
 
 def wait_for_builds(timeout: float = 120.0) -> None:
