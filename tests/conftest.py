@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -47,7 +48,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch_two_ranks(folder, worker: str, args=(), env=None, timeout=600, ranks=(0, 1), nproc=2) -> list[dict]:
+def run_killing_the_group(command, timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run(command, capture_output=True, text=True, timeout=timeout)``, in a session of its own:
+    past the timeout the whole process group is killed (torchrun's ranks too, which a kill of torchrun
+    alone leaves running, spinning on a dead store for the rest of the suite), then TimeoutExpired."""
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True, **kwargs) as process:
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            out, err = process.communicate()
+            raise subprocess.TimeoutExpired(command, timeout, out, err) from None
+    return subprocess.CompletedProcess(command, process.returncode, out, err)
+
+
+def _launch_two_ranks(folder, worker: str, args=(), env=None, timeout=300, ranks=(0, 1), nproc=2) -> list[dict]:
     """Write ``worker`` to ``folder/worker.py`` and run it on 2 ranks under torchrun (gloo's address
     127.0.0.1, a free port; ``worker.py FOLDER *args``); each rank writes ``FOLDER/rank<R>.json``,
     returned for ``ranks``. ``env``: variables set (a None value removes one); ``nproc``: ranks to launch."""
@@ -62,7 +78,7 @@ def _launch_two_ranks(folder, worker: str, args=(), env=None, timeout=600, ranks
             environ.pop(name, None)
         else:
             environ[name] = value
-    done = subprocess.run(command, env=environ, capture_output=True, text=True, timeout=timeout)
+    done = run_killing_the_group(command, env=environ, timeout=timeout)
     results = []
     for rank in ranks:
         path = folder / f"rank{rank}.json"
@@ -73,6 +89,6 @@ def _launch_two_ranks(folder, worker: str, args=(), env=None, timeout=600, ranks
 
 @pytest.fixture(scope="session")
 def launch_two_ranks():
-    """``launch_two_ranks(folder, worker_source, args=(), env=None, timeout=600, ranks=(0, 1))``: one
+    """``launch_two_ranks(folder, worker_source, args=(), env=None, timeout=300, ranks=(0, 1))``: one
     torchrun launch of 2 ranks, their JSON results (``_launch_two_ranks``)."""
     return _launch_two_ranks

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -133,7 +134,8 @@ def _launch(folder, backend: str, workload: str, mode: str, per_rank: bool, time
                 if per_rank else [common + ["--nproc-per-node", "2", *args]])
     env = dict(os.environ, OMP_NUM_THREADS="1")
     logs = [open(folder / f"launcher{i}.log", "w") for i in range(len(commands))]
-    launchers = [subprocess.Popen(c, env=env, stdout=log, stderr=subprocess.STDOUT) for c, log in zip(commands, logs)]
+    launchers = [subprocess.Popen(c, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                 for c, log in zip(commands, logs)]
     ended = {}
     deadline = time.time() + limit
     while len(ended) < len(launchers) and time.time() < deadline:
@@ -141,10 +143,12 @@ def _launch(folder, backend: str, workload: str, mode: str, per_rank: bool, time
             if i not in ended and launcher.poll() is not None:
                 ended[i] = (time.time(), launcher.returncode)
         time.sleep(0.05)
-    for i, launcher in enumerate(launchers):
-        if i not in ended:
-            launcher.kill()
-            launcher.wait()
+    for launcher in launchers:  # its session: torchrun and any rank still running (a kill of torchrun leaves them)
+        try:
+            os.killpg(launcher.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        launcher.wait()
     for log in logs:
         log.close()
 
