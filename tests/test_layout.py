@@ -1,4 +1,4 @@
-"""The package layout (README's "Layout"): every module imports, no import cycle,
+"""The package layout (docs/architecture.md's "Layout"): every module imports, no import cycle,
 ``passes`` and ``runtime`` stand alone, and no file is too long to read.
 
 The import graph is read from the sources with ``ast``: every ``import`` and
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 from pathlib import Path
 
 import pytest
@@ -227,8 +228,8 @@ def test_benchmarks_and_tests_import_modules_that_exist():
     assert not bad, bad
 
 
-# The stages, top to bottom: a module imports only from its own layer and those below it (README's
-# "Layout", docs/architecture.md). neuron_compile's own __init__ is the public face, above them all.
+# The stages, top to bottom: a module imports only from its own layer and those below it
+# (docs/architecture.md, "Stages and import rules"). neuron_compile's own __init__ is the public face, above them all.
 LAYERS = [
     ("cli", ["neuron_compile.__main__", "neuron_compile.cli"]),
     ("device", ["neuron_compile.device"]),
@@ -305,3 +306,35 @@ def test_pyproject_lists_every_package():
     folders = {name for name, path in MODULES.items() if path.name == "__init__.py"}
     assert set(config["packages"]) == folders
     assert config["package-dir"] == {"neuron_compile.passes": "passes", "neuron_compile.runtime": "runtime"}
+
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+_ROW = re.compile(r"^\|\s*`([^`]+)`\s*\|(.*)\|\s*$")
+
+
+def layout_rows(text: str) -> list[tuple[str, str]]:
+    """(path, what it holds) of each table row in the page's "## Layout" section."""
+    section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    return [(m[1], m[2].strip()) for line in section.splitlines() if (m := _ROW.match(line))]
+
+
+def test_layout_table_lists_every_module_once():
+    """docs/architecture.md's layout table: one row per module file (a folder's row, ``pkg/``, is its
+    ``__init__.py``), each saying what the file holds, and no row for a file that does not exist."""
+    rows = layout_rows(ARCHITECTURE.read_text())
+    covered = [path + "__init__.py" if path.endswith("/") else path for path, _ in rows]
+    files = {path.relative_to(ROOT).as_posix() for path in MODULES.values()}
+    problems = {
+        "missing (add a row)": sorted(files - set(covered)),
+        "no such file (remove the row)": sorted(set(covered) - files),
+        "listed twice": sorted({p for p in covered if covered.count(p) > 1}),
+        "no description": [path for path, what in rows if not what.strip(" |")],
+    }
+    assert not any(problems.values()), {k: v for k, v in problems.items() if v}
+
+
+def test_layout_rows_reader():
+    text = ("# T\n## Layout\n| file | what |\n| --- | --- |\n| `a/` | the package |\n| `a/b.py` | b's things |\n"
+            "### More\n| `c.py` | | \n## Next\n| `d.py` | not in the layout |\n")
+    assert layout_rows(text) == [("a/", "the package"), ("a/b.py", "b's things"), ("c.py", "")]
+
