@@ -12,14 +12,7 @@ Generic: keys in (``runtime.cache_key.CacheKey``), artifacts out
   stripped), under which the artifact is stored. Two FX graphs that lower to
   the same StableHLO share one artifact.
 
-``CompileCache.get(front, lower)`` is the whole protocol::
-
-    memory[front]                          -> "memory" (threads wait for an in-flight compile)
-    disk index[front] -> artifact          -> "disk"
-    lock(front); look again                -> "disk"
-    pending = lower(); memory[content]     -> "memory"
-    lock(content); disk artifact[content]  -> "disk"
-    pending.compile(); store; index        -> "miss"
+``runtime.compile_cache.CompileCache.get(front, lower)`` walks both levels under the two keys.
 
 Disk layout under the cache folder (created 0700)::
 
