@@ -8,9 +8,15 @@ this package does at ``import torch``. This harness runs PyTorch's
 ``test_view_ops.py``, ``test_modules.py`` and ``test_optim.py`` (at the torch
 version we pin) for both ``cpu`` and ``neuron`` and compares them test by test.
 
-The files are PyTorch's, not ours: nothing of them is committed here. Put
-PyTorch's ``test/`` folder at tag v2.13.0 (or just these three files) in a
-folder and pass it with ``--tests-dir`` (default ``$NEURON_TORCH_TESTS``).
+The files are PyTorch's, not ours: nothing of them is committed here.
+``torch_suites_files.py`` pins each to a commit of a public repository with
+its sha256 (and the few recorded edits that make it import under torch
+2.13), and puts it in ``~/.cache/neuron_compile/torch_suites/files/``
+(``--files-dir``): downloaded from raw.githubusercontent.com, or, without the
+internet, seeded from a local copy with ``--tests-dir DIR`` (the pinned
+commit's file, raw or edited). A file whose sha256 is not the recorded one is
+refused. A file of ``--files`` that is not pinned (a test's own) runs from
+``--tests-dir`` as it is.
 
 Each (file, device) runs in pytest processes with ``torch_suites_plugin``:
 every test writes a ``start`` and a ``result`` line to a JSONL file as it
@@ -27,8 +33,9 @@ not a pass, unless PyTorch's own device rules skip it (``onlyCPU``,
 taken out of the count and shown apart. The rest are listed by cause (the
 error's first line, numbers blanked).
 
-    python benchmarks/torch_suites.py --tests-dir ~/pytorch/test                 # all three, both devices
-    python benchmarks/torch_suites.py --tests-dir DIR --files test_view_ops.py -k inplace_view
+    python benchmarks/torch_suites.py                                            # all three, both devices
+    python benchmarks/torch_suites.py --tests-dir DIR                            # seeded from local copies
+    python benchmarks/torch_suites.py --files test_view_ops.py -k inplace_view
     python benchmarks/torch_suites.py --table                                    # rebuild the table only
 
 Raw records: ``~/.cache/neuron_compile/torch_suites/<file>.<device>.jsonl``
@@ -49,11 +56,16 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch_suites_files as suite_files  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 FILES = ("test_view_ops.py", "test_modules.py", "test_optim.py")
 DEVICES = ("cpu", "neuron")
 RAW = Path.home() / ".cache" / "neuron_compile" / "torch_suites"
 RESULTS = HERE / "results" / "torch_suites"
+SAMPLE_RULE = ("one test in K: zlib.crc32 of the test's id with the device word replaced by DEV "
+               "(torch_suites.generic_id), modulo K, equal to 0; the same tests on both devices")
 # skip reasons of PyTorch's device-type decorators (common_device_type): the test's authors keep it off
 # every backend but some; not a gap of ours. test_optim.py's fused tests skip a device missing from the
 # optimizer's ``supports_fused_on`` in PyTorch's optim_db (cpu, cuda, xpu, mps: a fixed list in the test
@@ -71,8 +83,7 @@ def run_suite(tests_dir: Path, file: str, device: str, raw: Path, keyword: str |
     env = dict(os.environ)
     env.update(TORCH_SUITES_RECORDS=str(records), TORCH_SUITES_TIMEOUT=str(timeout),
                TORCH_SUITES_DEVICE=device, TORCH_SUITES_SAMPLE=str(sample), PYTHONPATH=os.pathsep.join(
-                   [str(HERE), str(tests_dir), str(_optim_stand_ins(tests_dir, raw))]
-                   + [p for p in [env.get("PYTHONPATH")] if p]),
+                   [str(HERE), str(tests_dir)] + [p for p in [env.get("PYTHONPATH")] if p]),
                NEURON_COMPILE_FALLBACK="error")
     command = [sys.executable, "-m", "pytest", file, "-q", "-p", "torch_suites_plugin", "-p", "no:cacheprovider",
                "-o", "addopts=", "--tb=short", "-rN", "--continue-on-collection-errors"]
@@ -100,22 +111,6 @@ def run_suite(tests_dir: Path, file: str, device: str, raw: Path, keyword: str |
         if after == before and not dead:
             break  # nothing moved (a collection error): stop rather than loop
     return records
-
-
-def _optim_stand_ins(tests_dir: Path, raw: Path) -> Path:
-    """``test_optim.py`` imports three suites from PyTorch's ``test/optim/`` folder (LR schedulers, the
-    differentiable optimizers, SWA), none of them device-generic: where the folder is missing, empty
-    stand-ins of those classes let the file import (its device-generic tests are all its own)."""
-    folder = raw / "stand_ins"
-    if (tests_dir / "optim").is_dir():
-        return folder
-    package = folder / "optim"
-    package.mkdir(parents=True, exist_ok=True)
-    (package / "__init__.py").write_text("")
-    for module, name in (("test_lrscheduler", "TestLRScheduler"), ("test_optim", "TestDifferentiableOptimizer"),
-                         ("test_swa_utils", "TestSWAUtils")):
-        (package / f"{module}.py").write_text(f"class {name}:  # a stand-in: not device-generic\n    pass\n")
-    return folder
 
 
 def _record_count(records: Path) -> int:
@@ -146,6 +141,18 @@ def _lines(path: Path):
                 yield json.loads(line)
             except ValueError:
                 continue
+
+
+def load_seconds(path: Path) -> dict:
+    """nodeid -> seconds the test ran (its last ``result`` record; a hang counts its timeout)."""
+    out = {}
+    if path.exists():
+        for record in _lines(path):
+            if record["event"] == "result" and "seconds" in record:
+                out[record["id"]] = float(record["seconds"])
+            elif record["event"] == "hang":
+                out[record["id"]] = float(record.get("seconds") or 0.0)
+    return out
 
 
 def load(path: Path) -> dict:
@@ -187,6 +194,8 @@ def compare(raw: Path, files=FILES) -> dict:
         cpu, dev = load(raw / f"{file}.cpu.jsonl"), load(raw / f"{file}.neuron.jsonl")
         if not cpu and not dev:
             continue
+        cpu_seconds, dev_seconds = load_seconds(raw / f"{file}.cpu.jsonl"), load_seconds(raw / f"{file}.neuron.jsonl")
+        dev_seconds_by_generic = {generic_id(k): v for k, v in dev_seconds.items()}
         dev_by_generic = {generic_id(k): v for k, v in dev.items()}
         cpu_passing = [k for k, (outcome, _) in cpu.items() if outcome == "passed"]
         rows = Counter()
@@ -203,24 +212,33 @@ def compare(raw: Path, files=FILES) -> dict:
                 causes[key].append(generic_id(test).split("::")[-1])
                 listed.append({"test": generic_id(test), "outcome": outcome, "message": message[:300]})
         dev_crashes = [k for k, (o, _) in dev.items() if o in ("crash", "hang")]
+        # time against CPU's: the CPU-passing tests the neuron run reached, each side's seconds summed
+        timed = [t for t in cpu_passing if t in cpu_seconds and generic_id(t) in dev_seconds_by_generic]
+        seconds_cpu = sum(cpu_seconds[t] for t in timed)
+        seconds_dev = sum(dev_seconds_by_generic[generic_id(t)] for t in timed)
         summary[file] = {
             "cpu_collected": len(cpu), "cpu_passed": len(cpu_passing) - rows["pytorch skip"],
             "skipped_by_pytorch_rules": rows["pytorch skip"],
             "neuron_collected": len(dev), "neuron_passed_of_cpu_passing": rows["passed"],
             "outcomes": dict(rows), "crashes": sum(o == "crash" for o, _ in dev.values()),
             "hangs": sum(o == "hang" for o, _ in dev.values()), "crashed_or_hung": dev_crashes,
+            "seconds_cpu": round(seconds_cpu, 1), "seconds_neuron": round(seconds_dev, 1),
+            "time_ratio": round(seconds_dev / seconds_cpu, 2) if seconds_cpu else None,
             "causes": {k: v for k, v in sorted(causes.items(), key=lambda kv: -len(kv[1]))},
             "not_passing": listed,
         }
     return summary
 
 
-def write_table(summary: dict, out: Path, command: str) -> None:
+def write_table(summary: dict, out: Path, command: str, samples: dict | None = None) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     import torch
 
+    samples = {f: k for f, k in (samples or {}).items() if f in summary and k > 1}
     meta = {"torch": torch.__version__, "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-            "command": command, "date": time.strftime("%Y-%m-%d")}
+            "command": command, "date": time.strftime("%Y-%m-%d"),
+            "sources": {f: suite_files.SOURCES[f].record() for f in summary if f in suite_files.SOURCES},
+            "samples": {f: {"one_in": k, "rule": SAMPLE_RULE} for f, k in samples.items()}}
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "files": summary}, indent=1) + "\n")
     total_cpu = sum(s["cpu_passed"] for s in summary.values())
     total_dev = sum(s["neuron_passed_of_cpu_passing"] for s in summary.values())
@@ -241,8 +259,8 @@ def write_table(summary: dict, out: Path, command: str) -> None:
     lines += [
         "",
         "| file | CPU collected | CPU passed | neuron run (of those) | neuron passed | share | share of those run "
-        "| failed | skipped on neuron only | crashes | hangs | skipped by PyTorch's device rules |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| failed | skipped on neuron only | crashes | hangs | skipped by PyTorch's device rules | time vs CPU |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for file, s in summary.items():
         o = s["outcomes"]
@@ -251,11 +269,26 @@ def write_table(summary: dict, out: Path, command: str) -> None:
         share = passed / s["cpu_passed"] if s["cpu_passed"] else 0.0
         lines.append(f"| {file} | {s['cpu_collected']} | {s['cpu_passed']} | {run} | {passed} | {share:.1%} | "
                      f"{passed / run if run else 0.0:.1%} | {o.get('failed', 0) + o.get('error', 0)} | "
-                     f"{o.get('skipped', 0)} | {s['crashes']} | {s['hangs']} | {s['skipped_by_pytorch_rules']} |")
+                     f"{o.get('skipped', 0)} | {s['crashes']} | {s['hangs']} | {s['skipped_by_pytorch_rules']} | "
+                     f"{_ratio(s.get('seconds_neuron'), s.get('seconds_cpu'))} |")
+    seconds = [sum(s.get(k, 0) for s in summary.values()) for k in ("seconds_neuron", "seconds_cpu")]
     if total_cpu:
         lines.append(f"| **all** | | {total_cpu} | {total_run} | {total_dev} | {total_dev / total_cpu:.1%} | "
                      f"{total_dev / total_run if total_run else 0.0:.1%} | | | "
-                     f"{sum(s['crashes'] for s in summary.values())} | {sum(s['hangs'] for s in summary.values())} | |")
+                     f"{sum(s['crashes'] for s in summary.values())} | {sum(s['hangs'] for s in summary.values())} | | "
+                     f"{_ratio(*seconds)} |")
+    lines += ["", "Time vs CPU: the seconds the CPU-passing tests took on `neuron` over the same tests' seconds on "
+              "CPU (each test timed by the plugin; a hang counts its timeout)."]
+    if samples:
+        lines += [""] + [f"{f} is sampled, one test in {k}: {SAMPLE_RULE}." for f, k in samples.items()]
+    if meta["sources"]:
+        lines += ["", "The files (fetched and checked by `benchmarks/torch_suites_files.py`; never committed here):",
+                  "",
+                  "| file | from | sha256 of the raw file | edits | sha256 of what runs |",
+                  "| --- | --- | --- | --- | --- |"]
+        for f, src in meta["sources"].items():
+            lines.append(f"| {f} | `{src['repo']}@{src['commit'][:12]}:{src['path']}` | `{src['raw_sha256']}` | "
+                         f"{_edits_text(src['edits'])} | `{src['sha256']}` |")
     for file, s in summary.items():
         if s["crashed_or_hung"]:
             lines += ["", f"## {file}: crashes and hangs", ""] + [f"- `{t}`" for t in s["crashed_or_hung"]]
@@ -266,6 +299,20 @@ def write_table(summary: dict, out: Path, command: str) -> None:
                 examples = ", ".join(f"`{t}`" for t in tests[:3]) + (" ..." if len(tests) > 3 else "")
                 lines.append(f"| {len(tests)} | {key.replace('|', '/')} | {examples} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def _edits_text(edits: list) -> str:
+    words = []
+    for edit in edits:
+        verb = "drop" if "drop" in edit else "replace"
+        first, *more = edit[verb].strip().splitlines()
+        words.append(f"{verb} `{first}`" + (f" (+{len(more)} lines)" if more else "")
+                     + (f" with `{edit['with']}`" if "with" in edit else ""))
+    return ("; ".join(words) or "none").replace("|", "/")
+
+
+def _ratio(num, den) -> str:
+    return f"{num / den:.1f}x" if num and den else "-"
 
 
 def _last_command(out: Path) -> str | None:
@@ -279,7 +326,10 @@ def _last_command(out: Path) -> str | None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tests-dir", type=Path, default=os.environ.get("NEURON_TORCH_TESTS"),
-                        help="a folder holding PyTorch's test files at v2.13.0 (default $NEURON_TORCH_TESTS)")
+                        help="local copies to seed the pinned files from (checked against their sha256), and the "
+                             "folder of any file that is not pinned (default $NEURON_TORCH_TESTS)")
+    parser.add_argument("--files-dir", type=Path, default=suite_files.FILES_DIR,
+                        help="where the pinned files are kept (fetched or seeded, then checked)")
     parser.add_argument("--files", default=",".join(FILES))
     parser.add_argument("--devices", default=",".join(DEVICES))
     parser.add_argument("-k", dest="keyword", help="pytest -k expression (the same on both devices)")
@@ -298,20 +348,28 @@ def main(argv=None) -> int:
     # the run's command for the Rerun line: ``--table`` keeps the one the records came from (in the last table)
     command = "python benchmarks/torch_suites.py " + " ".join(a for a in (argv or sys.argv[1:]) if a != "--resume")
     if args.table:
-        command = _last_command(args.out) or "python benchmarks/torch_suites.py --tests-dir DIR"
+        command = _last_command(args.out) or "python benchmarks/torch_suites.py"
     if not args.table:
-        if args.tests_dir is None or not all((Path(args.tests_dir) / f).exists() for f in files):
-            parser.error(f"--tests-dir must hold {', '.join(files)} (PyTorch's test/ folder at v2.13.0)")
+        pinned = [f for f in files if f in suite_files.SOURCES]
+        unpinned = [f for f in files if f not in suite_files.SOURCES]
+        if unpinned and (args.tests_dir is None or not all((Path(args.tests_dir) / f).exists() for f in unpinned)):
+            parser.error(f"{', '.join(unpinned)}: not a pinned file (torch_suites_files.SOURCES); "
+                         "--tests-dir must hold it")
+        try:
+            suite_files.ensure_files(pinned, args.files_dir, args.tests_dir)
+        except suite_files.SuiteFileError as error:
+            parser.error(str(error))
         args.raw.mkdir(parents=True, exist_ok=True)
         for file in files:
+            folder = args.files_dir if file in suite_files.SOURCES else args.tests_dir
             for device in args.devices.split(","):
                 if not args.resume:
                     (args.raw / f"{file}.{device}.jsonl").unlink(missing_ok=True)
                 print(f"{file} on {device}", flush=True)
-                run_suite(Path(args.tests_dir).resolve(), file, device, args.raw, args.keyword, args.timeout,
+                run_suite(Path(folder).resolve(), file, device, args.raw, args.keyword, args.timeout,
                           args.budget, samples.get(file, 1))
     summary = compare(args.raw, files)
-    write_table(summary, args.out, command)
+    write_table(summary, args.out, command, samples)
     print(args.out.with_suffix(".md").read_text())
     return 0
 

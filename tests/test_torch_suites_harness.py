@@ -125,3 +125,81 @@ def test_table_of_a_partial_run_keeps_the_runs_command(tmp_path):
     assert json.loads(out.with_suffix(".json").read_text())["meta"]["command"] == run
     torch_suites.main(["--table", "--files", "t.py", "--raw", str(raw), "--out", str(out)])  # and again
     assert f"Rerun: `{run}`, then `--table`" in out.with_suffix(".md").read_text()
+
+
+# --- the pinned files: fetched or seeded, always checked (no internet needed) -----------------
+
+import hashlib  # noqa: E402
+
+import torch_suites_files  # noqa: E402
+
+
+def _pinned(raw: bytes, edits=()):
+    edited = raw
+    for old, new in edits:
+        edited = edited.replace(old.encode(), new.encode())
+    return torch_suites_files.SuiteFile(
+        "someone/pytorch", "0" * 40, "test/test_x.py", raw_sha256=hashlib.sha256(raw).hexdigest(), edits=edits,
+        sha256=hashlib.sha256(edited).hexdigest())
+
+
+def _no_network(url):
+    raise AssertionError(f"no download expected here: {url}")
+
+
+def test_a_pinned_file_is_seeded_from_a_local_copy_edited_and_checked(tmp_path):
+    raw = b"import a\nfrom optim import b\nx = 1\n"
+    sources = {"test_x.py": _pinned(raw, (("from optim import b\n", ""),))}
+    (tmp_path / "seed").mkdir()
+    (tmp_path / "seed" / "test_x.py").write_bytes(raw)
+    files = tmp_path / "files"
+    torch_suites_files.ensure_files(["test_x.py"], files, tmp_path / "seed", download=_no_network, sources=sources)
+    assert (files / "test_x.py").read_bytes() == b"import a\nx = 1\n"
+    # already there and checked: neither the seed nor the network is needed again
+    torch_suites_files.ensure_files(["test_x.py"], files, None, download=_no_network, sources=sources)
+    # a copy that already has the edits is taken as is
+    (tmp_path / "seed" / "test_x.py").write_bytes(b"import a\nx = 1\n")
+    torch_suites_files.ensure_files(["test_x.py"], files, tmp_path / "seed", download=_no_network, sources=sources)
+
+
+def test_a_file_with_the_wrong_sha256_is_refused_with_a_clear_message(tmp_path):
+    raw = b"x = 1\n"
+    sources = {"test_x.py": _pinned(raw)}
+    (tmp_path / "seed").mkdir()
+    (tmp_path / "seed" / "test_x.py").write_bytes(b"x = 2\n")  # another version of the file
+    files = tmp_path / "files"
+    with pytest.raises(torch_suites_files.SuiteFileError) as refused:
+        torch_suites_files.ensure_files(["test_x.py"], files, tmp_path / "seed", download=_no_network,
+                                        sources=sources)
+    message = str(refused.value)
+    assert hashlib.sha256(b"x = 2\n").hexdigest() in message and sources["test_x.py"].raw_sha256 in message
+    assert "someone/pytorch@" + "0" * 40 in message and not (files / "test_x.py").exists()
+    # a download is checked the same way
+    with pytest.raises(torch_suites_files.SuiteFileError, match="has sha256"):
+        torch_suites_files.ensure_files(["test_x.py"], files, None, download=lambda url: b"x = 3\n", sources=sources)
+    # and a good one is kept; the URL is the raw file at the pinned commit
+    urls = []
+    torch_suites_files.ensure_files(["test_x.py"], files, None, download=lambda url: urls.append(url) or raw,
+                                    sources=sources)
+    assert urls == [f"https://raw.githubusercontent.com/someone/pytorch/{'0' * 40}/test/test_x.py"]
+    assert (files / "test_x.py").read_bytes() == raw
+
+
+def test_offline_without_a_seed_says_how_to_seed(tmp_path):
+    def offline(url):
+        raise OSError("Network is unreachable")
+
+    with pytest.raises(torch_suites_files.SuiteFileError, match="--tests-dir"):
+        torch_suites_files.ensure_files(["test_x.py"], tmp_path, None, download=offline,
+                                        sources={"test_x.py": _pinned(b"x = 1\n")})
+
+
+def test_the_recorded_edits_match_the_recorded_hashes():
+    # each edit of a pinned file removes exactly what the brief names; the three files are pinned
+    assert set(torch_suites_files.SOURCES) == set(torch_suites.FILES)
+    for name, source in torch_suites_files.SOURCES.items():
+        assert len(source.raw_sha256) == 64 and len(source.sha256) == 64
+        assert (source.raw_sha256 == source.sha256) == (not source.edits), name
+        cached = torch_suites_files.FILES_DIR / name
+        if cached.exists():  # on a machine that has run the suites: the cached copy is the pinned one
+            assert hashlib.sha256(cached.read_bytes()).hexdigest() == source.sha256, name
