@@ -20,6 +20,13 @@ a symbolic one). ``make_view`` builds the view from the base at run time. XLA
 then computes nothing for these outputs, and AOTAutograd's regeneration,
 whichever way it goes, lands on the same elements eager reads.
 
+A view can also flip its base's conjugate or negative bit (``x.conj()`` of a
+complex ``x``, ``_neg_view``): the elements are the base's, read conjugated
+or negated. The fake output records the bit, ``make_view`` flips it on the
+real view. Without it a saved ``_conj`` (the backward of a complex multiply,
+as in RoPE's ``view_as_complex(x) * freqs_cis``) came back unconjugated and the
+gradient was wrong, with no error (issue 54).
+
 Not taken as views (left to XLA, as before): outputs of another dtype than
 their base with a different element size, and views of an output whose value is
 not contiguous (XLA's result is row-major, so the fake strides would not hold)
@@ -53,6 +60,8 @@ class OutputView:
     stride: tuple
     offset: object
     dtype: torch.dtype | None = None
+    conj: bool = False  # the view flips the base's conjugate bit
+    neg: bool = False  # the view flips the base's negative bit
 
     def symbols(self) -> set:
         return set().union(*(sympy.sympify(e).free_symbols for e in (*self.size, *self.stride, self.offset)))
@@ -60,7 +69,8 @@ class OutputView:
     def concrete(self, evaluate) -> "OutputView":
         """This view with every expression evaluated to an int by ``evaluate(expr)``."""
         return OutputView(self.base_is_input, self.base, tuple(int(evaluate(e)) for e in self.size),
-                          tuple(int(evaluate(e)) for e in self.stride), int(evaluate(self.offset)), self.dtype)
+                          tuple(int(evaluate(e)) for e in self.stride), int(evaluate(self.offset)), self.dtype,
+                          self.conj, self.neg)
 
 
 def _expr(value):
@@ -151,7 +161,8 @@ def find_output_views(gm: torch.fx.GraphModule) -> list[OutputView | None]:
             dtype = val.dtype
         views.append(OutputView(base_is_input, base, tuple(_expr(s) for s in val.shape),
                                 tuple(_expr(s) for s in val.stride()),
-                                _expr(val.storage_offset()) - _expr(base_val.storage_offset()), dtype))
+                                _expr(val.storage_offset()) - _expr(base_val.storage_offset()), dtype,
+                                val.is_conj() != base_val.is_conj(), val.is_neg() != base_val.is_neg()))
     return views
 
 
@@ -159,4 +170,9 @@ def make_view(base: torch.Tensor, view: OutputView) -> torch.Tensor:
     """``view`` (concrete) of the real tensor ``base``."""
     if view.dtype is not None:
         base = base.view(view.dtype)
-    return base.as_strided(view.size, view.stride, base.storage_offset() + view.offset)
+    out = base.as_strided(view.size, view.stride, base.storage_offset() + view.offset)
+    if view.conj:
+        out = torch._conj(out)
+    if view.neg:
+        out = torch._neg_view(out)
+    return out

@@ -128,6 +128,10 @@ class ExecutorAdapter:
 
     @staticmethod
     def to_buffer(tensor: torch.Tensor):
+        if tensor.is_conj() or tensor.is_neg():
+            # a conjugate or negative view (a saved ``_conj`` of a complex multiply's backward): its
+            # storage holds the base's elements, the bit says how to read them; computed on the device
+            tensor = tensor.resolve_conj().resolve_neg()
         data = _storage.data_of(tensor)
         buffer = _storage.own_buffer(tensor, data)
         if buffer is not None:
