@@ -60,7 +60,13 @@ SUITE = textwrap.dedent('''
             pass
 
 
+    class TestCpuOnlyClass(TestCase):  # made for CPU only: no neuron twin, so not device-generic
+        def test_cpu_only_class(self, device):
+            pass
+
+
     instantiate_device_type_tests(TestFake, globals())
+    instantiate_device_type_tests(TestCpuOnlyClass, globals(), only_for="cpu")
 ''')
 
 
@@ -72,7 +78,7 @@ def test_crashes_and_hangs_are_counted_apart_and_lose_no_other_test(tmp_path):
     torch_suites.main(["--tests-dir", str(tmp_path / "suite"), "--files", "test_fake.py", "--raw", str(raw),
                        "--out", str(out), "--timeout", "8"])
     summary = json.loads(out.with_suffix(".json").read_text())["files"]["test_fake.py"]
-    # the plain TestCase is in neither side; every device-generic test has a record on both
+    # the plain TestCase and the CPU-only class are in neither side; every device-generic test has a record on both
     # PyTorch's own onlyCPU skip is left out of the score
     assert summary["cpu_collected"] == 7 and summary["cpu_passed"] == 6
     assert summary["neuron_collected"] == 7 and summary["skipped_by_pytorch_rules"] == 1
