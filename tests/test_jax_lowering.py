@@ -185,3 +185,18 @@ def test_hash_tensor_matches_eager():
     for got, ref in zip(_compiled(fn, x), fn(x)):
         assert got.dtype == torch.uint64
         assert torch.equal(got, ref)
+
+
+def test_scalar_constant_beside_a_spliced_op():
+    """A ``torch.tensor(scalar)`` constant (a ``get_attr`` in AOTAutograd's graph; FlexAttention's dense
+    kernel has one) in a graph that JAX lowers a part of: the splice's parent graph held it and failed
+    ("unexpected node _tensor_constant0"); it is now a ``full`` of the group that reads it. TorchTitan
+    0.3's blocks (complex RoPE and FlexAttention in one graph) hit it."""
+    x, angles = torch.randn(4, 8), torch.randn(4, 4)
+
+    def fn(x, angles):
+        rotated = torch.view_as_complex(x.reshape(4, 4, 2)) * torch.polar(torch.ones_like(angles), angles)
+        y = torch.view_as_real(rotated).flatten(-2)
+        return torch.where(y > 0, y, torch.tensor(-float("inf"))) + torch.tensor(0.5)
+
+    torch.testing.assert_close(_compiled(fn, x, angles), fn(x, angles))

@@ -116,6 +116,7 @@ def split(gm: torch.fx.GraphModule, chosen: set[torch.fx.Node]) -> torch.fx.Grap
         partitions = [p.nodes for p in partitioner.propose_partitions()]
         return fuse_by_partitions(graph_module, partitions, prefix=prefix, always_return_tuple=True)
 
+    _scalar_constants_as_ops(gm)
     parent = fuse(gm, is_collective, _COLL) if any(is_collective(n) for n in gm.graph.nodes) else gm
     parent = fuse(parent, lambda n: n in chosen and not is_collective(n), _JAX)
 
@@ -123,6 +124,27 @@ def split(gm: torch.fx.GraphModule, chosen: set[torch.fx.Node]) -> torch.fx.Grap
         return node.target is operator.getitem and node.args[0].op == "call_module"
 
     return fuse(parent, lambda n: not structural(n), _MLIR)
+
+
+def _scalar_constants_as_ops(gm: torch.fx.GraphModule) -> None:
+    """A one-element tensor constant (``torch.tensor(-inf)`` in traced code, a ``get_attr``; FlexAttention's
+    dense kernel has one) becomes an ``aten.full`` node, which a group then owns: the partitioner fuses
+    only calls, so a ``get_attr`` stayed in the parent graph, which has no way to say it."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily  # AOTAutograd compiles under its fake mode
+
+    for node in list(gm.graph.nodes):
+        value = operator.attrgetter(node.target)(gm) if node.op == "get_attr" else None
+        if not isinstance(value, torch.Tensor) or value.numel() != 1 or value.is_complex():
+            continue
+        with unset_fake_temporarily():
+            number = value.item()
+        with gm.graph.inserting_before(node):
+            full = gm.graph.call_function(torch.ops.aten.full.default, (list(value.shape), number),
+                                          {"dtype": value.dtype})
+        full.meta.update(node.meta)
+        full.meta.setdefault("val", value)
+        node.replace_all_uses_with(full)
+        gm.graph.erase_node(node)
 
 
 def lower_spliced(gm: torch.fx.GraphModule, chosen: set[torch.fx.Node], lower_mlir, *, graph_name: str, stage,
