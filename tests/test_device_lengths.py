@@ -261,3 +261,63 @@ def test_hugging_face_sampling_builds_nothing_once_every_op_is_bucketed(monkeypa
     assert not any(compiles[14:]), compiles
     assert len(snapshot) > 10, "the forward did not run bucketed"
     assert _kernels() == snapshot  # no bucketed op compiled another kernel in the bucket
+
+
+_WARM_SAMPLER = '''
+import json, sys, torch
+import torch.nn.functional as F
+from transformers import GPT2Config, GPT2LMHeadModel
+from neuron_compile.device import lengths, ops, trace
+from neuron_compile.report import COUNTERS
+
+counts = {"traces": 0, "analyses": 0}
+trace_op, analyze = trace.trace_op, lengths._analyze
+def counted_trace(*args, **kwargs):
+    counts["traces"] += 1
+    return trace_op(*args, **kwargs)
+def counted_analyze(*args, **kwargs):
+    counts["analyses"] += 1
+    return analyze(*args, **kwargs)
+trace.trace_op, lengths._analyze = counted_trace, counted_analyze
+
+torch.manual_seed(0)
+config = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=64, attn_pdrop=0.0,
+                    resid_pdrop=0.0, embd_pdrop=0.0)
+model = GPT2LMHeadModel(config).eval().to("neuron")
+idx = torch.randint(0, 64, (1, 4)).to("neuron")
+with torch.no_grad():
+    for _ in range(20):  # lengths 4 to 23: exact shapes first, then one bucket
+        logits = model(input_ids=idx).logits[:, -1, :]
+        idx = torch.cat((idx, torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)), dim=1)
+tokens = idx.cpu().tolist()
+families = sum(not isinstance(f, str) for f in lengths._FAMILIES.values())
+print(json.dumps({"tokens": tokens, "families": families, "bucketed_kernels": sum(
+    len(f.kernels) for f in lengths._FAMILIES.values() if not isinstance(f, str)), "op_compiles": ops.COUNTS["op_compiles"],
+    "index_hits": ops.COUNTS["index_hits"], "xla_compiles": COUNTERS["xla_compiles"], **counts}))
+'''
+
+
+@pytest.mark.slow
+def test_a_warm_process_sampling_at_growing_lengths_traces_and_compiles_nothing(tmp_path):
+    """Bucketed families (their padding analysis) and their kernels at each bucket are in the op index
+    like any kernel: a second process running the same sampling loop finds them there (it traced each
+    family symbolically and each bucket's kernel again, 9-54 s a run of a char-level model's sampler)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, NEURON_COMPILE_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("NEURON_COMPILE_DEVICE_LENGTHS", None)  # the default: sampling under no_grad runs bucketed
+    runs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", _WARM_SAMPLER], env=env, capture_output=True, text=True,
+                              timeout=400)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    assert cold["families"] > 10 and cold["analyses"] >= cold["families"] and cold["traces"] > 0, cold
+    assert warm["tokens"] == cold["tokens"]
+    assert warm["families"] == cold["families"] and warm["bucketed_kernels"] == cold["bucketed_kernels"], warm
+    assert warm["traces"] == warm["analyses"] == warm["op_compiles"] == warm["xla_compiles"] == 0, warm
+    assert warm["index_hits"] >= warm["families"] + warm["bucketed_kernels"], warm

@@ -29,8 +29,9 @@ a storage run bucketed. Only where no autograd graph is recorded and no backward
 (``active``: sampling loops and ``generate`` run under ``no_grad``): in training a bucketed tensor's
 strides can reach a C++ ``view`` of autograd's that CPU's contiguous tensor allows (a Hugging Face XLNet
 trained after a ``generate`` failed in its backward when every op was bucketed).
-``NEURON_COMPILE_DEVICE_LENGTHS=1`` buckets everywhere, ``=0`` nowhere. Kernels are kept in memory
-only (a new process traces each bucket again; the artifact cache still spares the XLA compile).
+``NEURON_COMPILE_DEVICE_LENGTHS=1`` buckets everywhere, ``=0`` nowhere. Families and their kernels
+go into the op index (``op_index``) like any kernel: a new process with the cache warm finds each
+family's analysis and each bucket's kernel there, and traces and compiles nothing.
 
 What differs from CPU: a bucketed result padded along an inner dim (attention scores ``(b, h, t, t)``)
 has the bucket's strides, so it is not ``is_contiguous()``; a ``view`` its strides do not allow is
@@ -212,10 +213,33 @@ def kernel_for(op, args, kwargs, leaves):
     family_key = (key, tuple(family_shapes), tuple(map(repr, leaves.floats)))
     family = _FAMILIES.get(family_key)
     if family is None:
-        family = _FAMILIES[family_key] = _analyze(op, args, kwargs, leaves, dynamic, written)
+        family = _FAMILIES[family_key] = _family(op, args, kwargs, leaves, dynamic, written, family_key)
     if isinstance(family, str):
         return None
     return family if family.fits(leaves) else None
+
+
+def _family(op, args, kwargs, leaves, dynamic, written, family_key):
+    """The op's Family (or the reason it keeps exact shapes) from the op index, where a process before this
+    one analysed it: no symbolic trace; else analysed here and stored there."""
+    from ..options import Options
+    from . import op_index
+
+    options = Options.resolve()
+    name = op_index.entry_name(op, ("bucketed family", family_key, tuple(dynamic), written, repr(options.buckets)))
+    entry = op_index.load(options, name)
+    if entry is not None and entry.get("kind") == "refused":
+        return entry["reason"]
+    if entry is not None and entry.get("kind") == "family":
+        COUNTS["index_hits"] += 1
+        return Family.from_entry(op, entry, options, name, dynamic)
+    family = _analyze(op, args, kwargs, leaves, dynamic, written)
+    if isinstance(family, str):
+        op_index.store(options, name, {"kind": "refused", "reason": family})
+    else:
+        family.name, family.dynamic = name, tuple(dynamic)
+        op_index.store(options, name, family.entry())
+    return family
 
 
 def _analyze(op, args, kwargs, leaves, dynamic, written=None):
@@ -279,7 +303,10 @@ class Family:
     """One op's bucketed kernels: a kernel per bucket (and per the inputs' strides and buffer shapes)."""
 
     __slots__ = ("op", "gm", "analysis", "options", "guards", "sym_dims", "bind", "kernels", "exact", "_holds",
-                 "written")
+                 "written", "name", "dynamic")
+    # what a Family keeps of the analysis to run its kernels (the op index stores these; the graph it
+    # traced is needed again only to trace a kernel at a bucket the index does not have)
+    _KEPT = ("symbols", "bindings", "input_layouts", "output_layouts", "checks", "admits", "multiples")
 
     def __init__(self, op, gm, analysis, options, guards, sym_dims):
         self.op, self.gm, self.analysis, self.options, self.guards = op, gm, analysis, options, guards
@@ -289,6 +316,22 @@ class Family:
         self.kernels: dict = {}
         self.exact: dict = {}  # signature -> kernel, for calls the family does not fit
         self._holds: dict = {}
+        self.name = None  # its op index entry's name; its kernels' entries are named after it
+        self.dynamic = ()  # per tensor leaf, its symbolic dims
+
+    def entry(self) -> dict:
+        """The op index entry of this family: what runs its kernels, without the traced graph."""
+        return {"kind": "family", "analysis": {k: getattr(self.analysis, k) for k in self._KEPT},
+                "guards": self.guards, "sym_dims": self.sym_dims, "written": self.written}
+
+    @classmethod
+    def from_entry(cls, op, entry: dict, options, name: str, dynamic) -> "Family":
+        from ..bucketing.analysis import BucketAnalysis
+
+        family = cls(op, None, BucketAnalysis(ok=True, **entry["analysis"]), options, entry["guards"],
+                     entry["sym_dims"])
+        family.written, family.name, family.dynamic = entry["written"], name, tuple(dynamic)
+        return family
 
     def _envs(self, leaves):
         from ..bucketing.sizes import buckets_within
@@ -393,7 +436,7 @@ class Family:
             with OPS._LOCK:
                 kernel = self.kernels.get(key)
                 if kernel is None:
-                    kernel = self.kernels[key] = self._compile(op, args, kwargs, leaves, shapes, bucket_env)
+                    kernel = self.kernels[key] = self._kernel(op, args, kwargs, leaves, shapes, bucket_env, key)
         index = leaves.index or 0
         leaves.sizes = _sizes_buffer(true, index)
         results = kernel._slow(leaves)
@@ -406,12 +449,35 @@ class Family:
                 leaves.datas[slot].set(buffer)
         return rebuild(kernel.returns, fresh, leaves.tensors)
 
-    def _compile(self, op, args, kwargs, leaves, shapes, bucket_env):
+    def _kernel(self, op, args, kwargs, leaves, shapes, bucket_env, key):
+        """The kernel at this bucket: from the op index (a process before this one compiled it: nothing
+        traced), else traced and compiled, and stored there."""
+        from . import op_index
+
+        name = op_index.entry_name(op, ("bucketed kernel", self.name, key)) if self.name else None
+        entry = op_index.load(self.options, name) if name else None
+        if entry is not None and entry.get("kind") == "kernel":
+            kernel = OPS.kernel_from_entry(op, entry, self.options,
+                                           lambda: self._trace(op, args, kwargs, leaves, shapes, bucket_env).gm)
+            if kernel is not OPS._MISSING:
+                return kernel
+        kernel = OPS._compile(op, self._trace(op, args, kwargs, leaves, shapes, bucket_env), self.options, name)
+        if kernel is None:
+            raise NotImplementedError(f"{op}: its bucketed graph does not lower")
+        COUNTS["bucketed_ops"] += 1
+        return kernel
+
+    def _trace(self, op, args, kwargs, leaves, shapes, bucket_env):
         from torch.fx.experimental.proxy_tensor import make_fx  # noqa: F401 - trace_op's
 
         from ..bucketing.padding import BucketInterpreter
         from .trace import trace_op
 
+        if self.gm is None:  # a family from the op index: its graph, traced again (the same analysis)
+            fresh = _analyze(op, args, kwargs, leaves, self.dynamic, self.written)
+            if isinstance(fresh, str):
+                raise NotImplementedError(f"{op}: its bucketed family no longer traces ({fresh})")
+            self.gm, self.analysis = fresh.gm, fresh.analysis
         interpreter = BucketInterpreter(self.gm, self.analysis, bucket_env)
 
         written = self.written
@@ -428,11 +494,7 @@ class Family:
         traced = trace_op(op, args, kwargs, leaves, [] if written is None else [written], padded=padded, body=body)
         if any(kind != "fresh" for kind in _kinds(traced.returns)) and written is None:
             raise NotImplementedError(f"{op}: a bucketed op that returns an argument")
-        kernel = OPS._compile(op, traced, self.options)
-        if kernel is None:
-            raise NotImplementedError(f"{op}: its bucketed graph does not lower")
-        COUNTS["bucketed_ops"] += 1
-        return kernel
+        return traced
 
 
 def _kinds(returns):

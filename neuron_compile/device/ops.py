@@ -208,14 +208,21 @@ def _from_index(op, args, kwargs, leaves, entry: dict, options):
         entry = op_index.load(options, op_index.entry_name(op, tuple(leaves.parts), tuple(map(repr, leaves.floats))))
         if entry is None or entry["kind"] != "kernel":
             return _MISSING
-    from ..compiler import cached_executable
-    from ..report import CompileReport, record
-
-    report = CompileReport(graph=f"eager.{op}", kind="eager")
 
     def rebuild():  # the artifact was evicted: trace again, and compile_graph's path takes over
         return trace_op(op, args, kwargs, leaves, _written_positions(op, args, kwargs), bake_floats=by_value).gm
 
+    kernel = kernel_from_entry(op, entry, options, rebuild)
+    return ByValue(kernel, leaves.floats) if by_value and kernel is not _MISSING else kernel
+
+
+def kernel_from_entry(op, entry: dict, options, rebuild):
+    """The OpKernel an op index entry of kind "kernel" describes, its executable from the artifact cache
+    (``rebuild()`` gives the op's graph again if the artifact was evicted), or _MISSING."""
+    from ..compiler import cached_executable
+    from ..report import CompileReport, record
+
+    report = CompileReport(graph=f"eager.{op}", kind="eager")
     try:
         executable = cached_executable(entry["front"], entry["plan"], entry["signature"], rebuild,
                                        report=report, options=options, aliases=entry.get("aliases", ()))
@@ -224,9 +231,8 @@ def _from_index(op, args, kwargs, leaves, entry: dict, options):
         return _MISSING
     record(report)
     COUNTS["index_hits"] += 1
-    kernel = OpKernel(executable, entry["inputs"], entry["fresh"], entry["written"], entry["returns"],
-                      f"eager.{op}", entry.get("donated", ()))
-    return ByValue(kernel, leaves.floats) if by_value else kernel
+    return OpKernel(executable, entry["inputs"], entry["fresh"], entry["written"], entry["returns"],
+                    f"eager.{op}", entry.get("donated", ()))
 
 
 class ByValue:
