@@ -4,6 +4,8 @@ substitution there would be a skipped function, a Dynamo error).
 
 * ``associative_scan``: the frontend's substitution (``capture/associative_scan.py`` installs it):
   PyTorch's ``associative_scan`` op for a generic-mode scan in a frame traced for our backend.
+* ``flex_validate_device``: FlexAttention's device check with the neuron device admitted
+  (``decompositions/flex_attention.py`` installs it).
 
 Module globals only: Dynamo reads them by name.
 """
@@ -57,3 +59,16 @@ def for_neuron() -> bool:
                    if getattr(fn, a, None) is not None), None)
         seen += 1
     return False
+
+
+flex_checked_device = None  # torch's own FlexAttention device check (set by flex_attention.accept_device)
+FLEX_DEVICE = "neuron"
+
+
+def flex_validate_device(query, key, value):
+    """``torch.nn.attention.flex_attention._validate_device`` with ``FLEX_DEVICE`` admitted, backward
+    included (q, k and v are on one device: torch checked that before); every other device gets torch's
+    own check. Module globals only: Dynamo reads them by name."""
+    if query.device.type == FLEX_DEVICE:
+        return None
+    return flex_checked_device(query, key, value)

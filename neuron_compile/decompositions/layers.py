@@ -322,4 +322,7 @@ def _library_decompositions():
             found.append((getattr(transformers_ops, name).default, fn))
         except (AttributeError, RuntimeError):
             pass
+    from .flex_attention import library_decompositions as flex_attention_ops
+
+    found.extend(flex_attention_ops())
     return found

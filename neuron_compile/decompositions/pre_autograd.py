@@ -3,7 +3,8 @@
 ``scaled_dot_product_attention`` becomes ``_sdpa_math`` and ``embedding_bag``
 ``_embedding_bag_math``: functions of ours written with plain, differentiable
 ops, so autograd differentiates them and torch-mlir lowers the result (both
-fused ATen kernels have backwards it cannot lower). Precompile vouches for
+fused ATen kernels have backwards it cannot lower). FlexAttention's
+higher-order op becomes its dense kernel (``flex_attention.dense_flex_attention``). Precompile vouches for
 these two functions to AOTAutogradCache (``capture.precompile``), since they
 are pure functions of their inputs.
 """
@@ -11,6 +12,8 @@ are pure functions of their inputs.
 from __future__ import annotations
 
 import torch
+
+from .flex_attention import dense_flex_attention, flex_attention_op
 
 
 def _sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
@@ -94,8 +97,12 @@ def decompose_before_autograd(gm: torch.fx.GraphModule) -> int:
     ``embedding_bag`` (nn.EmbeddingBag) is an ATen op torch-mlir does not lower,
     whose backward needs its bag bookkeeping: it becomes a gather and a per-bag
     sum, mean or max of plain ops.
+
+    FlexAttention's higher-order op (``flex_attention``) becomes its dense kernel, its score_mod and
+    mask_mod subgraphs inlined into the graph by AOTAutograd's trace.
     """
     changed = 0
+    flex = flex_attention_op()
     for module in gm.modules():
         if not isinstance(module, torch.fx.GraphModule):
             continue
@@ -107,6 +114,9 @@ def decompose_before_autograd(gm: torch.fx.GraphModule) -> int:
             elif (node.op == "call_function" and node.target is torch.nn.functional.embedding_bag
                   and _plain_embedding_bag(node)):
                 node.target = _embedding_bag_math
+                here += 1
+            elif node.op == "call_function" and flex is not None and node.target is flex:
+                node.target = dense_flex_attention
                 here += 1
         if here:
             module.recompile()

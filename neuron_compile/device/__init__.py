@@ -27,7 +27,8 @@ The way of an eager op, top down:
   which ATen ops ran, and which on the host; ``post_import``: patches applied when a library loads;
 * ``_torch_hooks``, ``_autograd_hooks``, ``_optim_hooks``, ``_device_constructor_hooks``,
   ``_accelerate_hooks``, ``_dtensor_rng_hooks``: each private API of torch or of a library the
-  device stands on, in one small module, with a test that fails when it changes.
+  device stands on, in one small module, with a test that fails when it changes (FlexAttention's:
+  ``neuron_compile.decompositions.flex_attention``, which the compile path uses too).
 
 ``neuron_compile.dynamo_skips`` keeps Dynamo out of the kernels
 and the compile path under them; the backend calls it when Dynamo first looks
@@ -51,7 +52,7 @@ def register() -> None:
         return
     from .. import profiling
     from . import (_accelerate_hooks, _dtensor_rng_hooks, _device_constructor_hooks, _optim_hooks,
-                   _torch_hooks, module, op_queue, optim, storage)
+                   _torch_hooks, module, op_queue, optim, post_import, storage)
     from .collectives import process_group
 
     if torch._C._get_privateuse1_backend_name() not in ("privateuseone", _torch_hooks.NAME):
@@ -74,6 +75,7 @@ def register() -> None:
     _optim_hooks.sgd_through(optim.sgd_step)  # the same for SGD
     _accelerate_hooks.install()  # accelerate finds this device under torchrun (patched when it imports)
     _dtensor_rng_hooks.install()  # DTensor's RNG tracker draws shards of the device's Philox stream
+    post_import.patch_on_import({"torch.nn.attention.flex_attention": _flex_attention_on_device})
     if _several_devices():
         _device_constructor_hooks.index_less_moves_follow_current()  # x.to("neuron") lands on the current device
     _registered = True
@@ -87,6 +89,13 @@ def _several_devices() -> bool:
         return local_device_count() > 1
     except ValueError:
         return False
+
+
+def _flex_attention_on_device(flex_module) -> None:
+    """flex_attention takes neuron tensors (``decompositions.flex_attention``; imported when torch's is)."""
+    from ..decompositions.flex_attention import accept_device
+
+    accept_device(flex_module)
 
 
 def _unsafe_view(tensor, size):
