@@ -115,11 +115,11 @@ class _Lost:
 
     __slots__ = ("message",)
 
-    def __init__(self, message: str):
-        self.message = message
+    def __init__(self, message):
+        self.message = message  # the text, or what makes it when it is read (most lost results never are)
 
     def error(self) -> RuntimeError:
-        return RuntimeError(self.message)
+        return RuntimeError(self.message if isinstance(self.message, str) else self.message())
 
 
 def enqueue(kernel, params: list, shapes: tuple) -> tuple:
@@ -288,9 +288,10 @@ def _run_fused(run, records: list, externals: list, live: tuple) -> None:
         for result in pendings:
             if result.value is None:  # nothing outside the run held it when it ran: it never became a buffer
                 if lost is None:
-                    lost = _Lost(f"neuron_compile: a result of {kernel.name} (issued at {describe(issuer)}) was "
-                                 "not kept by its fused run, but is read now. This is a bug of neuron_compile; "
-                                 "NEURON_COMPILE_EAGER_FUSION=0 avoids it.")
+                    lost = _Lost(lambda name=kernel.name, issuer=issuer: (
+                        f"neuron_compile: a result of {name} (issued at {describe(issuer)}) was not kept by its "
+                        "fused run, but is read now. This is a bug of neuron_compile; NEURON_COMPILE_EAGER_FUSION=0 "
+                        "avoids it."))
                 result.value = lost
 
 
