@@ -22,6 +22,7 @@ The way of an eager op, top down:
 * ``index_checks``: index bounds checked as CPU checks them; ``rng`` and ``philox``: the device's
   Philox (seed, offset) state; ``autocast``: ``torch.autocast("neuron")``;
 * ``optim``: Adam's, AdamW's and SGD's steps as one executable each;
+* ``sparse``: sparse COO tensors (SparseAdam, sparse embedding gradients), their ops on host copies;
 * ``collectives/``: the ``neuron`` process group and its collectives;
 * ``module``: ``torch.neuron``; ``ordinals``: how many devices, which is current; ``op_tracking``:
   which ATen ops ran, and which on the host; ``post_import``: patches applied when a library loads;
@@ -52,7 +53,7 @@ def register() -> None:
         return
     from .. import profiling
     from . import (_accelerate_hooks, _dtensor_rng_hooks, _device_constructor_hooks, _optim_hooks,
-                   _torch_hooks, module, op_queue, optim, post_import, storage)
+                   _torch_hooks, module, op_queue, optim, post_import, sparse, storage)
     from .collectives import process_group
 
     if torch._C._get_privateuse1_backend_name() not in ("privateuseone", _torch_hooks.NAME):
@@ -75,6 +76,7 @@ def register() -> None:
     _optim_hooks.sgd_through(optim.sgd_step)  # the same for SGD
     _accelerate_hooks.install()  # accelerate finds this device under torchrun (patched when it imports)
     _dtensor_rng_hooks.install()  # DTensor's RNG tracker draws shards of the device's Philox stream
+    sparse.install()  # sparse COO tensors: their ops on host copies (SparseAdam, sparse embedding grads)
     post_import.patch_on_import({"torch.nn.attention.flex_attention": _flex_attention_on_device})
     if _several_devices():
         _device_constructor_hooks.index_less_moves_follow_current()  # x.to("neuron") lands on the current device
