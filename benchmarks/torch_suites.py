@@ -298,7 +298,17 @@ def write_table(summary: dict, out: Path, command: str, samples: dict | None = N
             for key, tests in s["causes"].items():
                 examples = ", ".join(f"`{t}`" for t in tests[:3]) + (" ..." if len(tests) > 3 else "")
                 lines.append(f"| {len(tests)} | {key.replace('|', '/')} | {examples} |")
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    notes = _notes(out.with_suffix(".md"))  # a hand-written "## Notes" section outlives a rebuild
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n" + notes)
+
+
+def _notes(md: Path) -> str:
+    try:
+        text = md.read_text()
+    except OSError:
+        return ""
+    at = text.find("\n## Notes\n")
+    return text[at:] if at >= 0 else ""
 
 
 def _edits_text(edits: list) -> str:

@@ -209,3 +209,16 @@ def test_the_recorded_edits_match_the_recorded_hashes():
         cached = torch_suites_files.FILES_DIR / name
         if cached.exists():  # on a machine that has run the suites: the cached copy is the pinned one
             assert hashlib.sha256(cached.read_bytes()).hexdigest() == source.sha256, name
+
+
+def test_a_hand_written_notes_section_outlives_a_table_rebuild(tmp_path):
+    raw, out = tmp_path / "raw", tmp_path / "table"
+    raw.mkdir()
+    for device in ("cpu", "neuron"):
+        record = {"event": "result", "id": f"t.py::TestX{device.upper()}::test_a_{device}", "outcome": "passed"}
+        (raw / f"t.py.{device}.jsonl").write_text(json.dumps(record) + "\n")
+    torch_suites.main(["--table", "--files", "t.py", "--raw", str(raw), "--out", str(out)])
+    out.with_suffix(".md").write_text(out.with_suffix(".md").read_text() + "\n## Notes\n\nWhy a test fails.\n")
+    torch_suites.main(["--table", "--files", "t.py", "--raw", str(raw), "--out", str(out)])
+    table = out.with_suffix(".md").read_text()
+    assert table.count("## Notes") == 1 and table.endswith("\n## Notes\n\nWhy a test fails.\n"), table
