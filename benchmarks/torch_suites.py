@@ -5,8 +5,9 @@ PyTorch tests every backend in its tree with the same files:
 one, and an out-of-tree PrivateUse1 backend gets its own (``TestViewOpsNEURON``,
 ``test_t_inplace_view_neuron``) once ``neuron`` is registered, which installing
 this package does at ``import torch``. This harness runs PyTorch's
-``test_view_ops.py``, ``test_modules.py`` and ``test_optim.py`` (at the torch
-version we pin) for both ``cpu`` and ``neuron`` and compares them test by test.
+``test_view_ops.py``, ``test_optim.py`` and a fixed sample of ``test_modules.py``
+(one test in 8, the same on both sides: ``--sample``) for both ``cpu`` and
+``neuron`` and compares them test by test, with the time each side took.
 
 The files are PyTorch's, not ours: nothing of them is committed here.
 ``torch_suites_files.py`` pins each to a commit of a public repository with
@@ -23,8 +24,8 @@ every test writes a ``start`` and a ``result`` line to a JSONL file as it
 runs. A test that kills its process (a segfault) is a ``crash``; one that
 runs past ``--timeout`` seconds is a ``hang`` (a watchdog ends the process);
 either way pytest starts again from the next test, so one crash costs one
-test, never the run. Tests that are not device-generic (no CPU/neuron class)
-are left out on both sides.
+test, never the run. Tests that are not device-generic (no CPU/neuron class,
+or a class made for CPU only) are left out on both sides.
 
 The score (the bar issues 39 and 40 set): of the tests that pass on CPU, the
 share that passes on ``neuron``. A test skipped on ``neuron`` but not on CPU is
