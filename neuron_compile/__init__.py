@@ -1,19 +1,26 @@
 """neuron_compile: a torch.compile backend, Dynamo -> AOTAutograd -> Torch-MLIR -> StableHLO -> XLA.
 
 ``torch.compile(model, backend="neuron")`` works with no import (the backend is
-registered through the ``torch_dynamo_backends`` entry point). This package is
-laid out by the pipeline's stages, imports going one way:
+registered through the ``torch_dynamo_backends`` entry point); installed, it also
+makes ``neuron`` a PyTorch device (``device``). This package is laid out by the
+pipeline's stages, imports going one way, top down (``tests/test_layout.py``'s
+``LAYERS``, ``docs/architecture.md``):
 
 * ``cli``: the ``neuron-compile`` command line, bench, model specs;
+* ``device``: the ``neuron`` device, its eager ops, queue and collectives;
 * ``capture``: the Dynamo backend (``capture.backend.neuron_backend``),
-  AOTAutograd, precompile, shape bucketing, the eager fallback, options;
-* ``decompositions``: the decomposition table AOTAutograd applies;
+  AOTAutograd, precompile, the eager fallback;
+* ``bucketing``: shape bucketing, for the backend and the device;
 * the spine: ``compiler`` (one static FX graph through every stage),
-  ``cache_key``, ``report``, ``dump``;
-* ``lowering``: FX -> Torch-MLIR -> StableHLO, and the ops JAX lowers.
-
-``passes`` holds the StableHLO passes and ``runtime`` the artifact format, the
-cache and the XLA executor; neither imports this package.
+  ``graph_keys``, ``dump``, ``output_views``, ``index_bounds``;
+* ``kernels``: hand-written kernels swapped in by name;
+* ``lowering``: FX -> Torch-MLIR -> StableHLO, and the ops JAX lowers;
+  ``decompositions``: the decomposition table and FX rewrites;
+* leaves: ``options``, ``report``, ``traced``;
+* ``passes`` (the StableHLO passes) and ``runtime`` (the artifact format, the
+  cache, the XLA executor), kept at the repository's top and installed as
+  ``neuron_compile.passes`` and ``neuron_compile.runtime``: neither imports
+  the rest of this package.
 
 Public API: ``compile_reports()`` (one ``CompileReport`` per compiled graph),
 ``COUNTERS`` (graphs, compiles, cache hits...), ``cache_stats()`` (memory and
@@ -21,7 +28,7 @@ disk hits, misses, compiles, bytes, compile time saved, the disk cache's
 state), ``reset()``, ``LoweringError``.
 """
 
-from ._version import __version__  # cache_key puts it in every key
+from ._version import __version__  # graph_keys puts it in every key
 
 # torch first: its import runs our device's entry point, which loads this package's profiling hooks; were
 # torch imported from inside report (through _profiler_hooks), that entry point would meet them half made

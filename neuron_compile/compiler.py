@@ -3,7 +3,7 @@
 ``compile_graph`` reads top to bottom as the pipeline:
 
     plan      which graph inputs and outputs actually cross into XLA
-    key       FX graph + input signature + pipeline + toolchain (cache_key.fx_cache_key)
+    key       FX graph + input signature + pipeline + toolchain (graph_keys.fx_cache_key)
     cache     memory, then disk: a hit skips everything below  (runtime.cache)
     lower     FX -> Torch-MLIR -> StableHLO            (neuron_compile.lowering)
     key       StableHLO without locations: another FX graph may have built it

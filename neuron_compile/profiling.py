@@ -69,7 +69,7 @@ def outside_host_fallback() -> bool:
 def instrument_collectives(group_class) -> None:
     """Put a ``neuron::collective`` event around the two paths by which ``distributed.NeuronProcessGroup``
     runs a collective: ``_on_xla`` (XLA's collectives on the device's buffers) and ``_run`` (gloo on staged
-    host copies). Each is wrapped once, from ``device.register``, so that ``distributed.py`` stays as it is;
+    host copies). Each is wrapped once, from ``device.register``, so that ``collectives/process_group.py`` stays as it is;
     off, a wrapper costs one check per collective."""
     for method, path in (("_on_xla", "xla"), ("_run", "gloo")):
         original = getattr(group_class, method, None)

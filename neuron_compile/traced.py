@@ -2,7 +2,7 @@
 Dynamo (``dynamo_skips.COMPILE_STACK``: a frame of those is never traced, and a
 substitution there would be a skipped function, a Dynamo error).
 
-* ``associative_scan``: the frontend's substitution (``capture/associative_scan.py`` installs it):
+* ``associative_scan``: the frontend's substitution (``decompositions/associative_scan.py`` installs it):
   PyTorch's ``associative_scan`` op for a generic-mode scan in a frame traced for our backend.
 * ``flex_validate_device``: FlexAttention's device check with the neuron device admitted
   (``decompositions/flex_attention.py`` installs it).

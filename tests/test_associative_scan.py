@@ -1,4 +1,4 @@
-"""``associative_scan`` (capture/associative_scan.py): a generic-mode scan is one op under our backend,
+"""``associative_scan`` (decompositions/associative_scan.py): a generic-mode scan is one op under our backend,
 bucketed as a prefix scan, expanded to PyTorch's recursion at concrete sizes; every result is eager's.
 
 Mamba's selective scan in transformers is the model these exist for (mamba, falcon_mamba, zamba,

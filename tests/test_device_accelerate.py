@@ -5,7 +5,7 @@
   release that changes them fails by name; AWS's ``torch_neuronx``, where importable, keeps
   accelerate's own answer.
 * Two ranks (one torchrun launch): ``init_process_group("gloo")`` then DDP and FSDP2 on neuron tensors
-  against the same on CPU (gloo serves neuron tensors through host copies, ``device/distributed.py``),
+  against the same on CPU (gloo serves neuron tensors through host copies, ``device/collectives/staged.py``),
   then ``Accelerator()`` with no configuration and no variable: ``MULTI_NEURON``, two processes, ``neuron:<LOCAL_RANK>``,
   and a prepared model trained with the parameters a single CPU process gets on the global batch.
 """

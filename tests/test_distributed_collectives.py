@@ -629,7 +629,7 @@ def test_a_collective_a_peer_never_joins_raises_naming_it(tmp_path, launch_two_r
 
 
 def test_the_private_torch_distributed_state_we_read_still_exists():
-    """runtime.collectives reads the default store and timeout, lowering.collectives resolves group names:
+    """runtime.distributed reads the default store and timeout, lowering.functional_collectives resolves group names:
     private torch.distributed functions that must fail loudly here when torch changes them."""
     from torch.distributed import distributed_c10d as c10d
 

@@ -1,4 +1,4 @@
-"""TorchNeuron's environment variables read as aliases of ours (``capture.options.ALIASES``)."""
+"""TorchNeuron's environment variables read as aliases of ours (``neuron_compile.options.ALIASES``)."""
 
 from __future__ import annotations
 

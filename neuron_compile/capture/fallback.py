@@ -20,7 +20,7 @@ The default (``fallback="error"``) never reaches the partitioner: the
 ``LoweringError`` propagates, naming the op and the user's line.
 
 Collectives (``_c10d_functional.*``) are known before any lowering, whatever
-``fallback`` says (``lowering.collectives.route``): those compiled into the
+``fallback`` says (``lowering.functional_collectives.route``): those compiled into the
 executable stay in the graph; the others are blocked at once, run on
 torch.distributed in the eager parent graph (each issued right after its
 input exists and waited on just before its first use, so compiled work in

@@ -19,7 +19,7 @@ accelerate's own check whenever ``torch_neuronx`` is importable, so a machine wi
 is left exactly as it was. ``get_torch_accelerator_backend`` looks the function up in its module
 at every call, so that one module attribute is all that changes. Then, under torchrun:
 
-    _prepare_backend   -> DistributedType.MULTI_NEURON, backend "neuron" (ours: device/distributed.py)
+    _prepare_backend   -> DistributedType.MULTI_NEURON, backend "neuron" (ours: device/collectives/process_group.py)
     init_process_group("neuron")
     PartialState.set_device -> torch.device("neuron", torch.neuron.current_device())
 

@@ -30,7 +30,7 @@ it):
 * ``torch._TorchCompileInductorWrapper.__call__``: what ``torch.compile(model)``
   with no backend named (Inductor) runs; a graph on neuron tensors goes to our
   backend instead (torch 2.13 has no public hook for a device's default compiler);
-* for ``distributed.py``: ``Backend.register_backend`` (extended API: a
+* for ``collectives/process_group.py``: ``Backend.register_backend`` (extended API: a
   ``_DistributedBackendOptions``) with a creator returning a Python
   ``ProcessGroup`` subclass, which torch makes the whole group, reached from
   C++ through the ``PyProcessGroup`` trampoline; ``torch.distributed._Work``
@@ -457,7 +457,7 @@ def _route_accelerator(original, answer, *args):
     return original(*args)
 
 
-# --- torch.distributed (``distributed.py``) ----------------------------------------------------
+# --- torch.distributed (``collectives/process_group.py``) ----------------------------------------------------
 # ``Backend.register_backend`` is torch's (experimental) third-party backend API; with
 # ``extended_api=True`` the creator gets a ``_DistributedBackendOptions`` (store, group_rank,
 # group_size, timeout, group_id, global_ranks_in_group). A creator that returns a Python

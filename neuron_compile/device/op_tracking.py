@@ -1,6 +1,6 @@
 """Which ATen ops ran on the device, and which of them ran on host copies (TorchNeuron's op tracking).
 
-``kernels.handle`` (every op that reaches the ``neuron`` dispatch key) adds one
+``aten_kernels.handle`` (every op that reaches the ``neuron`` dispatch key) adds one
 to ``EXECUTED[id(op)]`` (keyed by identity: ``OpOverload.__hash__`` is Python
 code, 170 ns a call here; ``kernels.KERNELS`` holds every op handled, so its
 keys name them back); ``transfers.run_on_host`` (an op whose output shapes depend on

@@ -1,6 +1,6 @@
 """Kernels: hand-written lowerings swapped in by name.
 
-* ``registry``: ``register_kernel`` (a decorator), the entry-point group
+* ``kernel_registry``: ``register_kernel`` (a decorator), the entry-point group
   ``neuron_compile.kernels`` (installed kernel packages, loaded at the first
   compile), lookups and the fingerprints that go into cache keys;
 * ``autograd``: a custom op's backward kernel made its PyTorch autograd formula;

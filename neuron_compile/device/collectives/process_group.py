@@ -21,7 +21,7 @@ one executable a batch), runs as XLA's collective on
 the distributed PJRT client (``runtime/distributed.py``, the one compiled
 graphs' collectives use): each buffer crosses there and back through DLPack,
 the same host memory, and the result is written by a device copy
-(``xla_collectives.py``; ``NEURON_COMPILE_DEVICE_COLLECTIVES=0`` turns it off).
+(``collectives/xla.py``; ``NEURON_COMPILE_DEVICE_COLLECTIVES=0`` turns it off).
 Every other collective copies the neuron tensors it reads to the host (one PJRT transfer
 per tensor), runs gloo's collective on the host copies, and returns a ``Work``
 whose ``wait(timeout)`` waits for gloo, then writes the results back into the
@@ -47,7 +47,7 @@ group. A collective that fails while waiting on its peers (a dead peer closes
 gloo's connections at once) tells ``runtime.collectives.peer_failed``, so the
 process exits without the distributed XLA client's shutdown barrier, which
 would wait the group's timeout for the dead. A C++ group's collectives on
-neuron tensors (``init_process_group("gloo")``) are ``staged_collectives``'.
+neuron tensors (``init_process_group("gloo")``) are ``collectives/staged.py``'s.
 
 What DDP and FSDP2 ask of the device besides collectives: ``storage.resize_``
 (FSDP2 frees each unsharded parameter with ``resize_(0)``: here it drops the
@@ -84,7 +84,7 @@ _c10d_library = None
 def register() -> None:
     """Name the ``neuron`` backend (cheap: dictionary entries in torch.distributed, nothing connects), and
     let C++ groups (``init_process_group("gloo")``) serve neuron tensors through host copies, PREMUL_SUM
-    included (``staged_collectives``)."""
+    included (``collectives/staged.py``)."""
     global _c10d_library
     if torch.distributed.is_available() and torch.distributed.is_gloo_available():
         _torch_hooks.register_process_group_backend(NAME, create, devices=[NAME, "cpu"])
@@ -314,7 +314,7 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
         return NeuronWork(self, "coalesced collectives", works, _Staging(), [])
 
     def _on_device(self, tensors, opts=None) -> str | None:
-        """The reduction XLA runs itself on these tensors (``xla_collectives.run``; ``""``: a gather, no
+        """The reduction XLA runs itself on these tensors (``collectives/xla.run``; ``""``: a gather, no
         ``opts``), or None (gloo, staged): neuron tensors of a dtype XLA reduces, in a group whose size
         divides the world (``_replica_groups``), with ``NEURON_COMPILE_DEVICE_COLLECTIVES`` not ``0``."""
         import os
@@ -341,7 +341,7 @@ class NeuronProcessGroup(_torch_hooks.PythonProcessGroup):
         return layout_of(ranks, torch.distributed.get_world_size())
 
     def _on_xla(self, collective: str, calls, op, result) -> NeuronWork:
-        """Run ``(kind, source, output)`` collectives with XLA as one executable (``xla_collectives.run``): a
+        """Run ``(kind, source, output)`` collectives with XLA as one executable (``collectives/xla.run``): a
         finished Work (one of the coalesced ones inside ``_coalescing_manager``)."""
         try:
             xla_collectives.run(calls, op or None, self._replica_groups())

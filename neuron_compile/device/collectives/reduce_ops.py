@@ -1,6 +1,6 @@
 """torch.distributed's reduce ops on the device's collectives: which dtypes each allows, PREMUL_SUM as a SUM.
 
-The ``neuron`` process group (``distributed.py``) checks every reduction here before anything runs, on
+The ``neuron`` process group (``process_group.py``) checks every reduction here before anything runs, on
 neuron and CPU tensors alike, so a refused pairing raises on every rank at once, naming the op and the
 dtype, instead of failing inside gloo or XLA:
 

@@ -1,9 +1,9 @@
 """Eager collectives of neuron tensors run by XLA on the distributed PJRT client, no host copy.
 
-The ``neuron`` process group (``distributed.py``) sends its all-reduces, all-gathers into one tensor,
+The ``neuron`` process group (``process_group.py``) sends its all-reduces, all-gathers into one tensor,
 reduce-scatters from one tensor, broadcasts and even all-to-alls of neuron tensors here, one at a time or
 coalesced (its whole-world group, or a subgroup whose size divides the world): one small StableHLO
-module of the collectives (``lowering.collectives.eager_module``), compiled once per kinds, shapes, dtypes
+module of the collectives (``lowering.functional_collectives.eager_module``), compiled once per kinds, shapes, dtypes
 and op on the client compiled graphs' collectives use (``runtime/distributed.py``), run on the tensors' own
 buffers, which cross to that client and back through DLPack (the same host memory).
 """
