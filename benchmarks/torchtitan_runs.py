@@ -284,8 +284,13 @@ def write_report(rows: list, args, path_md: Path) -> None:
         step = "-" if r["step_s"] is None else f"{r['step_s']:.2f}"
         ratio = "-" if r["step_vs_cpu"] is None else f"{r['step_vs_cpu']:.2f}x"
         status = "ran" if not r["error"] else f"fails: `{r['error'][:160]}`"
-        lines.append(f"| {r['scenario']} | {r['ranks']} | {r['reference'] or '-'} | {diff} | {r['bound']:.1e} | {ok} | {step} | "
+        lines.append(f"| {r['scenario']} | {r['ranks']} | {r['reference'] or '-'} | {diff} | {r['bound']:.2e} | {ok} | {step} | "
                      f"{ratio} | {status} |")
+    if args.precision != "float32":
+        lines += ["", "With bfloat16, TorchTitan's policy depends on the parallelism (`maybe_enable_amp`): one "
+                  "process autocasts matmuls to bfloat16, FSDP2 casts every parameter to bfloat16, TP alone "
+                  "runs float32. So only the one-process rows compare like with like; the FSDP2 and TP rows "
+                  "compare two precisions (the float32 table compares them)."]
     lines += ["", "Losses by step:", "", "| scenario | " + " | ".join(str(i + 1) for i in range(args.steps)) + " |",
               "| --- |" + " --- |" * args.steps]
     for r in rows:
