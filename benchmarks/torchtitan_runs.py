@@ -17,6 +17,7 @@ device, ``neuron``, and its process-group backend. The CPU reference runs the sa
 | fsdp2 | 2 | ``--parallelism.data_parallel_shard_degree 2`` | cpu_global |
 | tp2 | 2 | ``--parallelism.tensor_parallel_degree 2`` | cpu |
 | fsdp2_tp2 | 4 | ``--parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2`` | cpu_global |
+| fsdp2_compiled | 2 | fsdp2's and compiled's | cpu_global |
 
 ``cpu_global`` is one CPU process with the data-parallel runs' global batch (twice the local batch), on
 the rows ordered so it reads at each step what the two data-parallel ranks read together
@@ -85,7 +86,8 @@ SCENARIOS = {s.name: s for s in (
     Scenario("fsdp2_compiled", "neuron", 2, ("--parallelism.data_parallel_shard_degree", "2", "--compile.enable",
                                              "--compile.backend", "neuron"), "cpu_global", data_parallel=2),
 )}
-DEFAULT = ("cpu", "cpu_global", "cpu_inductor", "cpu_accumulate", "eager", "compiled", "fsdp2", "tp2", "fsdp2_tp2")
+DEFAULT = ("cpu", "cpu_global", "cpu_inductor", "cpu_accumulate", "eager", "compiled", "fsdp2", "tp2", "fsdp2_tp2",
+           "fsdp2_compiled")
 
 
 @dataclass
