@@ -1,6 +1,6 @@
 """The eager ``neuron`` device against CPU eager and the raw PJRT floor, side by side in one run.
 
-Eight measurements, each against its peer:
+Ten measurements, each against its peer:
 
 1. Per-op dispatch of a small cached op: ``a + b`` on 16-float neuron tensors,
    already compiled (warm), against CPU eager ``a + b`` on the same sizes and
@@ -63,6 +63,12 @@ Eight measurements, each against its peer:
 9. Large in-place writes: a 4M-float ``add_`` and a static KV cache's
    ``index_copy_`` on neuron with its buffer donation and without (processes
    of their own), ``jax.jit`` with ``donate_argnums`` and without, CPU eager.
+10. Adaptive eager execution (``bench_adaptive_eager.py``'s workloads: the
+   GPT-2 AdamW step, a nanoGPT-style loop, an LSTM language-model batch, an
+   LBFGS fit): CPU eager, neuron op by op (``NEURON_COMPILE_EAGER_FUSION=0``)
+   and neuron fused, each in a process of its own, with executables run per
+   step, compiles in the steady state, the cold first step and peak device
+   bytes. Targets (issue 53): 1.5x, 2x, 3x, 3x CPU eager.
 
 The benchmark makes its own cache folders (a fresh one for this process, one
 per cold/warm pair) and removes them. A measurement that fails records the
@@ -952,6 +958,18 @@ def _median_of(runs: list, pick):
     return statistics.median(values) if values else None
 
 
+def adaptive_all(warmup: int, steps: int) -> dict:
+    """Section 10: bench_adaptive_eager's workloads on CPU, op by op and fused."""
+    import bench_adaptive_eager as adaptive
+
+    out = {}
+    for workload in adaptive.WORKLOADS:
+        out[workload] = {"cpu": adaptive.run(workload, "cpu", warmup, steps),
+                         "op_by_op": adaptive._in_process(workload, False, warmup, steps),
+                         "fused": adaptive._in_process(workload, True, warmup, steps)}
+    return out
+
+
 def report(res: dict, args) -> str:
     from tabulate import tabulate
 
@@ -1353,6 +1371,26 @@ def report(res: dict, args) -> str:
                     summary.append([what, f"{donated[key] * 1e6:.1f}", peer_name, f"{peer[key] * 1e6:.1f}",
                                     f"{r:.2f}", f"<= {target}", "met" if r <= target else "missed"])
 
+    c10 = res.get("adaptive", {})
+    if isinstance(c10, dict) and c10:
+        import bench_adaptive_eager as adaptive
+
+        lines += ["", "## 10. Adaptive eager execution: CPU eager, neuron op by op, neuron fused", "",
+                  "`bench_adaptive_eager.py`'s workloads (its results page explains the columns), each side in a "
+                  "process of its own.", "",
+                  "| workload | CPU eager ms | op by op ms (x CPU) | fused ms (x CPU) | target | executables/step op "
+                  "by op / fused | compiles, steady | cold first step op by op / fused | peak device bytes op by "
+                  "op / fused |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for workload, cells in c10.items():
+            if isinstance(cells, dict) and {"cpu", "op_by_op", "fused"} <= cells.keys():
+                lines.append(adaptive._row(workload, cells["cpu"], cells["op_by_op"], cells["fused"]))
+                cpu, on = cells["cpu"], cells["fused"]
+                if "median_s" in cpu and "median_s" in on:
+                    r, target = on["median_s"] / cpu["median_s"], adaptive.TARGETS[workload]
+                    summary.append([f"adaptive eager {workload} step (ms)", f"{on['median_s'] * 1e3:.2f}",
+                                    "CPU eager", f"{cpu['median_s'] * 1e3:.2f}", f"{r:.2f}", f"<= {target}",
+                                    "met" if r <= target else "missed"])
+
     # sections skipped (--skip) leave no table and no summary row
     skipped = set(filter(None, args.skip.split(",")))
     for name in skipped & set(_SECTIONS):
@@ -1373,7 +1411,8 @@ def report(res: dict, args) -> str:
 _SECTIONS = {"per_op": ("## 1.", "per-op"), "matmul": ("## 2.", "matmul"), "train": ("## 3.", "GPT-2"),
              "cold": ("## 4.", "cold start"), "offsets": ("## 5.", "moving-offset"),
              "sampling": ("## 6.", "sampling"), "cold_ops": ("## 7.", "cold compile per op"),
-             "compiled": ("## 8.", "compiled "), "inplace": ("## 9.", "in-place add_")}
+             "compiled": ("## 8.", "compiled "), "inplace": ("## 9.", "in-place add_"),
+             "adaptive": ("## 10.", "adaptive eager")}
 
 
 def _fmt(value, digits: int = 2) -> str:
@@ -1403,7 +1442,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sample-tokens", type=int, help="tokens sampled one at a time (default 40; quick 10)")
     parser.add_argument("--skip", default="",
                         help="comma-separated sections to skip: per_op,matmul,train,cold,offsets,sampling,cold_ops,"
-                             "compiled,inplace")
+                             "compiled,inplace,adaptive")
     parser.add_argument("--out", default=str(HERE / "results" / "device"))
     parser.add_argument("--worker", choices=["neuron", "cpu", "ops", "inplace", "inplace-fresh"], help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -1438,7 +1477,8 @@ def main(argv=None) -> int:
                     ("sampling", lambda: sampling(args.sample_tokens)),
                     ("cold_ops", lambda: cold_ops(args.pairs)),
                     ("compiled", lambda: compiled_all(args.warmup, args.steps)),
-                    ("inplace", inplace_all)]
+                    ("inplace", inplace_all),
+                    ("adaptive", lambda: adaptive_all(args.warmup, args.steps))]
         for name, run in sections:
             if name in skip:
                 continue
