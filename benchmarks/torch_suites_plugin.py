@@ -129,6 +129,7 @@ def pytest_runtest_protocol(item, nextitem):
         return
     if _watchdog is None:
         _watchdog = _Watchdog()
+        _keep_crash_stacks()
     _append({"event": "start", "id": item.nodeid})
     with _watchdog.lock:
         _watchdog.current = (item.nodeid, time.monotonic())
@@ -140,6 +141,18 @@ def pytest_runtest_protocol(item, nextitem):
     outcome, message = item._suite_outcome or ("error", "no report")
     _append({"event": "result", "id": item.nodeid, "outcome": outcome, "message": message,
              "seconds": round(time.monotonic() - started, 3)})
+
+
+def _keep_crash_stacks() -> None:
+    """A test that kills the process leaves every thread's Python stack in ``<records>.faults``."""
+    import faulthandler
+
+    global _faults
+    _faults = open(_RECORDS + ".faults", "a")  # noqa: SIM115 (open for the process's life)
+    faulthandler.enable(file=_faults, all_threads=True)
+
+
+_faults = None
 
 
 def pytest_runtest_logreport(report):
