@@ -238,7 +238,7 @@ def write_table(summary: dict, out: Path, command: str, samples: dict | None = N
     samples = {f: k for f, k in (samples or {}).items() if f in summary and k > 1}
     meta = {"torch": torch.__version__, "machine": f"{platform.machine()}, {os.cpu_count()} cores",
             "command": command, "date": time.strftime("%Y-%m-%d"),
-            "sources": {f: suite_files.SOURCES[f].record() for f in summary if f in suite_files.SOURCES},
+            "sources": {f: src.record() for f, src in suite_files.SOURCES.items()},
             "samples": {f: {"one_in": k, "rule": SAMPLE_RULE} for f, k in samples.items()}}
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "files": summary}, indent=1) + "\n")
     total_cpu = sum(s["cpu_passed"] for s in summary.values())
