@@ -119,7 +119,7 @@ class ExecutorAdapter:
         # onto the current device (a graph's CPU input meets the graph's neuron tensors there: under
         # torchrun each rank's tensors are on its current device, neuron:<LOCAL_RANK>)
         COUNTS["host_copies"] += 1
-        return _storage.host_to_buffer(tensor, _storage.indices.current_device())
+        return _storage.host_to_buffer(tensor, _storage.ordinals.current_device())
 
     @staticmethod
     def to_host(array) -> torch.Tensor:
