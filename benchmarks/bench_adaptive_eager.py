@@ -241,6 +241,18 @@ def _in_process(workload: str, fused: bool, warmup: int, steps: int, limit: int 
         return json.loads(result.read_text())
 
 
+def measure(workload: str, warmup: int, steps: int) -> dict:
+    """One workload three ways: CPU eager here, neuron op by op and neuron fused in processes of their own."""
+    return {"cpu": run(workload, "cpu", warmup, steps), "op_by_op": _in_process(workload, False, warmup, steps),
+            "fused": _in_process(workload, True, warmup, steps)}
+
+
+# the table's head; each workload's line is ``_row``'s
+HEADER = ["| workload | CPU eager ms | op by op ms (x CPU) | fused ms (x CPU) | target | executables/step op by op / "
+          "fused | compiles, steady | cold first step op by op / fused | peak device bytes op by op / fused |",
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+
+
 def _row(workload: str, cpu: dict, off: dict, on: dict) -> str:
     def ms(cell):
         return f"{cell['median_s'] * 1e3:.2f}" if "median_s" in cell else cell.get("error", "-")
@@ -286,11 +298,8 @@ def main(argv=None) -> int:
     line, info = bench_device._machine()
     rows, raw = [], {"machine": info}
     for workload in [w for w in args.only.split(",") if w]:
-        cpu = run(workload, "cpu", args.warmup, args.steps)
-        off = _in_process(workload, False, args.warmup, args.steps)
-        on = _in_process(workload, True, args.warmup, args.steps)
-        raw[workload] = {"cpu": cpu, "op_by_op": off, "fused": on}
-        rows.append(_row(workload, cpu, off, on))
+        raw[workload] = cells = measure(workload, args.warmup, args.steps)
+        rows.append(_row(workload, cells["cpu"], cells["op_by_op"], cells["fused"]))
         print(rows[-1], flush=True)
     sweep = []
     for limit in [int(n) for n in args.limits.split(",") if n]:
@@ -309,9 +318,7 @@ def main(argv=None) -> int:
         f"timed {args.steps} steps, median; one torch thread. Executables per step: XLA executables the queue ran "
         "plus ops run when issued (the optimizer's donated step...). Cold: the first step of a new process on an "
         "empty cache.", "",
-        "| workload | CPU eager ms | op by op ms (x CPU) | fused ms (x CPU) | target | executables/step op by op / "
-        "fused | compiles, steady | cold first step op by op / fused | peak device bytes op by op / fused |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |", *rows, *sweep, ""])
+        *HEADER, *rows, *sweep, ""])
     Path(args.out + ".md").write_text(text)
     Path(args.out + ".json").write_text(json.dumps(raw, indent=1, default=str))
     print(text)

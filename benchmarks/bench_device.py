@@ -962,12 +962,7 @@ def adaptive_all(warmup: int, steps: int) -> dict:
     """Section 10: bench_adaptive_eager's workloads on CPU, op by op and fused."""
     import bench_adaptive_eager as adaptive
 
-    out = {}
-    for workload in adaptive.WORKLOADS:
-        out[workload] = {"cpu": adaptive.run(workload, "cpu", warmup, steps),
-                         "op_by_op": adaptive._in_process(workload, False, warmup, steps),
-                         "fused": adaptive._in_process(workload, True, warmup, steps)}
-    return out
+    return {workload: adaptive.measure(workload, warmup, steps) for workload in adaptive.WORKLOADS}
 
 
 def report(res: dict, args) -> str:
@@ -1378,9 +1373,7 @@ def report(res: dict, args) -> str:
         lines += ["", "## 10. Adaptive eager execution: CPU eager, neuron op by op, neuron fused", "",
                   "`bench_adaptive_eager.py`'s workloads (its results page explains the columns), each side in a "
                   "process of its own.", "",
-                  "| workload | CPU eager ms | op by op ms (x CPU) | fused ms (x CPU) | target | executables/step op "
-                  "by op / fused | compiles, steady | cold first step op by op / fused | peak device bytes op by "
-                  "op / fused |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  *adaptive.HEADER]
         for workload, cells in c10.items():
             if isinstance(cells, dict) and {"cpu", "op_by_op", "fused"} <= cells.keys():
                 lines.append(adaptive._row(workload, cells["cpu"], cells["op_by_op"], cells["fused"]))
