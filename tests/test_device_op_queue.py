@@ -286,6 +286,37 @@ def test_an_index_the_queue_computes_is_checked_when_the_queue_runs():
         emb(ids + 8)
 
 
+def test_a_resident_index_is_checked_beside_the_queue_without_cutting_its_run():
+    """A batch of ids sliced from a corpus resident on the device (a language model's step) is checked
+    when the op is issued, from a copy made beside the queue: the ops queued before it stay queued (the
+    check used to run the whole queue, cutting every step's run in two at the loss's targets)."""
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(10, 4)
+    corpus = torch.randint(0, 10, (4096,))
+    dev, dev_corpus = torch.nn.Embedding(10, 4).to("neuron"), corpus.to("neuron")
+    dev.weight.data = emb.weight.data.to("neuron")
+
+    def step(i):
+        h = dev.weight * 2 + 1  # queued before the index check
+        return (dev(dev_corpus[i:i + 16]) + h[:1]).sum()
+
+    with torch.no_grad():
+        step(0).cpu()  # kernels built
+        before, checks = op_queue.COUNTS["runs"], ops.COUNTS["index_checks"]
+        out = step(32)
+        assert ops.COUNTS["index_checks"] == checks + 1, "the index was not checked"
+        assert op_queue.pending() >= 4 and op_queue.COUNTS["runs"] == before, "the check cut the run"
+        torch.testing.assert_close(out.cpu(), (emb(corpus[32:48]) + emb.weight[:1] * 2 + 1).sum())
+        bad = dev_corpus[:16] + 8  # 8 + ids: some past the table, computed by a queued op
+        bad_resident = (bad.cpu() * 0 + 12).to("neuron")  # resident, all past the table
+        queued = dev.weight * 3
+        with pytest.raises(IndexError, match="out of range") as info:
+            dev(bad_resident)  # raised at the op, as on CPU, with the queue left as it was
+        assert op_queue.pending() >= 1
+        torch.testing.assert_close(queued.cpu(), emb.weight * 3)
+    assert "dev(bad_resident)" in str(info.value), str(info.value)
+
+
 def _lstm_steps(steps: int):
     torch.manual_seed(0)
     lstm, head = torch.nn.LSTM(16, 16, 2), torch.nn.Linear(16, 10)

@@ -38,10 +38,13 @@ def _host_values(index: torch.Tensor, counts: dict) -> torch.Tensor:
     if index.device.type != "neuron":
         return index
     counts["index_checks"] += 1
-    if _profiler_hooks.STATE._is_profiler_enabled:  # torch.profiler records: a neuron::index_check event
-        with _profiler_hooks.event("neuron::index_check", (index,)):
-            return transfers.to_host(transfers.alone(index), counter=None).detach()
-    return transfers.to_host(transfers.alone(index), counter=None).detach()
+    # its values are resident (a queued op computing them defers the check to the queue's run: ``check``),
+    # so the copy to read them runs now, beside the queue, which keeps gathering its run
+    with _queue.unqueued():
+        if _profiler_hooks.STATE._is_profiler_enabled:  # torch.profiler records: a neuron::index_check event
+            with _profiler_hooks.event("neuron::index_check", (index,)):
+                return transfers.to_host(transfers.alone(index), counter=None).detach()
+        return transfers.to_host(transfers.alone(index), counter=None).detach()
 
 
 def check(op, args, kwargs, counts: dict) -> None:

@@ -44,6 +44,7 @@ the op and the line of the user's code that issued it (recorded when queued).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import sys
@@ -132,6 +133,28 @@ def enqueue(kernel, params: list, shapes: tuple) -> tuple:
     _RECORDS.append((kernel, params, pendings, issuer()))
     COUNTS["queued_ops"] += 1
     return pendings
+
+
+_UNQUEUED = None  # the thread whose ops run when issued inside ``unqueued()``
+
+
+@contextlib.contextmanager
+def unqueued():
+    """Ops this thread issues in here run when issued, and the queue is left as it holds: an index check
+    reading a resident batch of ids (cloned on the device first, ``transfers.alone``) would otherwise run
+    the whole queue and cut the run being gathered in two (every step of a language model, twice)."""
+    global _UNQUEUED
+    with LOCK:  # no other thread queues meanwhile (its op would wait for the lock anyway)
+        before, _UNQUEUED = _UNQUEUED, threading.get_ident()
+        try:
+            yield
+        finally:
+            _UNQUEUED = before
+
+
+def queueing() -> bool:
+    """This thread's ops go to the queue now: ``active()`` and not inside ``unqueued()``."""
+    return ENABLED and (_UNQUEUED is None or _UNQUEUED != threading.get_ident()) and active()
 
 
 def computing(tensor) -> bool:

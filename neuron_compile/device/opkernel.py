@@ -12,6 +12,7 @@ results into neuron tensors and new storage contents.
 from __future__ import annotations
 
 from sys import getrefcount as _getrefcount
+from threading import get_ident as _get_ident
 
 import torch
 
@@ -215,7 +216,8 @@ class OpKernel:
         datas = leaves.datas
         slots = self._direct
         index = leaves.index
-        if self.shapes is not None and not index and _op_queue.ENABLED and _op_queue.active():
+        if self.shapes is not None and not index and _op_queue.ENABLED and (
+                _op_queue._UNQUEUED is None or _op_queue._UNQUEUED != _get_ident()) and _op_queue.active():
             with _op_queue.LOCK:
                 params = self._params(leaves, slots, True)
                 if params is not None:

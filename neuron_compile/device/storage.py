@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import functools
+from threading import get_ident as _get_ident
 
 import torch
 
@@ -324,8 +325,9 @@ def buffer_to_host(buffer, dtype: torch.dtype) -> torch.Tensor:
     """A CPU tensor with a copy of a PJRT buffer's contents. Like a device-to-host copy on CUDA it
     synchronizes: every op queued before it runs first (``op_queue``), whether or not it computes this
     buffer, so a loop's runs start again at the same op each step (a ``loss.item()`` whose value an
-    earlier run computed would otherwise leave the backward queued into the next step's run)."""
-    if _op_queue._RECORDS:
+    earlier run computed would otherwise leave the backward queued into the next step's run). Inside
+    ``op_queue.unqueued()`` (an index check's read of resident values) the queue is left as it is."""
+    if _op_queue._RECORDS and _op_queue._UNQUEUED != _get_ident():
         _op_queue.flush()
     if _profiler_hooks.STATE._is_profiler_enabled:  # a neuron::device_to_host event
         with _profiler_hooks.event("neuron::device_to_host", None, {"bytes": buffer.size * dtype.itemsize}):
