@@ -131,6 +131,7 @@ def _lower_torch_mlir(gm, report, graph_name, *, keep_torch_ir) -> Lowered:
         return _stage(report, name)
 
     ctx = shared_context()
+    keep_nan_self_compares(gm)
     with stage("import"):
         try:
             module = _import(gm, ctx)
@@ -183,6 +184,39 @@ def drop_error_checks(gm: torch.fx.GraphModule) -> int:
     if removed:
         gm.recompile()
     return removed
+
+
+def keep_nan_self_compares(gm: torch.fx.GraphModule) -> int:
+    """Write ``eq.Tensor(x, x)`` of a floating ``x`` as ``logical_not(ne.Tensor(x, x))``.
+
+    Torch-MLIR's canonicalizer folds ``aten.eq.Tensor`` of one operand with itself to a literal
+    ``true``, which is wrong at a NaN; ``ne`` it leaves alone. ATen's ``isfinite`` is
+    ``(x == x) * (abs(x) != inf)`` (CompositeImplicitAutograd), so in a compiled graph ``isfinite(nan)``
+    was True, and ``where(isfinite(g), g, 0)`` kept the NaN. Returns how many compares were rewritten.
+    """
+    eq, ne, logical_not = torch.ops.aten.eq.Tensor, torch.ops.aten.ne.Tensor, torch.ops.aten.logical_not.default
+    rewritten = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not eq or len(node.args) != 2 or node.kwargs \
+                or node.args[0] is not node.args[1] or not isinstance(node.args[0], torch.fx.Node):
+            continue
+        val = node.args[0].meta.get("val")
+        if not isinstance(val, torch.Tensor) or not (val.dtype.is_floating_point or val.dtype.is_complex):
+            continue
+        with gm.graph.inserting_before(node):
+            differ = gm.graph.call_function(ne, node.args)
+            same = gm.graph.call_function(logical_not, (differ,))
+        if "val" in node.meta:
+            differ.meta["val"] = same.meta["val"] = node.meta["val"]
+        for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
+            if key in node.meta:
+                differ.meta[key] = same.meta[key] = node.meta[key]
+        node.replace_all_uses_with(same)
+        gm.graph.erase_node(node)
+        rewritten += 1
+    if rewritten:
+        gm.recompile()
+    return rewritten
 
 
 def fix_unsigned_compares(module) -> int:
