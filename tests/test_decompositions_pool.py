@@ -166,3 +166,32 @@ def test_pooling_gradients_match_eager(name):
     torch.compile(loss, backend="neuron", fullgraph=True)(xc).backward()
     loss(xe).backward()
     torch.testing.assert_close(xc.grad, xe.grad, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("d", [1, 2, 3])
+def test_average_pooling_gradient_keeps_a_nan_in_its_window(d):
+    """A NaN or infinite output gradient reaches only the input positions its window covers, as on CPU
+    (the spread was a matmul, and NaN * 0 made the whole input gradient NaN: test_modules.py's LPPool3d
+    parity, whose gradient at a negative input is NaN)."""
+    pool = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[d]
+    x = torch.randn(1, 2, *(7,) * d)
+    out = pool(x, 2)
+    grad = torch.randn_like(out)
+    flat = grad.view(-1)
+    flat[0], flat[3], flat[5] = float("nan"), float("inf"), float("-inf")
+    xc, xn = x.clone().requires_grad_(), x.to("neuron").requires_grad_()
+    pool(xc, 2).backward(grad)
+    pool(xn, 2).backward(grad.to("neuron"))
+    torch.testing.assert_close(xn.grad.cpu(), xc.grad, equal_nan=True)
+
+
+def test_lp_pool_gradient_at_negative_inputs_matches_cpu():
+    """test_modules.py's test_cpu_gpu_parity_nn_LPPool3d: a fractional norm of negative inputs (NaN)."""
+    x = torch.randn(1, 3, 7, 7, 7)
+    xc, xn = x.clone().requires_grad_(), x.to("neuron").requires_grad_()
+    out_c, out_n = F.lp_pool3d(xc, 1.5, 2), F.lp_pool3d(xn, 1.5, 2)
+    torch.testing.assert_close(out_n.cpu(), out_c, equal_nan=True)
+    grad = torch.randn_like(out_c)
+    out_c.backward(grad)
+    out_n.backward(grad.to("neuron"))
+    torch.testing.assert_close(xn.grad.cpu(), xc.grad, equal_nan=True)

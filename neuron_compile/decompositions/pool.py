@@ -237,8 +237,24 @@ def _avg_backward(grad, x, dims, divisor_override):
         spread = hit.sum(1).to(grad.dtype)
         if not divisor_override:
             spread = spread / dm.count.to(grad.dtype).unsqueeze(1)
-        g = torch.movedim(torch.matmul(torch.movedim(g, nb + j, -1), spread), -1, nb + j)
+        g = torch.movedim(_spread(torch.movedim(g, nb + j, -1), spread), -1, nb + j)
     return g / divisor_override if divisor_override else g
+
+
+def _spread(g, spread):
+    """``g [..., out] @ spread [out, size]`` where a NaN or infinite gradient reaches only the positions
+    its window covers, as ATen's loop adds it: a plain matmul multiplies it by the zeros of every other
+    position (NaN * 0 = NaN), and one NaN output gradient made the whole input gradient NaN
+    (lp_pool's gradient at a negative input: test_modules.py's LPPool3d parity). The finite part is the
+    matmul; the rest is counted per position (a NaN, or +inf and -inf, makes NaN; else the infinity)."""
+    finite = torch.isfinite(g)
+    out = torch.matmul(torch.where(finite, g, torch.zeros_like(g)), spread)
+    cover = (spread != 0).to(g.dtype)
+    hits = torch.matmul(torch.stack([torch.isnan(g), g == math.inf, g == -math.inf]).to(g.dtype), cover) > 0
+    nan, pos, neg = hits[0], hits[1], hits[2]
+    out = torch.where(pos, torch.full_like(out, math.inf), out)
+    out = torch.where(neg, torch.full_like(out, -math.inf), out)
+    return torch.where(nan | (pos & neg), torch.full_like(out, math.nan), out)
 
 
 def _avg_pool_backward(d):
