@@ -287,7 +287,7 @@ def per_op_pieces(a_cpu, b_cpu) -> dict:
             a, b = a_cpu.to("neuron"), b_cpu.to("neuron")
             a + b  # compiled (or already warm)
             leaves = ops.leaves_of((a, b), {})
-            kernel = ops._KERNELS[(op, tuple(leaves.parts))]
+            kernel = ops._KERNELS[(id(op), tuple(leaves.parts))]
             if any(kind != "slot" for kind, _ in kernel.inputs):
                 raise RuntimeError(f"add's kernel takes host inputs: {kernel.inputs}")
             params = [leaves.datas[index].buffer for _, index in kernel.inputs]
@@ -305,7 +305,7 @@ def per_op_pieces(a_cpu, b_cpu) -> dict:
         "neuron's own add executable, raw run_buffers": lambda s: (lambda: s["exe"].xla.run_buffers(s["xla_args"])),
         "opkernel.run_executable (plan + run_buffers)": lambda s: (lambda: opkernel.run_executable(s["exe"], s["params"])),
         "signature: ops.leaves_of + key + dict lookup":
-            lambda s: (lambda: kernels.get((op, tuple(ops.leaves_of((s["a"], s["b"]), {}).parts)))),
+            lambda s: (lambda: kernels.get((id(op), tuple(ops.leaves_of((s["a"], s["b"]), {}).parts)))),
         "storage.new_tensor for the output":
             lambda s: (lambda: new_tensor(s["fresh"][0], s["fresh"][1], s["result"], s["fresh"][2])),
         "OpKernel call (leaves made, run, output tensor)":

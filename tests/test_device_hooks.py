@@ -35,6 +35,15 @@ def test_meta_redispatch_of_a_view_shares_the_storage():
     assert (v.shape, v.stride(), v.storage_offset()) == ((3, 2), (1, 6), 5)
 
 
+def test_meta_redispatcher_calls_the_boxed_redispatch_of_the_op():
+    t = torch.arange(12.0).to("neuron")
+    view = _torch_hooks.meta_redispatcher(torch.ops.aten.as_strided.default)
+    v = view(t, (3, 2), (1, 4), 3)
+    assert v.untyped_storage()._cdata == t.untyped_storage()._cdata
+    assert (v.shape, v.stride(), v.storage_offset()) == ((3, 2), (1, 4), 3)
+    torch.testing.assert_close(v.cpu(), torch.arange(12.0).as_strided((3, 2), (1, 4), 3))
+
+
 def test_op_overload_redispatch_and_exclude_guard_exist():
     assert callable(torch.ops.aten.add.Tensor.redispatch)
     with _torch_hooks.exclude_autocast():

@@ -107,6 +107,13 @@ def meta_redispatch(op, *args, **kwargs):
     return op.redispatch(META, *args, **kwargs)
 
 
+def meta_redispatcher(op):
+    """``meta_redispatch`` for one op, as a function of its arguments: the boxed call itself
+    (``OpOverload.redispatch`` is two Python frames over it; a view costs a few microseconds in all)."""
+    redispatch = op._handle.redispatch_boxed
+    return lambda *args, **kwargs: redispatch(META, *args, **kwargs)
+
+
 _next_address = 1 << 44
 
 

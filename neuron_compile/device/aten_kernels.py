@@ -38,6 +38,7 @@ def kernel(*overloads):
     def register(fn):
         for overload in overloads:
             KERNELS[overload] = fn
+            _BY_ID.pop(id(overload), None)
         return fn
 
     return register
@@ -103,11 +104,19 @@ def handle(op, *args, **kwargs):
         register_direct_kernels()
     if lengths._UNALIASED and transfers._writes(op):  # a view copied from a bucket lives: no write may miss it
         lengths.check_write(op, args, kwargs)
-    op_tracking.EXECUTED[id(op)] += 1  # torch.neuron.get_executed_ops()
-    fn = KERNELS.get(op)
+    ident = id(op)
+    op_tracking.EXECUTED[ident] += 1  # torch.neuron.get_executed_ops()
+    fn = _BY_ID.get(ident)
     if fn is None:
-        fn = KERNELS[op] = _view if _is_view(op) else _random if _is_random(op) else _compiled_for(op)
+        fn = KERNELS.get(op)
+        if fn is None:
+            fn = KERNELS[op] = _view_for(op) if _is_view(op) else _random if _is_random(op) else _compiled_for(op)
+        _BY_ID[ident] = fn  # KERNELS holds the op: its id names no other while it lives
     return fn(op, *args, **kwargs)
+
+
+# KERNELS by the op's id (an OpOverload's hash is a Python method: three of them a call cost a microsecond)
+_BY_ID: dict = {}
 
 
 def _compiled(op, *args, **kwargs):
@@ -138,12 +147,29 @@ def _compiled_for(op):
 def _unwrap_number(args: tuple, position: int, wide: bool = False) -> tuple:
     value = args[position]
     reference = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    # the same number beside a tensor of the same dtype and rank-zero-ness is the same 0-d tensor: kept
+    # (a loop's ``x * 0.5`` made one per call: a third of the op's cost). Only read: a wrapped number is
+    # an input, never written (an in-place op's self and ``out=`` are tensors)
+    key = (type(value), repr(value), position, wide,
+           None if reference is None else (reference.dtype, reference.dim() == 0))
+    number = _NUMBERS.get(key)
+    if number is None:
+        if len(_NUMBERS) > 1024:
+            _NUMBERS.clear()
+        number = _NUMBERS[key] = _number_tensor(value, reference, position, wide)
+    return args[:position] + (number,) + args[position + 1:]
+
+
+_NUMBERS: dict = {}
+
+
+def _number_tensor(value, reference, position: int, wide: bool) -> torch.Tensor:
     # the dtype eager computes a tensor-and-wrapped-number op in: a 0-d tensor of it behaves the same
     dtype = torch.result_type(reference, value) if reference is not None else torch.tensor(value).dtype
     if wide and position == 1 and type(value) is float and dtype in (torch.bfloat16, torch.float16) \
             and reference.dim() > 0:  # (a 0-d float32 one would make a 0-d tensor's product float32)
         dtype = torch.float32  # ATen multiplies a half tensor by the number in float32, unrounded
-    return args[:position] + (torch.tensor(value, dtype=dtype),) + args[position + 1:]
+    return torch.tensor(value, dtype=dtype)
 
 
 @functools.lru_cache(maxsize=None)
@@ -151,6 +177,19 @@ def _is_view(op) -> bool:
     returns = op._schema.returns
     return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns) \
         and not op._schema.is_mutable
+
+
+def _view_for(op):
+    """``_view`` for one op, its Meta kernel called without going through ``OpOverload.redispatch``."""
+    meta = _torch_hooks.meta_redispatcher(op)
+
+    def view(op, *args, **kwargs):
+        try:
+            return meta(*args, **kwargs)
+        except RuntimeError:
+            return _view(op, *args, **kwargs)
+
+    return view
 
 
 def _view(op, *args, **kwargs):

@@ -433,11 +433,15 @@ def issuer():
     ours = _OURS
     while frame is not None:
         code = frame.f_code
-        mine = ours.get(code)
-        if mine is None:
+        # by id: a code object's hash hashes its bytecode and constants (half this walk's cost); the entry
+        # holds the code, so a code object that took a dead one's id is looked at anew
+        entry = ours.get(id(code))
+        if entry is None or entry[0] is not code:
+            if len(ours) > 65536:
+                ours.clear()
             path = code.co_filename
-            mine = ours[code] = any(part in path for part in _OUR_PARTS)
-        if not mine:
+            entry = ours[id(code)] = (code, any(part in path for part in _OUR_PARTS))
+        if not entry[1]:
             return code, frame.f_lineno
         frame = frame.f_back
     return None

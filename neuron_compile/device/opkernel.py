@@ -11,6 +11,7 @@ results into neuron tensors and new storage contents.
 
 from __future__ import annotations
 
+import math
 from sys import getrefcount as _getrefcount
 from threading import get_ident as _get_ident
 
@@ -21,6 +22,8 @@ from . import storage as _storage
 from .op_queue import Pending as _Pending
 from .storage import Data, is_whole_buffer, new_tensor
 from .trace import RUNTIME, runtime_float
+
+_create_empty_tensor = torch._C._acc.create_empty_tensor  # a neuron:0 tensor with no data (storage.new_tensor)
 
 # op_compiles: kernels built by tracing (their executables may still come from the artifact cache);
 # index_hits: kernels found in the persistent op index (no tracing); op_cache_hits: calls served from memory
@@ -72,11 +75,13 @@ class Leaves:
 
     def visit(self, value):
         if isinstance(value, torch.Tensor):
-            device = value.device
-            if device.type == "neuron":
-                if self.index != device.index:
+            # get_device(): the index of a tensor on an accelerator, -1 on the CPU or meta (``device.type``
+            # builds a string each call: a third of this walk's cost on a warm op)
+            index = value.get_device()
+            if index >= 0 and (not _ACCELERATORS or value.device.type == "neuron"):
+                if self.index != index:
                     if self.index is None:
-                        self.index = device.index
+                        self.index = index
                     elif self.mixed is None:
                         self.mixed = value  # another neuron device: an error, as across CUDA devices
                 self.device_seen = True
@@ -91,30 +96,35 @@ class Leaves:
                     except AttributeError:
                         raise RuntimeError("a neuron tensor without data reached an op") from None
                 data = self.datas[slot]
-                if data.dtype is not value.dtype or self.retypes:
+                dtype = value.dtype
+                if data.dtype is not dtype or self.retypes:
                     # the dtype the slot's first reader wants (``ops.dispatch`` reinterprets the storage
                     # before the op); a second reader in another dtype sends the op to the host
-                    first = next((dtype for d, dtype in self.retypes if d is data), data.dtype)
-                    if first is not value.dtype:
+                    first = next((dt for d, dt in self.retypes if d is data), data.dtype)
+                    if first is not dtype:
                         if seen:
                             self.two_dtypes = True
                         else:
-                            self.retypes.append((data, value.dtype))
+                            self.retypes.append((data, dtype))
                 buffer = data._buffer  # a queued op's pending result too: its shape is known (op_queue)
-                if is_whole_buffer(value, data, buffer):
-                    self.parts.append((value.dtype, value.shape, slot))
+                shape = value.shape
+                # the storage's whole buffer (storage.is_whole_buffer, inlined: this runs for every tensor
+                # of every op)
+                if (buffer is not None and data.dtype is dtype and buffer.shape == shape
+                        and not value.storage_offset() and value.is_contiguous()):
+                    self.parts.append((dtype, shape, slot))
                 else:
                     offset = value.storage_offset()
                     stride = value.stride()
-                    if 1 in value.shape:  # a size-1 dim's stride addresses nothing (a view's may hold a length)
-                        stride = tuple(0 if n == 1 else st for n, st in zip(value.shape, stride))
+                    if 1 in shape:  # a size-1 dim's stride addresses nothing (a view's may hold a length)
+                        stride = tuple(0 if n == 1 else st for n, st in zip(shape, stride))
                     # a view of fewer elements than its storage may sit anywhere in it: its offset is an
                     # input of the executable, not part of the signature (pin_written: unless the op writes
                     # through it). Offset 0 too, so that a loop's first slice shares the kernel of the rest
                     if offset or value.numel() < data.numel:
                         self.offsets.append([len(self.parts), value, offset])
                         offset = RUNTIME
-                    self.parts.append((value.dtype, value.shape, stride, offset, slot,
+                    self.parts.append((dtype, shape, stride, offset, slot,
                                        data.numel if buffer is None else buffer.shape))
                 self.tensors.append(value)
                 return
@@ -156,6 +166,9 @@ class Leaves:
 
 
 _FLOAT = ("f",)
+# accelerators other than ours this torch build has (a CUDA build): a tensor's get_device() then does not
+# say it is a neuron tensor, its device's type does
+_ACCELERATORS = torch.backends.cuda.is_built() or hasattr(torch, "xpu") and torch.xpu._is_compiled()
 
 
 def leaves_of(args, kwargs) -> Leaves:
@@ -183,7 +196,7 @@ class OpKernel:
     """One op at one signature: which buffers feed the executable and what its results become."""
 
     __slots__ = ("executable", "inputs", "fresh", "written", "returns", "name", "_run", "_direct", "_count",
-                 "_scalars", "_donated", "_queueable", "shapes")
+                 "_scalars", "_donated", "_queueable", "shapes", "_plain")
 
     def __init__(self, executable, inputs, fresh, written, returns, name, donated=()):
         from ..compiler import FROM_XLA
@@ -191,6 +204,10 @@ class OpKernel:
         self.executable = executable
         self.inputs = inputs  # per graph input: ("slot", k), ("host", k), ("offset", k) or ("float", k, dtype)
         self.fresh = fresh  # per fresh output: (shape, dtype, strides or None for contiguous)
+        # the fresh outputs as ``_finish`` makes them on neuron:0 when all are contiguous with elements
+        # (``storage.new_tensor``'s common case, inlined): (size list, dtype, element count) each
+        self._plain = (tuple((list(shape), dtype, math.prod(shape)) for shape, dtype, _ in fresh)
+                       if all(stride is None and 0 not in shape for shape, _, stride in fresh) else None)
         self.written = written  # storage slots the op writes, in output order after the fresh ones
         self.returns = returns  # how to rebuild the op's return value (see rebuild)
         self.name = name
@@ -291,7 +308,14 @@ class OpKernel:
     def _finish(self, results: list, leaves: Leaves, index):
         """The op's results into new tensors and written storages; the op's return value."""
         datas = leaves.datas
-        if not index:
+        plain = self._plain
+        if not index and plain is not None:
+            fresh = []
+            for (sizes, dtype, numel), buffer in zip(plain, results):
+                tensor = _create_empty_tensor(sizes, dtype)
+                tensor.untyped_storage()._neuron = Data(dtype, numel, buffer)
+                fresh.append(tensor)
+        elif not index:
             fresh = [new_tensor(shape, dtype, buffer, stride) for (shape, dtype, stride), buffer in zip(self.fresh, results)]
         else:
             fresh = [new_tensor(shape, dtype, buffer, stride, index=index)

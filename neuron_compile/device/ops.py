@@ -60,12 +60,15 @@ _WARNED: set[str] = set()
 # ops whose output shapes depend on data, learned as they fail to trace: they run on the host
 _HOST_OPS: set = set()
 _INDEX_CHECKS = index_checks.enabled()
+_CHECKED = {id(op) for op in index_checks.RULES}  # the ops whose indices are checked, by id
+_OPS: dict = {}  # id -> op, for every op a kernel of _KERNELS runs: its id names no other op while it lives
 
 
 # --- dispatch --------------------------------------------------------------------------------
 
 def dispatch(op, args, kwargs):
-    if op in index_checks.RULES and _INDEX_CHECKS:  # an index out of range raises, as on CPU (bounds.py)
+    ident = id(op)  # ops are keyed by id (an OpOverload's hash is a Python method); _OPS keeps each alive
+    if ident in _CHECKED and _INDEX_CHECKS:  # an index out of range raises, as on CPU (bounds.py)
         index_checks.check(op, args, kwargs, COUNTS)
     leaves = leaves_of(args, kwargs)
     if leaves.retypes and not leaves.two_dtypes:  # a view(dtype) of a storage last written in another dtype
@@ -80,7 +83,7 @@ def dispatch(op, args, kwargs):
         return run_on_host(op, args, kwargs)
     if leaves.offsets and _writes(op):
         leaves.pin_written(_written_positions(op, args, kwargs))
-    key = (op, tuple(leaves.parts))
+    key = (ident, tuple(leaves.parts))
     kernel = _KERNELS.get(key)
     if kernel is not None:
         COUNTS["op_cache_hits"] += 1
@@ -98,6 +101,7 @@ def dispatch(op, args, kwargs):
             if kernel is None:  # the op runs on the host (data-dependent shapes, or fallback="eager")
                 return run_on_host(op, args, kwargs)
             _KERNELS[key] = kernel
+            _OPS[ident] = op
     if _profiling.STATE._is_profiler_enabled:
         return _profiling.execute(lambda: _run(kernel, op, args, kwargs, leaves), op, leaves)
     return kernel(leaves) if kernel.__class__ is OpKernel else kernel(op, args, kwargs, leaves)
