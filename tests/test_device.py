@@ -501,3 +501,23 @@ def test_an_element_or_a_slice_of_a_large_storage_comes_to_the_host_alone(monkey
         torch.testing.assert_close(on[:, position].cpu(), logits[:, position])
         assert on[:, position].tolist() == logits[:, position].tolist()
     assert copied == [200] * 4, copied
+
+
+@pytest.mark.parametrize("name, fn", [
+    ("abs", lambda x: x.abs()), ("stack", lambda x: torch.stack([x, x * 1, x])),
+    ("logical_not", lambda x: torch.logical_not(x)), ("sum", lambda x: x.sum()),
+    ("nan_to_num", lambda x: torch.nan_to_num(x / 0.0))])
+def test_an_op_torch_runs_as_empty_resize_and_out_is_one_kernel_call(name, fn):
+    """Functional ops whose composite kernel is ``empty`` + a resize + ``op.out`` (or a loop of ops, as
+    stack's) run as one kernel of their own (aten_kernels._OUT_WRAPPED): one executable, CPU's numbers."""
+    from neuron_compile.device import aten_kernels, ops
+
+    assert any(str(op) == f"aten.{name}.default" for op in aten_kernels._direct_ops()), name
+    x = torch.randn(4, 5)
+    d = x.to("neuron")
+    torch.testing.assert_close(fn(d).cpu(), fn(x))  # kernels built
+    before = dict(ops.COUNTS)
+    out = fn(d)
+    ran = ops.COUNTS["op_cache_hits"] - before["op_cache_hits"]
+    assert ran == (2 if name in ("stack", "nan_to_num") else 1), ran  # stack: x * 1 too; nan_to_num: x / 0.0
+    torch.testing.assert_close(out.cpu(), fn(x))

@@ -71,8 +71,14 @@ def register_direct_kernels() -> None:
     direct += [aten.convolution_overrideable.default, aten.convolution_backward_overrideable.default,
                aten._to_copy.default, aten.native_layer_norm.default, aten.native_group_norm.default,
                aten.copy_.default]
+    # functional ops whose CompositeExplicitAutograd kernel is ``empty`` + a resize + the ``out=`` variant
+    # (``x.abs()``: three dispatches and a resize, 4x an add's cost), or a loop of ops (``stack``: one view
+    # per tensor and a cat): one dispatch and one executable each. Pure math, no factory, view or RNG
+    direct += [getattr(getattr(aten, name), overload) for name, overload in _OUT_WRAPPED
+               if hasattr(getattr(aten, name, None), overload)]
     for op in direct:
         _direct.impl(op, functools.partial(handle, op), _torch_hooks.PRIVATE_KEY)
+    _DIRECT_OPS[:] = direct
     from neuron_compile.runtime.executor import register_device_adapter
 
     from . import autocast
@@ -85,6 +91,26 @@ def register_direct_kernels() -> None:
         from ..dynamo_skips import hide_compile_stack_from_dynamo
 
         hide_compile_stack_from_dynamo()
+
+
+_OUT_WRAPPED = (
+    ("abs", "default"), ("logical_not", "default"), ("logical_and", "default"), ("logical_or", "default"),
+    ("logical_xor", "default"), ("isinf", "default"), ("nan_to_num", "default"), ("deg2rad", "default"),
+    ("rad2deg", "default"), ("sum", "default"), ("mean", "default"), ("logsumexp", "default"), ("mv", "default"),
+    ("addr", "default"), ("dist", "default"), ("copysign", "Scalar"), ("add", "Scalar"), ("sub", "Scalar"),
+    ("mul", "Scalar"), ("div", "Scalar"), ("div", "Scalar_mode"), ("floor_divide", "Scalar"),
+    ("binary_cross_entropy_with_logits", "default"), ("all", "dims"), ("any", "dims"), ("stack", "default"),
+    ("constant_pad_nd", "default"), ("norm", "Scalar"), ("norm", "ScalarOpt_dtype"), ("count_nonzero", "default"),
+    ("celu", "default"))
+
+
+def _direct_ops() -> list:
+    """The ops given a direct neuron kernel (``register_direct_kernels``), once registered."""
+    register_direct_kernels()
+    return list(_DIRECT_OPS)
+
+
+_DIRECT_OPS: list = []
 
 
 def _registered_for(key: str) -> list:
