@@ -101,7 +101,8 @@ _OUT_WRAPPED = (
     ("mul", "Scalar"), ("div", "Scalar"), ("div", "Scalar_mode"), ("floor_divide", "Scalar"),
     ("binary_cross_entropy_with_logits", "default"), ("all", "dims"), ("any", "dims"), ("stack", "default"),
     ("constant_pad_nd", "default"), ("norm", "Scalar"), ("norm", "ScalarOpt_dtype"), ("count_nonzero", "default"),
-    ("celu", "default"))
+    ("celu", "default"), ("clone", "default"), ("zeros_like", "default"), ("ones_like", "default"),
+    ("full_like", "default"))
 
 
 def _direct_ops() -> list:
