@@ -15,7 +15,10 @@ The queue runs (``flush``) when
                       (``storage.Data.buffer``): every reader sees op-by-op's
                       values, in op-by-op's order
     a buffer is taken an op that writes its input buffer in place (donation)
-    it is full        ``LIMIT`` ops, chosen by measurement (``benchmarks/bench_device.py``)
+    it is full        ``LIMIT`` ops, chosen by measurement (``benchmarks/bench_adaptive_eager.py
+                      --limits``: a whole training step in one run, the 544 ops of its LSTM
+                      step included; runs of 96 ops cut it in 6-8 and made each cut's
+                      values outputs: the LSTM step took 1.4x as long)
     synchronize       ``torch.neuron.synchronize()``, ``torch.accelerator.synchronize()``
 
 A run's signature is its ops' kernels in order, how each parameter is wired
@@ -58,7 +61,7 @@ from .. import _profiler_hooks as _hooks
 
 log = logging.getLogger("neuron_compile")
 
-LIMIT = 96  # ops a run holds at most: past it the queue runs (see the module docstring)
+LIMIT = 1024  # ops a run holds at most: past it the queue runs (see the module docstring)
 REPEATS = 2  # a run is fused from its REPEATS-th sighting on (built then, used from the next)
 _SIGNATURES = 4096  # run signatures remembered at most (sightings of runs that never repeat are forgotten)
 
