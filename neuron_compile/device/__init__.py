@@ -107,9 +107,21 @@ def _unsafe_view(tensor, size):
 
 
 def _fallback(op, *args, **kwargs):
+    # aten_kernels (and what it imports) loads on the first op, not at ``import torch``; then it is held
+    # here (an import statement per op cost a microsecond)
+    if _handle is None:
+        _load_handle()
+    return _handle(op, *args, **kwargs)
+
+
+_handle = None
+
+
+def _load_handle() -> None:
+    global _handle
     from .aten_kernels import handle
 
-    return handle(op, *args, **kwargs)
+    _handle = handle
 
 
 def _default_compiler(gm, example_inputs, inductor_config):
