@@ -317,6 +317,28 @@ def test_a_resident_index_is_checked_beside_the_queue_without_cutting_its_run():
     assert "dev(bad_resident)" in str(info.value), str(info.value)
 
 
+def test_a_float64_run_stays_op_by_op_and_gives_the_same_bits_every_time():
+    """gradcheck runs a backward twice and compares the bits: a float64 run is never fused (a fused pass
+    after an op-by-op one differed in the last bits: PyTorch's test_modules.py, GRU), while the same run in
+    float32 is."""
+    def chain(a, b):
+        return ((a * b + a).tanh() * b + 0.5).sum(0)
+
+    for dtype, fused in ((torch.float64, False), (torch.float32, True)):
+        a, b = torch.randn(32, 16, dtype=dtype).to("neuron"), torch.randn(32, 16, dtype=dtype).to("neuron")
+        before = dict(op_queue.COUNTS)
+        results = []
+        for _ in range(6):
+            results.append(chain(a, b).cpu())
+            op_queue.wait_for_builds()
+        built = op_queue.COUNTS["fused_builds"] - before["fused_builds"]
+        assert (built > 0) is fused, (dtype, built)
+        if not fused:
+            assert op_queue.COUNTS["op_by_op_runs"] > before["op_by_op_runs"]
+            for r in results[1:]:
+                torch.testing.assert_close(r, results[0], rtol=0, atol=0)
+
+
 def _lstm_steps(steps: int):
     torch.manual_seed(0)
     lstm, head = torch.nn.LSTM(16, 16, 2), torch.nn.Linear(16, 10)

@@ -36,7 +36,8 @@ multiply-add, an elementwise op is computed inside the reduction it feeds), so
 fused results may differ from op by op's in the last bits, within op by op's
 own distance to CPU (``benchmarks/opinfo_fusion.py``; the README's "Numbers";
 XLA CPU drops optimization barriers before fusing, so they cannot keep ops
-apart).
+apart). A run that computes in float64 is never fused (``_double``): float64 is
+what numerical checks run in, and they compare two passes bit for bit.
 ``NEURON_COMPILE_EAGER_FUSION=0``, ``NEURON_LAUNCH_BLOCKING=1`` and
 ``torch.use_deterministic_algorithms(True)`` run every op when issued, as before.
 
@@ -71,7 +72,7 @@ _CHECKS: list = []  # checks to run after the queue's next run (defer_check)
 _RUNS: dict = {}  # run signature -> sightings (int), _BUILDING, _FAILED or a fusion.FusedRun
 _BUILDING, _FAILED = "building", "failed"
 COUNTS = {"queued_ops": 0, "runs": 0, "fused_runs": 0, "fused_builds": 0, "fused_failures": 0,
-          "executables": 0}
+          "executables": 0, "op_by_op_runs": 0}
 
 
 def _flag(name: str, default: bool) -> bool:
@@ -235,10 +236,29 @@ def _run_records(records: list) -> None:
             for k in [k for k, v in _RUNS.items() if v.__class__ is int]:
                 del _RUNS[k]
         if seen >= REPEATS and len(records) > 1:
-            _RUNS[key] = _BUILDING
-            _build_later(key, records, live)
+            if _double(records):
+                _RUNS[key] = _FAILED  # kept op by op, never built (see _double)
+                COUNTS["op_by_op_runs"] += 1
+            else:
+                _RUNS[key] = _BUILDING
+                _build_later(key, records, live)
         else:
             _RUNS[key] = seen
+
+
+def _double(records: list) -> bool:
+    """A run that computes in float64 stays op by op: float64 is the dtype of numerical checks
+    (``torch.autograd.gradcheck`` runs a backward twice and wants the same bits), and a fused run's
+    results differ from op by op's in the last bits (XLA contracts a multiply and an add into an FMA),
+    so a check whose first pass ran op by op and second fused failed (PyTorch's test_modules.py, GRU)."""
+    for kernel, _, _, _ in records:
+        for _, dtype, _ in kernel.fresh:
+            if dtype is _FLOAT64:
+                return True
+    return False
+
+
+_FLOAT64 = torch.float64
 
 
 def _wiring(records: list) -> tuple:
