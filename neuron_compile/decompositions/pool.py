@@ -1,31 +1,26 @@
 """Pooling and window ops torch-mlir does not lower, or lowers wrong, as gathers of windows.
 
-torch-mlir's StableHLO lowerings of max/avg pooling (reduce_window) are right
-for floor-mode windows; with ``ceil_mode=True`` max_pool2d/3d return wrong
-values (the extra right window) and avg_pool2d/3d do not lower; avg_pool3d
-ignores ``divisor_override``; max_pool3d_with_indices, adaptive_max_pool3d
-and _adaptive_avg_pool3d have no lowering at all, adaptive_max_pool2d's fails,
-and an empty ``stride`` (ATen's default: the kernel size, what eager
-``F.max_pool2d(x, 2)`` passes) is lowered as stride 1. Those cases, and only those
-(the others keep torch-mlir's reduce_window), are computed here by one engine:
+torch-mlir's StableHLO lowerings of max/avg pooling (reduce_window) are right for floor-mode windows; with
+``ceil_mode=True`` max_pool2d/3d return wrong values (the extra right window) and avg_pool2d/3d do not lower;
+avg_pool3d ignores ``divisor_override``; max_pool3d_with_indices, adaptive_max_pool3d and _adaptive_avg_pool3d
+have no lowering at all, adaptive_max_pool2d's fails, and an empty ``stride`` (ATen's default: the kernel
+size, what eager ``F.max_pool2d(x, 2)`` passes) is lowered as stride 1. Those cases, and only those (the
+others keep torch-mlir's reduce_window), are computed here by one engine:
 
-* per spatial dim, an integer table ``pos[o, k]`` of the input position the
-  k-th element of window o reads, and ``valid[o, k]`` (inside the input and,
-  for adaptive windows of different lengths, inside the window);
-* one ``index_select`` per spatial dim gathers every window element
-  (positions clamped), giving ``[batch..., o1..od, k1..kd]``;
-* max: the largest valid element, NaN if any (eager propagates NaN); its index
-  is eager's: the first valid element equal to the max in scan order, the last
-  NaN when there is one (ATen's CPU kernel updates on every NaN), the window's
-  first valid element when all are -inf; flat in the input's spatial plane;
-* avg: the sum of valid elements over ATen's divisor (divisor_override, or the
-  window clipped to the padded input when count_include_pad, else to the input).
+* per spatial dim, an integer table ``pos[o, k]`` of the input position the k-th element of window o reads,
+  and ``valid[o, k]`` (inside the input and, for adaptive windows of different lengths, inside the window);
+* one ``index_select`` per spatial dim gathers every window element (positions clamped), giving ``[batch...,
+  o1..od, k1..kd]``;
+* max: the largest valid element, NaN if any (eager propagates NaN); its index is eager's: the first valid
+  element equal to the max in scan order, the last NaN when there is one (ATen's CPU kernel updates on every
+  NaN), the window's first valid element when all are -inf; flat in the input's spatial plane;
+* avg: the sum of valid elements over ATen's divisor (divisor_override, or the window clipped to the padded
+  input when count_include_pad, else to the input).
 
-Replication padding's backward (no lowering) adds each gradient at the input
-position its output copies. torch-mlir lowers no average-pooling backward either (but the global average
-pool's), nor adaptive max pooling's or max_pool3d's: the average ones are the
-adjoint of the same engine, one [out, size] spread matrix per spatial dim; the
-max ones scatter each gradient to the position its index names.
+Replication padding's backward (no lowering) adds each gradient at the input position its output copies.
+torch-mlir lowers no average-pooling backward either (but the global average pool's), nor adaptive max
+pooling's or max_pool3d's: the average ones are the adjoint of the same engine, one [out, size] spread matrix
+per spatial dim; the max ones scatter each gradient to the position its index names.
 """
 
 from __future__ import annotations
@@ -242,18 +237,13 @@ def _avg_backward(grad, x, dims, divisor_override):
 
 
 def _spread(g, spread):
-    """``g [..., out] @ spread [out, size]`` where a NaN or infinite gradient reaches only the positions
-    its window covers, as ATen's loop adds it: a plain matmul multiplies it by the zeros of every other
-    position (NaN * 0 = NaN), and one NaN output gradient made the whole input gradient NaN
-    (lp_pool's gradient at a negative input: test_modules.py's LPPool3d parity). The finite part is the
-    matmul; the rest is counted per position (a NaN, or +inf and -inf, makes NaN; else the infinity)."""
-    finite = torch.isfinite(g)
-    out = torch.matmul(torch.where(finite, g, torch.zeros_like(g)), spread)
+    """``g [..., out] @ spread [out, size]`` with a NaN or infinite gradient reaching only the positions its
+    window covers, as ATen's loop adds it (a matmul's NaN * 0 made the whole input gradient NaN: lp_pool's
+    gradient at a negative input, test_modules.py's LPPool3d parity); a NaN, or +inf and -inf, make NaN."""
+    out = torch.matmul(torch.where(torch.isfinite(g), g, torch.zeros_like(g)), spread)
     cover = (spread != 0).to(g.dtype)
-    hits = torch.matmul(torch.stack([torch.isnan(g), g == math.inf, g == -math.inf]).to(g.dtype), cover) > 0
-    nan, pos, neg = hits[0], hits[1], hits[2]
-    out = torch.where(pos, torch.full_like(out, math.inf), out)
-    out = torch.where(neg, torch.full_like(out, -math.inf), out)
+    nan, pos, neg = torch.matmul(torch.stack([torch.isnan(g), g == math.inf, g == -math.inf]).to(g.dtype), cover) > 0
+    out = torch.where(pos, torch.full_like(out, math.inf), torch.where(neg, torch.full_like(out, -math.inf), out))
     return torch.where(nan | (pos & neg), torch.full_like(out, math.nan), out)
 
 

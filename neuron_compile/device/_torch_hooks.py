@@ -1,46 +1,41 @@
 """Every private or experimental torch API the ``neuron`` device stands on, and nothing else.
 
-torch 2.13 has no public way to make a device in Python. What we use (each
-checked by ``tests/test_device_hooks.py``, which fails loudly if torch changes
-it):
+torch 2.13 has no public way to make a device in Python. What we use (each checked by
+``tests/test_device_hooks.py``, which fails loudly if torch changes it):
 
-* ``torch.utils.backend_registration._setup_privateuseone_for_python_backend``:
-  renames PrivateUse1 to ``neuron``, generates ``Tensor.neuron()`` and friends,
-  registers the device module, a Python hook and a device guard;
-* ``torch._C._acc.create_empty_tensor``: a plain ``torch.Tensor`` on
-  ``neuron:0`` with a 0-byte storage, whose Python storage object carries our
-  PJRT buffer;
-* ``OpOverload.redispatch`` to the Meta key: view ops change metadata only;
-* ``torch.UntypedStorage.__new__`` (over ``torch._C.StorageBase.__new__``),
-  ``clone``, ``new`` and ``_byteswap``: storages of the device made from
-  Python (``copy.deepcopy`` of a tensor clones its storage), which torch
-  would make with a C++ allocator a Python backend cannot register;
+* ``torch.utils.backend_registration._setup_privateuseone_for_python_backend``: renames PrivateUse1 to
+  ``neuron``, generates ``Tensor.neuron()`` and friends, registers the device module, a Python hook and a
+  device guard;
+* ``torch._C._acc.create_empty_tensor``: a plain ``torch.Tensor`` on ``neuron:0`` with a 0-byte storage, whose
+  Python storage object carries our PJRT buffer;
+* ``OpOverload.redispatch`` (and its ``_handle.redispatch_boxed``) to the Meta key: view ops change metadata
+  only;
+* ``torch.UntypedStorage.__new__`` (over ``torch._C.StorageBase.__new__``), ``clone``, ``new`` and
+  ``_byteswap``: storages of the device made from Python (``copy.deepcopy`` of a tensor clones its storage),
+  which torch would make with a C++ allocator a Python backend cannot register;
 * ``torch._C._dispatch_has_computed_kernel_for_dispatch_key``: whether an op can run on host copies;
-* ``torch._C._construct_storage_from_data_pointer``: a storage with a unique,
-  never dereferenced address, so ``data_ptr()`` tells storages apart;
+* ``torch._C._construct_storage_from_data_pointer``: a storage with a unique, never dereferenced address, so
+  ``data_ptr()`` tells storages apart;
 * the dispatcher's keyset and exclude guards, to run autocast kernels;
-* ``Tensor._reduce_ex_internal`` (``torch.save`` through a CPU copy, as for
-  XLA), ``torch.serialization.register_package`` (``map_location="neuron"``),
-  ``torch._tensor_str._tensor_str`` (printing from one CPU copy, as for XLA);
-* a PrivateUse1 kernel of ``aten::_has_compatible_shallow_copy_type`` (what ``.data =`` and
-  ``Module.to`` ask): CPU and neuron tensors are compatible, as CPU and CUDA ones are;
-* the ``torch._C._accelerator_*`` bindings behind ``torch.accelerator.synchronize`` and its memory
-  functions (a Python backend can register neither the device guard's synchronize nor a C++
-  ``DeviceAllocator`` they need);
-* ``torch._TorchCompileInductorWrapper.__call__``: what ``torch.compile(model)``
-  with no backend named (Inductor) runs; a graph on neuron tensors goes to our
-  backend instead (torch 2.13 has no public hook for a device's default compiler);
+* ``Tensor._reduce_ex_internal`` (``torch.save`` through a CPU copy, as for XLA),
+  ``torch.serialization.register_package`` (``map_location="neuron"``), ``torch._tensor_str._tensor_str``
+  (printing from one CPU copy, as for XLA);
+* a PrivateUse1 kernel of ``aten::_has_compatible_shallow_copy_type`` (what ``.data =`` and ``Module.to``
+  ask): CPU and neuron tensors are compatible, as CPU and CUDA ones are;
+* the ``torch._C._accelerator_*`` bindings behind ``torch.accelerator.synchronize`` and its memory functions
+  (a Python backend can register neither the device guard's synchronize nor a C++ ``DeviceAllocator`` they
+  need);
+* ``torch._TorchCompileInductorWrapper.__call__``: what ``torch.compile(model)`` with no backend named
+  (Inductor) runs; a graph on neuron tensors goes to our backend instead (torch 2.13 has no public hook for a
+  device's default compiler);
 * for ``collectives/process_group.py``: ``Backend.register_backend`` (extended API: a
-  ``_DistributedBackendOptions``) with a creator returning a Python
-  ``ProcessGroup`` subclass, which torch makes the whole group, reached from
-  C++ through the ``PyProcessGroup`` trampoline; ``torch.distributed._Work``
-  subclasses (``wait``, ``get_future`` through ``PyWork``); the option structs
-  of ``torch._C._distributed_c10d``; ``UntypedStorage.resize_`` (FSDP2 frees
-  storages; torch sends PrivateUse1's to a C++ hook Python cannot implement);
-  ``torch._C._ForceDispatchKeyGuard`` (an op traced from inside DTensor's
-  dispatch); ``torch._dynamo.disable`` (C++ calls our Python inside a
-  compiled region; Dynamo's skip folders for the whole compile stack are
-  ``neuron_compile/dynamo_skips.py``'s).
+  ``_DistributedBackendOptions``) with a creator returning a Python ``ProcessGroup`` subclass, which torch
+  makes the whole group, reached from C++ through the ``PyProcessGroup`` trampoline;
+  ``torch.distributed._Work`` subclasses (``wait``, ``get_future`` through ``PyWork``); the option structs of
+  ``torch._C._distributed_c10d``; ``UntypedStorage.resize_`` (FSDP2 frees storages; torch sends PrivateUse1's
+  to a C++ hook Python cannot implement); ``torch._C._ForceDispatchKeyGuard`` (an op traced from inside
+  DTensor's dispatch); ``torch._dynamo.disable`` (C++ calls our Python inside a compiled region; Dynamo's skip
+  folders for the whole compile stack are ``neuron_compile/dynamo_skips.py``'s).
 """
 
 from __future__ import annotations
@@ -108,10 +103,8 @@ def meta_redispatch(op, *args, **kwargs):
 
 
 def meta_redispatcher(op):
-    """``meta_redispatch`` for one op, as a function of its arguments: the boxed call itself
-    (``OpOverload.redispatch`` is two Python frames over it; a view costs a few microseconds in all)."""
-    redispatch = op._handle.redispatch_boxed
-    return lambda *args, **kwargs: redispatch(META, *args, **kwargs)
+    """``meta_redispatch`` for one op: its boxed call, without ``OpOverload.redispatch``'s two frames."""
+    return functools.partial(op._handle.redispatch_boxed, META)
 
 
 _next_address = 1 << 44
