@@ -78,7 +78,6 @@ def register_direct_kernels() -> None:
                if hasattr(getattr(aten, name, None), overload)]
     for op in direct:
         _direct.impl(op, functools.partial(handle, op), _torch_hooks.PRIVATE_KEY)
-    _DIRECT_OPS[:] = direct
     from neuron_compile.runtime.executor import register_device_adapter
 
     from . import autocast
@@ -108,15 +107,6 @@ _OUT_WRAPPED = (
 # bit in copy_), so a kernel of its own got z.conj() with the bit and copied z (test_device_copies)
 # not zeros_like, ones_like, full_like: as empty + zero_/fill_ over a whole storage they take a constant
 # buffer storages share and run no executable (test_device_semantics), which a kernel of their own would
-
-
-def _direct_ops() -> list:
-    """The ops given a direct neuron kernel (``register_direct_kernels``), once registered."""
-    register_direct_kernels()
-    return list(_DIRECT_OPS)
-
-
-_DIRECT_OPS: list = []
 
 
 def _registered_for(key: str) -> list:
@@ -212,28 +202,25 @@ def _is_view(op) -> bool:
 
 
 def _view_for(op):
-    """``_view`` for one op, its Meta kernel called without going through ``OpOverload.redispatch``."""
+    """The kernel of a view op: its Meta kernel on the neuron tensors (a view of the same storage), called
+    through the boxed redispatch (``OpOverload.redispatch`` is two Python frames over it)."""
     meta = _torch_hooks.meta_redispatcher(op)
 
     def view(op, *args, **kwargs):
         try:
             return meta(*args, **kwargs)
         except RuntimeError:
-            return _view(op, *args, **kwargs)
+            # a bucketed result padded along an inner dim has the bucket's strides, which a view CPU's
+            # contiguous result allows may not: that view of a dense copy (lengths.dense_copy)
+            dense = lengths.dense_copy(args[0]) if args and isinstance(args[0], torch.Tensor) else None
+            if dense is None:
+                raise
+            return meta(dense, *args[1:], **kwargs)
 
     return view
 
 
-def _view(op, *args, **kwargs):
-    try:
-        return _torch_hooks.meta_redispatch(op, *args, **kwargs)
-    except RuntimeError:
-        # a bucketed result padded along an inner dim has the bucket's strides, which a view CPU's
-        # contiguous result allows may not: that view of a dense copy (lengths.dense_copy)
-        dense = lengths.dense_copy(args[0]) if args and isinstance(args[0], torch.Tensor) else None
-        if dense is None:
-            raise
-        return _torch_hooks.meta_redispatch(op, dense, *args[1:], **kwargs)
+_view = _view_for(aten.view.default)
 
 
 def unsafe_view(tensor, size):

@@ -253,12 +253,9 @@ def _double(records: list) -> bool:
     so a check whose first pass ran op by op and second fused failed (PyTorch's test_modules.py, GRU)."""
     for kernel, _, _, _ in records:
         for _, dtype, _ in kernel.fresh:
-            if dtype is _FLOAT64:
+            if dtype is torch.float64:
                 return True
     return False
-
-
-_FLOAT64 = torch.float64
 
 
 def _wiring(records: list) -> tuple:

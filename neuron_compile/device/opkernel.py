@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import math
 from sys import getrefcount as _getrefcount
-from threading import get_ident as _get_ident
 
 import torch
 
 from . import op_queue as _op_queue
 from . import storage as _storage
 from .op_queue import Pending as _Pending
-from .storage import Data, is_whole_buffer, new_tensor
+from .storage import Data, new_tensor
 from .trace import RUNTIME, runtime_float
 
 _create_empty_tensor = torch._C._acc.create_empty_tensor  # a neuron:0 tensor with no data (storage.new_tensor)
@@ -233,8 +232,7 @@ class OpKernel:
         datas = leaves.datas
         slots = self._direct
         index = leaves.index
-        if self.shapes is not None and not index and _op_queue.ENABLED and (
-                _op_queue._UNQUEUED is None or _op_queue._UNQUEUED != _get_ident()) and _op_queue.active():
+        if self.shapes is not None and not index and _op_queue.queueing():
             with _op_queue.LOCK:
                 params = self._params(leaves, slots, True)
                 if params is not None:
