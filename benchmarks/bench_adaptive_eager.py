@@ -272,12 +272,18 @@ HEADER = ["| workload | CPU eager ms alone (beside op by op / fused) | op by op 
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 
 
+def cpu_base(cpu: dict, cell: dict) -> float | None:
+    """CPU eager's step a device cell's ratio is to: the one timed beside it in its process where it was,
+    else CPU's step alone."""
+    return cell.get("cpu_median_s") or cpu.get("median_s")
+
+
 def _row(workload: str, cpu: dict, off: dict, on: dict) -> str:
     def ms(cell):
         return f"{cell['median_s'] * 1e3:.2f}" if "median_s" in cell else cell.get("error", "-")
 
-    def base(cell):  # CPU eager's step: timed beside the device's in the same process where it was
-        return cell.get("cpu_median_s") or cpu.get("median_s")
+    def base(cell):
+        return cpu_base(cpu, cell)
 
     def ratio(cell):
         return f"{cell['median_s'] / base(cell):.2f}x" if "median_s" in cell and base(cell) else "-"
