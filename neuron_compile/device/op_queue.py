@@ -156,9 +156,14 @@ def unqueued():
             _UNQUEUED = before
 
 
+def beside() -> bool:
+    """This thread is inside ``unqueued()``: its ops and host reads leave the queue as it is."""
+    return _UNQUEUED is not None and _UNQUEUED == threading.get_ident()
+
+
 def queueing() -> bool:
     """This thread's ops go to the queue now: ``active()`` and not inside ``unqueued()``."""
-    return ENABLED and (_UNQUEUED is None or _UNQUEUED != threading.get_ident()) and active()
+    return ENABLED and not beside() and active()
 
 
 def computing(tensor) -> bool:

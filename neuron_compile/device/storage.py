@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import collections
 import functools
-from threading import get_ident as _get_ident
 
 import torch
 
@@ -327,7 +326,7 @@ def buffer_to_host(buffer, dtype: torch.dtype) -> torch.Tensor:
     buffer, so a loop's runs start again at the same op each step (a ``loss.item()`` whose value an
     earlier run computed would otherwise leave the backward queued into the next step's run). Inside
     ``op_queue.unqueued()`` (an index check's read of resident values) the queue is left as it is."""
-    if _op_queue._RECORDS and _op_queue._UNQUEUED != _get_ident():
+    if _op_queue._RECORDS and not _op_queue.beside():
         _op_queue.flush()
     if _profiler_hooks.STATE._is_profiler_enabled:  # a neuron::device_to_host event
         with _profiler_hooks.event("neuron::device_to_host", None, {"bytes": buffer.size * dtype.itemsize}):
