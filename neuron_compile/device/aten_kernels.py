@@ -358,6 +358,13 @@ def _to_copy(op, x, dtype=None, layout=None, device=None, pin_memory=None, non_b
     if x.device.type == "neuron" and index != x.device.index:  # to another neuron device: a copy there
         out = new_tensor(x.shape, dtype or x.dtype, addressed=True, index=index)
         return _copy(aten.copy_.default, out, x)
+    if x.device.type == "cpu" and x.layout == torch.strided and not (x.is_quantized or x.is_conj() or x.is_neg()):
+        # a host tensor onto the device (``.to("neuron")``, ``torch.tensor(data, device=...)``: a transformers
+        # cache makes two a layer each forward): one transfer, no host copy first unless a dtype or a
+        # memory format asks for one
+        if (dtype is not None and dtype != x.dtype) or memory_format not in (None, torch.preserve_format):
+            x = aten._to_copy.default(x, dtype=dtype, memory_format=memory_format)
+        return transfers.from_host(x, index, addressed=True)
     kwargs = {"dtype": dtype} if dtype is not None else {}
     if memory_format is not None:
         kwargs["memory_format"] = memory_format

@@ -38,6 +38,8 @@ def current_device() -> int:
 
 def check_index(index: int) -> int:
     """``index`` when it names a neuron device of this process; a clear error naming it otherwise."""
+    if index == 0 and index.__class__ is int:  # every process has neuron:0 (and reading the count reads the env)
+        return 0
     count = device_count()
     if not isinstance(index, int) or not 0 <= index < count:
         names = ", ".join(f"neuron:{i}" for i in range(min(count, 4))) + (", ..." if count > 4 else "")

@@ -147,17 +147,17 @@ def _factory_on_host(op, args, kwargs):
     return tree_map(lambda v: from_host(v, index) if isinstance(v, torch.Tensor) else v, result)
 
 
-def from_host(value: torch.Tensor, index: int = 0) -> torch.Tensor:
+def from_host(value: torch.Tensor, index: int = 0, addressed: bool = False) -> torch.Tensor:
     """A copy on ``neuron:index`` of a CPU tensor, with its strides when it is laid out densely
-    (``channels_last``)."""
+    (``channels_last``). ``addressed``: as ``storage.new_tensor``'s (a copy ``.to`` makes)."""
     COUNTS["host_copies"] += 1
     value = value.detach()
     order = _storage.memory_order(value.shape, value.stride())
     if order is not None:
         return new_tensor(value.shape, value.dtype, _storage.host_to_buffer(value.permute(order), index),
-                          stride=value.stride(), index=index)
+                          stride=value.stride(), addressed=addressed, index=index)
     return new_tensor(value.shape, value.dtype, _storage.host_to_buffer(value, index) if value.numel() else None,
-                      index=index)
+                      addressed=addressed, index=index)
 
 
 def _flat_tensors(args, kwargs) -> list:
