@@ -372,6 +372,34 @@ def test_lstm_training_fused_keeps_op_by_ops_losses():
         torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-6)
 
 
+def test_a_loop_that_never_reads_is_cut_at_the_same_op_each_turn_and_its_runs_fuse(monkeypatch):
+    """A full queue is cut where its ops say (``op_queue._cut``), not at a fixed count: an inference loop
+    collecting its outputs on the device, its turn 5 ops long, fills a 64-op queue at a different op of
+    its turn each time, which made every run a new signature that never fused."""
+    monkeypatch.setattr(op_queue, "LIMIT", 64)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8), torch.nn.LayerNorm(8))
+    x = torch.randn(4, 16)
+    expected = model(x).sum()
+    model.to("neuron")
+    dev_x = x.to("neuron")
+    with torch.no_grad():
+        model(dev_x).sum().cpu()  # the kernels are built (an op's first call runs when issued)
+        signatures = len(op_queue._RUNS)
+        fused, runs, builds = (op_queue.COUNTS[k] for k in ("fused_runs", "runs", "fused_builds"))
+        outs = []
+        for turn in range(300):
+            outs.append(model(dev_x).sum())
+            if turn == 150:
+                op_queue.wait_for_builds()
+        out = torch.stack(outs).cpu()
+    assert op_queue.COUNTS["runs"] - runs >= 20
+    assert len(op_queue._RUNS) - signatures <= 4, "a run at every phase of the turn"
+    assert op_queue.COUNTS["fused_builds"] - builds <= 2, "a fused executable built for every phase"
+    assert op_queue.COUNTS["fused_runs"] - fused >= 5, "the repeating runs were not fused"
+    torch.testing.assert_close(out, expected.expand(300), rtol=1e-5, atol=1e-5)
+
+
 FUSION_OPS = ["add", "mul", "softmax", "nn.functional.layer_norm", "tanh", "exp", "sum", "mean", "matmul",
               "nn.functional.gelu", "index_select", "cumsum", "nn.functional.cross_entropy"]
 

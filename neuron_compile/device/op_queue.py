@@ -18,7 +18,9 @@ The queue runs (``flush``) when
     it is full        ``LIMIT`` ops, chosen by measurement (``benchmarks/bench_adaptive_eager.py
                       --limits``: a whole training step in one run, the 544 ops of its LSTM
                       step included; runs of 96 ops cut it in 6-8 and made each cut's
-                      values outputs: the LSTM step took 1.4x as long)
+                      values outputs: the LSTM step took 1.4x as long). The cut goes where
+                      the ops say (``_cut``), so a loop that never reads is cut at the same
+                      op each turn and its runs repeat
     synchronize       ``torch.neuron.synchronize()``, ``torch.accelerator.synchronize()``
 
 A run's signature is its ops' kernels in order, how each parameter is wired
@@ -131,8 +133,7 @@ def enqueue(kernel, params: list, shapes: tuple) -> tuple:
     """Queue ``kernel`` on ``params`` (PJRT buffers or ``Pending`` results); its results, pending. The
     caller holds ``LOCK`` until the results are in their storages (a run's liveness counts them there)."""
     if len(_RECORDS) >= LIMIT:
-        _flush_locked()  # the run is full: the op starts the next one, on its operands' values
-        params = [p.result() if p.__class__ is Pending else p for p in params]
+        _cut(kernel)  # the run is full: the ops before the cut run, those after it wait with this one
     pendings = tuple([Pending(shape) for shape in shapes])
     _RECORDS.append((kernel, params, pendings, issuer()))
     COUNTS["queued_ops"] += 1
@@ -199,6 +200,39 @@ def reset() -> None:
 
 
 # --- running a run ---------------------------------------------------------------------------
+
+def _cut(kernel) -> None:
+    """Run the first ops of a full queue: up to the cut that ``_cut_at`` picks, the rest stay queued.
+
+    Where a full queue is cut decides its runs' signatures. Cut at ``LIMIT`` ops, a loop that never reads
+    a value (an inference loop collecting outputs on the device) would be cut at another op of its
+    iteration each time: every run a new signature, none ever fused, or, after as many runs as the
+    iteration has phases, a background build of each (a 70-op GPT-2 forward: 35 modules of 1024 ops). So
+    the cut goes where the ops themselves say: before the op, among the queue's second half and the op
+    being queued, whose pair (the op before it, itself) has the smallest ``token`` hash. A loop of up to
+    ``LIMIT // 2`` ops a turn is then cut at the same op each time, and its runs repeat."""
+    records = _RECORDS
+    cut = _cut_at(records, kernel)
+    kept = records[cut:]
+    del records[cut:]
+    checks = _CHECKS[:]  # an index check may read an op still queued after the cut: they run at the next run
+    _CHECKS.clear()
+    _flush_locked()
+    records.extend(kept)
+    _CHECKS[:0] = checks
+
+
+def _cut_at(records: list, kernel) -> int:
+    best, cut = None, len(records)
+    later = kernel.token
+    for i in range(len(records) - 1, len(records) // 2 - 1, -1):  # latest first: a tie keeps the latest
+        token = records[i][0].token
+        pair = (token * 1000003 ^ later) & 0xFFFFFFFF
+        if best is None or pair < best:
+            best, cut = pair, i + 1
+        later = token
+    return cut
+
 
 def _flush_locked() -> None:
     records = list(_RECORDS)
@@ -274,11 +308,11 @@ def _wiring(records: list) -> tuple:
     for c, (kernel, params, pendings, _) in enumerate(records):
         refs = []
         for value in params:
-            if value.__class__ is Pending:
-                ref = where[id(value)]
+            ref = where.get(id(value)) if value.__class__ is Pending else None
+            if ref is not None:
                 uses[ref] = uses.get(ref, 0) + 1
                 refs.append(ref)
-            else:
+            else:  # a buffer, or the result of an earlier run (an op queued after a cut reads it so)
                 refs.append(len(externals))
                 externals.append(value)
         for o, result in enumerate(pendings):
@@ -322,6 +356,10 @@ def _run_op_by_op(records: list) -> None:
 
 
 def _run_fused(run, records: list, externals: list, live: tuple) -> None:
+    for value in externals:
+        if value.__class__ is Pending:  # an earlier run's result (it has run): its buffer
+            externals = [v.result() if v.__class__ is Pending else v for v in externals]
+            break
     if _hooks.STATE._is_profiler_enabled:
         with _hooks.event("neuron::fused_run", (), {"ops": run.ops, "results": run.count}):
             results = run.execute(externals)

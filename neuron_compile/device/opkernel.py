@@ -12,6 +12,7 @@ results into neuron tensors and new storage contents.
 from __future__ import annotations
 
 import math
+import zlib
 from sys import getrefcount as _getrefcount
 
 import torch
@@ -195,7 +196,7 @@ class OpKernel:
     """One op at one signature: which buffers feed the executable and what its results become."""
 
     __slots__ = ("executable", "inputs", "fresh", "written", "returns", "name", "_run", "_direct", "_count",
-                 "_scalars", "_donated", "_queueable", "shapes", "_plain")
+                 "_scalars", "_donated", "_queueable", "shapes", "_plain", "token")
 
     def __init__(self, executable, inputs, fresh, written, returns, name, donated=()):
         from ..compiler import FROM_XLA
@@ -210,6 +211,9 @@ class OpKernel:
         self.written = written  # storage slots the op writes, in output order after the fresh ones
         self.returns = returns  # how to rebuild the op's return value (see rebuild)
         self.name = name
+        # what the kernel is, as a number every process computes alike (op_queue chooses where to cut a full
+        # queue by it: the same ops give the same cuts, and so the same runs, in any process)
+        self.token = zlib.crc32(repr((name, fresh, inputs)).encode())
         plan = executable.plan
         self._run = executable.xla.loaded.execute_sharded if executable.xla is not None else None
         # the common case: every parameter a storage slot, a view's run-time offset (written ~k), a runtime
