@@ -217,9 +217,11 @@ def _cut(kernel) -> None:
     del records[cut:]
     checks = _CHECKS[:]  # an index check may read an op still queued after the cut: they run at the next run
     _CHECKS.clear()
-    _flush_locked()
-    records.extend(kept)
-    _CHECKS[:0] = checks
+    try:
+        _flush_locked()
+    finally:  # an op before the cut that failed fails those after it that read it, when they run
+        records.extend(kept)
+        _CHECKS[:0] = checks
 
 
 def _cut_at(records: list, kernel) -> int:
