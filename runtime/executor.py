@@ -98,6 +98,20 @@ def device_index_of(buffer) -> int:
     return buffer.device.id
 
 
+# One XLA compile, serialize or deserialize on the local client at a time, whichever thread asks: the eager
+# queue builds fused runs on a background thread (device/op_queue.py) while the main thread (or autograd's)
+# compiles its ops' kernels, and torch_suites' three SIGSEGVs (issue 54) came with that thread inside
+# compile_and_load / serialize_executable while the main thread compiled or ran ops. Not reproduced since (two
+# threads compiling and serializing the same modules: no crash), so this is a guard, not a proven cure; it costs
+# a cold op the rest of a fused build under way at worst, and nothing when none is (see test_xla_serialized).
+XLA_LOCK = threading.Lock()
+
+
+def _xla(work):
+    with XLA_LOCK:
+        return work()
+
+
 _jax_lock = threading.Lock()
 _jax_thread: threading.Thread | None = None
 
@@ -340,9 +354,10 @@ class XlaExecutable:
         loaded = self._on_devices.get(index)
         if loaded is None:
             client = _client()
-            data = self._serialized if self._serialized is not None else client.serialize_executable(self.loaded)
-            loaded = self._on_devices[index] = client.deserialize_executable(data, _device_list(index),
-                                                                            _options_on(index))
+            data = self._serialized if self._serialized is not None else _xla(
+                lambda: client.serialize_executable(self.loaded))
+            loaded = self._on_devices[index] = _xla(lambda: client.deserialize_executable(
+                data, _device_list(index), _options_on(index)))
         return loaded
 
     @classmethod
@@ -356,8 +371,8 @@ class XlaExecutable:
             if target is not None:
                 loaded = _while_importing_jax(lambda: target.compile(stablehlo_text))
             else:
-                loaded = _while_importing_jax(
-                    lambda: _client().compile_and_load(stablehlo_text, _device_list(), _compile_options()))
+                loaded = _while_importing_jax(lambda: _xla(
+                    lambda: _client().compile_and_load(stablehlo_text, _device_list(), _compile_options())))
         except Exception as exc:  # jaxlib raises XlaRuntimeError
             raise XlaCompileError(str(exc)) from exc
         return cls(loaded, time.perf_counter() - start, target=target, source=stablehlo_text)
@@ -365,7 +380,7 @@ class XlaExecutable:
     def serialize(self) -> bytes:
         if self.target is not None:
             return self.target.serialize(self.loaded)
-        return bytes(_client().serialize_executable(self.loaded))
+        return bytes(_xla(lambda: _client().serialize_executable(self.loaded)))
 
     @classmethod
     def deserialize(cls, data: bytes, replicas: int = 1) -> "XlaExecutable":
@@ -376,7 +391,8 @@ class XlaExecutable:
             target = collectives.target(replicas)
             loaded = _while_importing_jax(lambda: target.deserialize(data))
             return cls(loaded, time.perf_counter() - start, target=target)
-        loaded = _while_importing_jax(lambda: _client().deserialize_executable(data, _device_list(), _compile_options()))
+        loaded = _while_importing_jax(lambda: _xla(
+            lambda: _client().deserialize_executable(data, _device_list(), _compile_options())))
         return cls(loaded, time.perf_counter() - start, _serialized=bytes(data))
 
     def to_buffer(self, tensor: torch.Tensor):
