@@ -98,37 +98,6 @@ def device_index_of(buffer) -> int:
     return buffer.device.id
 
 
-# One XLA compile, serialize or deserialize on the local client at a time, whichever thread asks. The eager
-# queue's fused runs are built on a background thread (device/op_queue.py) while the main thread (or autograd's)
-# compiles its ops' kernels, and torch_suites' three SIGSEGVs (issue 54) came with that thread inside
-# compile_and_load / serialize_executable on the local client while the main thread compiled or ran ops on it.
-# A build therefore compiles and serializes on a client of its own (``compile_beside``: nothing there is shared
-# with the local client's executables and buffers) and only loads the bytes here, under this lock: a cold op
-# waits for that load (milliseconds) at worst, never for a build's compile (seconds for a long run).
-XLA_LOCK = threading.Lock()
-
-
-def _xla(work):
-    with XLA_LOCK:
-        return work()
-
-
-_builder_lock = threading.Lock()
-_BUILDER = None
-
-
-def _builder():
-    """The PJRT CPU client background builds compile on (made once, on first use), and its device list."""
-    global _BUILDER
-    if _BUILDER is None:
-        with _builder_lock:
-            if _BUILDER is None:
-                _client()  # the local client first: its log lines are quieted, jaxlib's state is ready
-                client = xla_client.make_cpu_client(asynchronous=False, num_devices=1)
-                _BUILDER = (client, xla_client.DeviceList((client.local_devices()[0],)))
-    return _BUILDER
-
-
 _jax_lock = threading.Lock()
 _jax_thread: threading.Thread | None = None
 
@@ -371,10 +340,9 @@ class XlaExecutable:
         loaded = self._on_devices.get(index)
         if loaded is None:
             client = _client()
-            data = self._serialized if self._serialized is not None else _xla(
-                lambda: client.serialize_executable(self.loaded))
-            loaded = self._on_devices[index] = _xla(lambda: client.deserialize_executable(
-                data, _device_list(index), _options_on(index)))
+            data = self._serialized if self._serialized is not None else client.serialize_executable(self.loaded)
+            loaded = self._on_devices[index] = client.deserialize_executable(data, _device_list(index),
+                                                                            _options_on(index))
         return loaded
 
     @classmethod
@@ -388,37 +356,16 @@ class XlaExecutable:
             if target is not None:
                 loaded = _while_importing_jax(lambda: target.compile(stablehlo_text))
             else:
-                loaded = _while_importing_jax(lambda: _xla(
-                    lambda: _client().compile_and_load(stablehlo_text, _device_list(), _compile_options())))
+                loaded = _while_importing_jax(
+                    lambda: _client().compile_and_load(stablehlo_text, _device_list(), _compile_options()))
         except Exception as exc:  # jaxlib raises XlaRuntimeError
             raise XlaCompileError(str(exc)) from exc
         return cls(loaded, time.perf_counter() - start, target=target, source=stablehlo_text)
 
-    @classmethod
-    def compile_beside(cls, stablehlo_text: str) -> "XlaExecutable":
-        """``compile``, for a thread that builds beside the ones running ops (the eager queue's fused runs):
-        compiled and serialized on a client of its own (``_builder``), then loaded on the local client
-        (``XLA_LOCK``: a cold op on another thread waits for that load at most, not for the compile)."""
-        if replicas_of(stablehlo_text) > 1:
-            return cls.compile(stablehlo_text)
-        start = time.perf_counter()
-        if "lapack_" in stablehlo_text:
-            _ready_lapack()
-        builder, devices = _builder()
-        try:
-            data = _while_importing_jax(lambda: bytes(builder.serialize_executable(
-                builder.compile_and_load(stablehlo_text, devices, _compile_options()))))
-        except Exception as exc:  # jaxlib raises XlaRuntimeError
-            raise XlaCompileError(str(exc)) from exc
-        loaded = _xla(lambda: _client().deserialize_executable(data, _device_list(), _compile_options()))
-        return cls(loaded, time.perf_counter() - start, source=stablehlo_text, _serialized=data)
-
     def serialize(self) -> bytes:
         if self.target is not None:
             return self.target.serialize(self.loaded)
-        if self._serialized is not None:  # loaded from bytes: those bytes (it would not serialize into bytes that load)
-            return self._serialized
-        return bytes(_xla(lambda: _client().serialize_executable(self.loaded)))
+        return bytes(_client().serialize_executable(self.loaded))
 
     @classmethod
     def deserialize(cls, data: bytes, replicas: int = 1) -> "XlaExecutable":
@@ -429,8 +376,7 @@ class XlaExecutable:
             target = collectives.target(replicas)
             loaded = _while_importing_jax(lambda: target.deserialize(data))
             return cls(loaded, time.perf_counter() - start, target=target)
-        loaded = _while_importing_jax(lambda: _xla(
-            lambda: _client().deserialize_executable(data, _device_list(), _compile_options())))
+        loaded = _while_importing_jax(lambda: _client().deserialize_executable(data, _device_list(), _compile_options()))
         return cls(loaded, time.perf_counter() - start, _serialized=bytes(data))
 
     def to_buffer(self, tensor: torch.Tensor):

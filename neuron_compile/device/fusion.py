@@ -185,8 +185,6 @@ def _value(ref: tuple, called: list) -> str:
 
 
 def _compile(text: str):
-    """A run's executable: compiled on the builder's own client and loaded on the local one (a run is built
-    on the queue's background thread while other threads compile and run ops: ``executor.compile_beside``)."""
     from neuron_compile.runtime.executor import XlaExecutable
 
-    return XlaExecutable.compile_beside(text)
+    return XlaExecutable.compile(text)
