@@ -339,6 +339,22 @@ def test_a_float64_run_stays_op_by_op_and_gives_the_same_bits_every_time():
                 torch.testing.assert_close(r, results[0], rtol=0, atol=0)
 
 
+def test_a_float64_run_of_in_place_ops_stays_op_by_op():
+    """An in-place op makes no result of its own (it writes its operand's storage): a float64 run of them
+    (an optimizer's update, autograd accumulating a gradient) is a float64 run all the same."""
+    p, g = torch.randn(32, 16, dtype=torch.float64), torch.randn(32, 16, dtype=torch.float64)
+    dev_p, dev_g = p.to("neuron"), g.to("neuron")
+    before = dict(op_queue.COUNTS)
+    for _ in range(6):
+        for t, u in ((p, g), (dev_p, dev_g)):
+            t.mul_(0.9)
+            t.add_(u, alpha=-0.1)
+        torch.testing.assert_close(dev_p.cpu(), p, rtol=1e-12, atol=1e-12)
+        op_queue.wait_for_builds()
+    assert op_queue.COUNTS["fused_builds"] == before["fused_builds"], "a float64 run of in-place ops was fused"
+    assert op_queue.COUNTS["op_by_op_runs"] > before["op_by_op_runs"]
+
+
 def _lstm_steps(steps: int):
     torch.manual_seed(0)
     lstm, head = torch.nn.LSTM(16, 16, 2), torch.nn.Linear(16, 10)

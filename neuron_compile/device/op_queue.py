@@ -291,10 +291,20 @@ def _double(records: list) -> bool:
     """A run that computes in float64 stays op by op: float64 is the dtype of numerical checks
     (``torch.autograd.gradcheck`` runs a backward twice and wants the same bits), and a fused run's
     results differ from op by op's in the last bits (XLA contracts a multiply and an add into an FMA),
-    so a check whose first pass ran op by op and second fused failed (PyTorch's test_modules.py, GRU)."""
-    for kernel, _, _, _ in records:
+    so a check whose first pass ran op by op and second fused failed (PyTorch's test_modules.py, GRU).
+    A run computes in float64 where an op makes a float64 result or reads a float64 buffer from outside
+    the run: an in-place op (``add_``, a gradient's accumulation) makes no result of its own, it writes
+    its operand's storage. (A 0-d float64 buffer alone does not count: a number a float32 op takes.)"""
+    import numpy
+
+    for kernel, params, _, _ in records:
         for _, dtype, _ in kernel.fresh:
             if dtype is torch.float64:
+                return True
+        for value in params:
+            if value.__class__ is Pending:
+                value = value.value  # an earlier run's result (one of this run's is checked where it is made)
+            if getattr(value, "dtype", None) == numpy.float64 and value.shape:
                 return True
     return False
 
