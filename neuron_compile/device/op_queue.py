@@ -320,13 +320,15 @@ def _wiring(records: list) -> tuple:
     for c, (kernel, params, pendings, _) in enumerate(records):
         refs = []
         for value in params:
-            ref = where.get(id(value)) if value.__class__ is Pending else None
-            if ref is not None:
-                uses[ref] = uses.get(ref, 0) + 1
-                refs.append(ref)
-            else:  # a buffer, or the result of an earlier run (an op queued after a cut reads it so)
-                refs.append(len(externals))
-                externals.append(value)
+            if value.__class__ is Pending:
+                ref = where.get(id(value))
+                if ref is not None:
+                    uses[ref] = uses.get(ref, 0) + 1
+                    refs.append(ref)
+                    continue
+                value = value.value  # an earlier run's result (an op queued after a cut reads it): its buffer
+            refs.append(len(externals))
+            externals.append(value)
         for o, result in enumerate(pendings):
             where[id(result)] = (c, o)
         calls.append((kernel, tuple(refs)))
@@ -368,10 +370,6 @@ def _run_op_by_op(records: list) -> None:
 
 
 def _run_fused(run, records: list, externals: list, live: tuple) -> None:
-    for value in externals:
-        if value.__class__ is Pending:  # an earlier run's result (it has run): its buffer
-            externals = [v.result() if v.__class__ is Pending else v for v in externals]
-            break
     if _hooks.STATE._is_profiler_enabled:
         with _hooks.event("neuron::fused_run", (), {"ops": run.ops, "results": run.count}):
             results = run.execute(externals)
