@@ -14,7 +14,7 @@ Workloads, each a training step as users write it, ending in a host read (``loss
 Each neuron mode runs in a fresh process with an empty artifact cache: its first step is the cold
 start (compiles included; the fused mode must not make it worse, target <= 1.2x op by op), then
 ``--warmup`` steps or more (where the fused mode sights its runs and builds them in the background,
-waited for, until a step starts no new build, at most 4 more), then ``--steps`` timed steps: the median step, executables run per step, ops compiled in the
+waited for, until two steps in a row sight no new run and start no build, at most 8 more), then ``--steps`` timed steps: the median step, executables run per step, ops compiled in the
 steady state (target 0) and peak device bytes. CPU eager runs at one thread (on shared cores torch's
 default loses most of its time to descheduled threads), alone in this process and again inside each
 device process, a CPU step after each timed device step: the ratios are to that CPU step, measured
@@ -171,6 +171,16 @@ def _lbfgs(device):
     return step
 
 
+def _builds(queue) -> tuple:
+    """Background builds so far (fused runs, and whole ops' kernels: ``device.whole_ops``), and run signatures
+    sighted (a new one is built at its second sighting)."""
+    from neuron_compile.device import whole_ops
+
+    counts = whole_ops.COUNTS
+    return (queue.COUNTS["fused_builds"] + queue.COUNTS["fused_failures"] + counts["builds"] + counts["failures"],
+            queue.signatures())
+
+
 MAKERS = {"gpt2": _gpt2, "nanogpt": _nanogpt, "lstm": _lstm, "lbfgs": _lbfgs}
 
 
@@ -194,13 +204,15 @@ def run(workload: str, device: str, warmup: int, steps: int, limit: int | None =
         from neuron_compile.device import op_queue as queue
         from neuron_compile.device import ops
     # warm-up: at least ``warmup`` steps, and on until a step starts no fused build (its runs are all
-    # known: the steady state), at most 4 more
-    for count in range(warmup + 4):
-        builds = queue.COUNTS["fused_builds"] + queue.COUNTS["fused_failures"] if queue is not None else 0
+    # known: the steady state): two steps in a row, at most 8 more
+    quiet = 0
+    for count in range(warmup + 8):
+        builds = _builds(queue) if queue is not None else None
         out["losses"].append(step())
         if queue is not None:
             queue.wait_for_builds(900)
-            if count + 1 >= warmup and queue.COUNTS["fused_builds"] + queue.COUNTS["fused_failures"] == builds:
+            quiet = quiet + 1 if _builds(queue) == builds else 0
+            if count + 1 >= warmup and quiet >= 2:  # two steps in a row sighted no new run and started no build
                 break
         elif count + 1 >= warmup:
             break

@@ -438,3 +438,41 @@ def test_dtensors_dispatcher_runs_these_random_ops_in_the_trackers_region():
         aten.randint_like.low_dtype_out, aten.uniform_.default, aten.bernoulli.default, aten.bernoulli_.float}
     source = inspect.getsource(OpDispatcher._dispatch_get_local_results_slow_path)
     assert 'first_local_arg.device.type != "cuda"' in source and "random._rng_tracker._distribute_region(" in source
+
+
+def test_whole_ops_private_apis_call_composites_skip_autograd_see_tracers_and_split_joint_graphs():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from neuron_compile.device import _whole_op_hooks as hooks
+
+    x, w = torch.randn(3, 4, requires_grad=True), torch.randn(2, 4)
+    out = hooks.composite(torch.ops.aten.linear.default, x, w)  # its pieces, recorded by autograd
+    torch.testing.assert_close(out, x @ w.t())
+    assert out.grad_fn is not None and "Linear" not in type(out.grad_fn).__name__
+    assert not hooks.saved_tensor_hooks()
+    with torch.autograd.graph.save_on_cpu():
+        assert hooks.saved_tensor_hooks()
+        with hooks.saved_tensor_hooks_off():
+            y = x.sin()  # saved without the hook: its backward reads the tensor itself
+        y.sum().backward()
+    assert not hooks.traced()
+    with FakeTensorMode():
+        assert hooks.traced()
+    assert not hooks.wrapped(x)
+    seen = []
+    torch.func.vmap(lambda t: seen.append(hooks.wrapped(t)) or t)(torch.randn(2, 3))
+    assert seen == [True]
+
+    def joint(primals, tangents):
+        (a,) = primals
+        y = a.sin() * 2
+        return [y, *torch.autograd.grad([y], [a], tangents)]
+
+    a = torch.randn(5, requires_grad=True)
+    gm = make_fx(joint)([a], [torch.ones(5)])
+    forward, backward = hooks.partition(gm, ([a], [torch.ones(5)]), num_fwd_outputs=1)
+    outs = forward(a.detach())
+    torch.testing.assert_close(outs[0], a.detach().sin() * 2)
+    (grad,) = backward(*outs[1:], torch.ones(5))
+    torch.testing.assert_close(grad, a.detach().cos() * 2)

@@ -21,13 +21,14 @@ The way of an eager op, top down:
 * ``lengths`` and ``grown``: ops at growing lengths compiled once per 128-bucket;
 * ``index_checks``: index bounds checked as CPU checks them; ``rng`` and ``philox``: the device's
   Philox (seed, offset) state; ``autocast``: ``torch.autocast("neuron")``;
-* ``optim``: Adam's, AdamW's and SGD's steps as one executable each;
+* ``optim``: Adam's, AdamW's and SGD's steps as one executable each; ``whole_ops``: ``nn.LSTM``/``GRU``/
+  ``RNN`` and ``scaled_dot_product_attention`` as one op forward and one backward;
 * ``sparse``: sparse COO tensors (SparseAdam, sparse embedding gradients), their ops on host copies;
 * ``collectives/``: the ``neuron`` process group and its collectives;
 * ``module``: ``torch.neuron``; ``ordinals``: how many devices, which is current; ``op_tracking``:
   which ATen ops ran, and which on the host; ``post_import``: patches applied when a library loads;
 * ``_torch_hooks``, ``_autograd_hooks``, ``_optim_hooks``, ``_device_constructor_hooks``,
-  ``_accelerate_hooks``, ``_dtensor_rng_hooks``: each private API of torch or of a library the
+  ``_accelerate_hooks``, ``_dtensor_rng_hooks``, ``_whole_op_hooks``: each private API of torch or of a library the
   device stands on, in one small module, with a test that fails when it changes (FlexAttention's:
   ``neuron_compile.decompositions.flex_attention``, which the compile path uses too).
 

@@ -24,7 +24,7 @@ import sys
 
 import torch
 
-from . import _torch_hooks, grown, lengths, op_tracking, ops, rng, transfers
+from . import _torch_hooks, grown, lengths, op_tracking, ops, rng, transfers, whole_ops
 from . import storage as _storage
 from .storage import device_index, new_tensor
 
@@ -78,6 +78,8 @@ def register_direct_kernels() -> None:
                if hasattr(getattr(aten, name, None), overload)]
     for op in direct:
         _direct.impl(op, functools.partial(handle, op), _torch_hooks.PRIVATE_KEY)
+    # nn.LSTM/GRU/RNN and scaled_dot_product_attention: one op forward and one backward, not their pieces
+    whole_ops.register(_direct)
     from neuron_compile.runtime.executor import register_device_adapter
 
     from . import autocast

@@ -402,7 +402,8 @@ def _fail(records: list, message: str) -> None:
 # --- building a fused run in the background ----------------------------------------------------
 
 _worker: threading.Thread | None = None
-_jobs: list = []
+_jobs: list = []  # fused runs to build, and other builds (``build_later``: whole ops' kernels)
+_running = 0  # jobs popped and not done
 _jobs_ready = threading.Condition(threading.Lock())
 _closing = False
 EXIT_WAIT_S = 60.0
@@ -410,11 +411,17 @@ EXIT_WAIT_S = 60.0
 
 def _build_later(key, records: list, live: tuple) -> None:
     """Build the run's fused executable on the background thread; the run stays op by op till then."""
+    build_later((key, live, [record[3] for record in records]))
+
+
+def build_later(job) -> None:
+    """Run ``job`` on the background thread: a fused run's (key, live, issuers), or a callable (which handles
+    its own failures)."""
     global _worker
     with _jobs_ready:
         if _closing:
             return
-        _jobs.append((key, live, [record[3] for record in records]))
+        _jobs.append(job)
         _jobs_ready.notify()
         if _worker is None or not _worker.is_alive():
             _worker = threading.Thread(target=_work, name="neuron-fusion", daemon=True)
@@ -422,23 +429,33 @@ def _build_later(key, records: list, live: tuple) -> None:
 
 
 def _work() -> None:
-    from . import fusion
-
+    global _running
     while True:
         with _jobs_ready:
             while not _jobs:
                 if _closing or not _jobs_ready.wait(timeout=60.0):
                     return
-            key, live, issuers = _jobs.pop(0)
+            job = _jobs.pop(0)
+            _running += 1
         try:
-            run = fusion.build(key[0], live)
-        except Exception as exc:  # noqa: BLE001 - any failure: the run stays op by op, said once
-            _RUNS[key] = _FAILED
-            COUNTS["fused_failures"] += 1
-            _warn_failed([kernel for kernel, _ in key[0]], issuers, exc)
-            continue
-        COUNTS["fused_builds"] += 1
-        _RUNS[key] = run
+            job() if callable(job) else _build_run(*job)
+        finally:
+            with _jobs_ready:
+                _running -= 1
+
+
+def _build_run(key, live, issuers) -> None:
+    from . import fusion
+
+    try:
+        run = fusion.build(key[0], live)
+    except Exception as exc:  # noqa: BLE001 - any failure: the run stays op by op, said once
+        _RUNS[key] = _FAILED
+        COUNTS["fused_failures"] += 1
+        _warn_failed([kernel for kernel, _ in key[0]], issuers, exc)
+        return
+    COUNTS["fused_builds"] += 1
+    _RUNS[key] = run
 
 
 @atexit.register
@@ -459,14 +476,20 @@ def _close() -> None:
                           "exiting without it", stacklevel=1)
 
 
+def signatures() -> int:
+    """Run signatures sighted so far (benchmarks: a step that sights none is in the steady state)."""
+    return len(_RUNS)
+
+
 def wait_for_builds(timeout: float = 120.0) -> None:
-    """Wait until every fused run queued for building is built (tests and benchmarks: a steady state)."""
+    """Wait until every fused run (and whole op) queued for building is built (tests and benchmarks: a steady
+    state)."""
     import time
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with _jobs_ready:
-            idle = not _jobs
+            idle = not _jobs and not _running
         if idle and not any(v == _BUILDING for v in list(_RUNS.values())):
             return
         time.sleep(0.01)

@@ -276,26 +276,27 @@ _library = None
 _OPS: dict = {}
 
 
-def _define(name: str, schema: str, body):
+def define(name: str, schema: str, body, meta=None):
     """``torch.ops.neuron_compile.<name>``, defined on first use: neuron tensors reach the device's fallback
-    with it (one op, one signature, one executable), which traces ``body`` in its place."""
+    with it (one op, one signature, one executable), which traces ``body`` in its place. ``meta``: its Meta
+    kernel (by default one that returns nothing: an in-place op's)."""
     global _library
     if name not in _OPS:
         if _library is None:
             _library = torch.library.Library("neuron_compile", "FRAGMENT")
         _library.define(schema)
-        _library.impl(name, lambda *args: None, "Meta")
+        _library.impl(name, meta or (lambda *args: None), "Meta")
         _OPS[name] = getattr(torch.ops.neuron_compile, name).default
         REWRITES[_OPS[name]] = body
     return _OPS[name]
 
 
 def _foreach_adam_op():
-    return _define("_foreach_adam_", FOREACH_ADAM_SCHEMA, foreach_adam_)
+    return define("_foreach_adam_", FOREACH_ADAM_SCHEMA, foreach_adam_)
 
 
 def _foreach_sgd_op():
-    return _define("_foreach_sgd_", FOREACH_SGD_SCHEMA, foreach_sgd_)
+    return define("_foreach_sgd_", FOREACH_SGD_SCHEMA, foreach_sgd_)
 
 
 # the ops the trace runs as these functions

@@ -1,0 +1,215 @@
+"""Whole ops (``device/whole_ops.py``): ``nn.LSTM``/``GRU``/``RNN`` and ``scaled_dot_product_attention`` run
+as one device op forward and one backward once built (in the background, from their second sighting), with
+CPU's values and gradients; their decompositions wherever op-by-op's bits are asked for."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from neuron_compile.device import op_queue, op_tracking, whole_ops
+
+aten = torch.ops.aten
+
+
+@pytest.fixture(autouse=True)
+def _queue_on():
+    op_queue.set_enabled(True)
+    yield
+    op_queue.set_enabled(True)
+
+
+def _turns(make, inputs, turns=4, create_graph=False):
+    """``turns`` forward-backward passes of ``make()`` on CPU and on neuron (the same weights, new inputs each
+    turn), compared each turn: outputs, input gradients, parameter gradients."""
+    torch.manual_seed(0)
+    cpu = make()
+    dev = make()
+    dev.load_state_dict(cpu.state_dict())
+    dev.to("neuron")
+    for _ in range(turns):
+        xs = inputs()
+        results = []
+        for model, args in ((cpu, xs), (dev, [x.detach().to("neuron").requires_grad_(x.requires_grad) for x in xs])):
+            outs = torch.utils._pytree.tree_leaves(model(*args))
+            loss = sum((o * o).sum() for o in outs)
+            if create_graph:  # a gradient penalty: the gradient itself is differentiated
+                grads = torch.autograd.grad(loss, list(model.parameters()), create_graph=True)
+                loss = sum((g * g).sum() for g in grads)
+            loss.backward()
+            results.append([o.detach() for o in outs] + [x.grad for x in args if x.requires_grad]
+                           + [p.grad for p in model.parameters()])
+            model.zero_grad(set_to_none=True)
+        for want, got in zip(*results):
+            torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
+        op_queue.wait_for_builds()
+
+
+def _lstm():
+    return torch.nn.LSTM(8, 12, 2)
+
+
+def _lstm_inputs():
+    return [torch.randn(6, 3, 8, requires_grad=True), torch.randn(2, 3, 12), torch.randn(2, 3, 12)]
+
+
+class _LSTMWithState(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = _lstm()
+
+    def forward(self, x, h, c):
+        return self.rnn(x, (h, c))
+
+
+def test_an_lstm_trains_as_one_op_each_way_with_cpus_values_and_gradients():
+    before = dict(whole_ops.COUNTS)
+    _turns(_LSTMWithState, _lstm_inputs, turns=5)
+    # turns 1-2 ran the decomposition (the forward is built from its second sighting), the backward's first
+    # whole turn recomputed the decomposition while its own kernel built; the rest were whole
+    assert whole_ops.COUNTS["whole_forward"] - before["whole_forward"] >= 2
+    assert whole_ops.COUNTS["whole_backward"] - before["whole_backward"] >= 1
+    assert whole_ops.COUNTS["failures"] == before["failures"]
+
+
+def test_a_whole_lstm_step_dispatches_a_handful_of_ops_not_its_pieces():
+    model = _LSTMWithState().to("neuron")
+    xs = [x.detach().to("neuron").requires_grad_(x.requires_grad) for x in _lstm_inputs()]
+
+    def step():
+        out, (h, c) = model(*xs)
+        (out.sum() + h.sum()).backward()
+        return out.sum().item()
+
+    def ops_a_step():
+        for _ in range(4):
+            step()
+            op_queue.wait_for_builds()
+        before = sum(op_tracking.EXECUTED.values())
+        step()
+        return sum(op_tracking.EXECUTED.values()) - before
+
+    whole = ops_a_step()
+    whole_ops.ENABLED = False
+    try:
+        pieces = ops_a_step()
+    finally:
+        whole_ops.ENABLED = True
+    # as its pieces: some 250 ops for 6 steps of 2 layers; whole: one op each way, the sums, their backward,
+    # the gradients autograd fills in and the read
+    assert whole < 30 and pieces > 8 * whole, (whole, pieces)
+
+
+@pytest.mark.parametrize("kind", ["GRU", "RNN"])
+def test_a_batch_first_gru_and_a_relu_rnn_match_cpu(kind):
+    def make():
+        if kind == "GRU":
+            return torch.nn.GRU(8, 12, 2, batch_first=True)
+        return torch.nn.RNN(8, 12, 1, nonlinearity="relu", bidirectional=True)
+
+    _turns(make, lambda: [torch.randn(3, 5, 8, requires_grad=True)])
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self, **options):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 16)
+        self.options = options
+
+    def forward(self, q, k, v, *mask):
+        return F.scaled_dot_product_attention(self.proj(q), k, v, *mask, **self.options)
+
+
+@pytest.mark.parametrize("options,mask", [({"is_causal": True}, False), ({"scale": 0.3}, True),
+                                          ({"is_causal": True, "enable_gqa": True}, False)])
+def test_attention_as_one_op_matches_cpu(options, mask):
+    heads_kv = 2 if options.get("enable_gqa") else 4
+
+    def inputs():
+        xs = [torch.randn(2, 4, 6, 16), torch.randn(2, heads_kv, 6, 16, requires_grad=True),
+              torch.randn(2, heads_kv, 6, 16, requires_grad=True)]
+        return xs + ([torch.randn(6, 6) > 0] if mask else [])
+
+    before = whole_ops.COUNTS["whole_backward"]
+    _turns(lambda: _Attention(**options), inputs)
+    assert whole_ops.COUNTS["whole_backward"] > before
+
+
+def test_attention_without_a_graph_is_its_decomposition_with_cpus_values():
+    q, k, v = (torch.randn(2, 4, 6, 16) for _ in range(3))
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    before = dict(whole_ops.COUNTS)
+    with torch.no_grad():  # generate, sampling loops: pieces that fuse in the queue's runs and keep bucketing
+        for _ in range(3):
+            got = F.scaled_dot_product_attention(*(t.to("neuron") for t in (q, k, v)), is_causal=True)
+            torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-6)
+            op_queue.wait_for_builds()
+    assert whole_ops.COUNTS == before
+
+
+def test_a_gradient_of_a_gradient_differentiates_the_decomposition():
+    _turns(_LSTMWithState, _lstm_inputs, turns=4, create_graph=True)
+
+
+@pytest.mark.parametrize("switch", ["fusion off", "deterministic", "dropout", "float64"])
+def test_where_op_by_ops_bits_are_asked_for_the_op_is_its_decomposition(switch):
+    torch.manual_seed(0)
+    dtype = torch.float64 if switch == "float64" else torch.float32
+    model = torch.nn.LSTM(8, 12, 2, dropout=0.5 if switch == "dropout" else 0.0).to(dtype).to("neuron")
+    x = torch.randn(6, 3, 8, dtype=dtype).to("neuron")
+    before = dict(whole_ops.COUNTS)
+    if switch == "fusion off":
+        op_queue.set_enabled(False)
+    try:
+        with _deterministic() if switch == "deterministic" else contextlib.nullcontext():
+            for _ in range(4):
+                model(x)[0].sum().backward()
+                op_queue.wait_for_builds()
+    finally:
+        op_queue.set_enabled(True)
+    assert {k: whole_ops.COUNTS[k] - before[k] for k in ("whole_forward", "builds")} == \
+        {"whole_forward": 0, "builds": 0}
+
+
+class _deterministic:
+    def __enter__(self):
+        self.was = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(True)
+
+    def __exit__(self, *exc):
+        torch.use_deterministic_algorithms(self.was)
+        return False
+
+
+def test_a_second_process_loads_the_whole_ops_from_the_index_and_traces_nothing(tmp_path):
+    script = textwrap.dedent("""
+        import json, sys, torch
+        from neuron_compile.device import op_queue, ops, whole_ops
+        torch.manual_seed(0)
+        model = torch.nn.LSTM(8, 12, 2).to("neuron")
+        x = torch.randn(6, 3, 8).to("neuron").requires_grad_()
+        for _ in range(5):
+            model(x)[0].sum().backward()
+            x.grad.sum().item()
+            op_queue.wait_for_builds()
+        print(json.dumps({"compiles": ops.COUNTS["op_compiles"], "index_hits": ops.COUNTS["index_hits"],
+                          **whole_ops.COUNTS}))
+    """)
+    env = {**os.environ, "NEURON_COMPILE_CACHE_DIR": str(tmp_path)}
+    runs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert first["builds"] == 2 and first["whole_backward"] >= 1
+    assert second["builds"] == 2 and second["whole_backward"] >= 1
+    assert second["compiles"] == 0, second
