@@ -87,6 +87,25 @@ def _launch_two_ranks(folder, worker: str, args=(), env=None, timeout=300, ranks
     return results
 
 
+def _cold_then_warm(script: str, cache_dir, timeout: float = 300) -> tuple[dict, dict]:
+    """Run ``python -c script`` twice in new processes sharing the artifact cache ``cache_dir`` (the first
+    fills it, the second finds it warm); each prints a JSON object as its last line: (first's, second's)."""
+    env = dict(os.environ, NEURON_COMPILE_CACHE_DIR=str(cache_dir))
+    runs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=timeout)
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return runs[0], runs[1]
+
+
+@pytest.fixture(scope="session")
+def cold_then_warm():
+    """``cold_then_warm(script, cache_dir, timeout=300)``: a script's JSON result from a cold process, then
+    from a warm one (``_cold_then_warm``)."""
+    return _cold_then_warm
+
+
 @pytest.fixture(scope="session")
 def launch_two_ranks():
     """``launch_two_ranks(folder, worker_source, args=(), env=None, timeout=300, ranks=(0, 1))``: one

@@ -9,9 +9,6 @@ asserted where they are the point.
 from __future__ import annotations
 
 import io
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -248,7 +245,7 @@ def test_an_op_that_does_not_lower_names_the_op_and_the_line(monkeypatch):
     assert_close(got.cpu(), embedding_bag(indices, weight, offsets, padding_idx=2))
 
 
-def test_a_new_process_compiles_nothing_for_a_model_it_ran_before(tmp_path):
+def test_a_new_process_compiles_nothing_for_a_model_it_ran_before(tmp_path, cold_then_warm):
     script = textwrap.dedent("""
         import json, torch
         torch.manual_seed(0)
@@ -265,15 +262,7 @@ def test_a_new_process_compiles_nothing_for_a_model_it_ran_before(tmp_path):
                           "lowerings": COUNTERS["lowerings"], "disk_hits": COUNTERS["disk_hits"],
                           "traced": COUNTS["op_compiles"], "index_hits": COUNTS["index_hits"]}))
     """)
-    env = dict(os.environ, NEURON_COMPILE_CACHE_DIR=str(tmp_path / "cache"))
-    runs = []
-    for _ in range(2):
-        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
-        assert out.returncode == 0, out.stderr[-3000:]
-        import json
-
-        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    first, second = runs
+    first, second = cold_then_warm(script, tmp_path / "cache", timeout=600)
     assert first["xla_compiles"] > 10 and first["lowerings"] == first["xla_compiles"]
     assert second["xla_compiles"] == 0 and second["lowerings"] == 0, second
     # the persistent op index: no op is even traced again

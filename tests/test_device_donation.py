@@ -6,10 +6,6 @@ the writer first, never taken."""
 from __future__ import annotations
 
 import copy
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -126,7 +122,7 @@ def test_pjrt_copies_a_donated_buffer_while_a_dlpack_export_lives():
     assert torch.equal(_from_capsule(_jax.buffer_to_dlpack_managed_tensor(out)), torch.full((n,), 3.0))
 
 
-def test_the_donating_kernel_is_keyed_and_found_again_by_a_new_process(tmp_path):
+def test_the_donating_kernel_is_keyed_and_found_again_by_a_new_process(tmp_path, cold_then_warm):
     script = textwrap.dedent(f"""
         import json, torch
         from neuron_compile.device import ops
@@ -140,13 +136,7 @@ def test_the_donating_kernel_is_keyed_and_found_again_by_a_new_process(tmp_path)
                           "ok": bool(torch.equal(a.cpu(), torch.arange({N}, dtype=torch.float32) + 2)),
                           "traced": ops.COUNTS["op_compiles"], "index_hits": ops.COUNTS["index_hits"]}}))
     """)
-    env = dict(os.environ, NEURON_COMPILE_CACHE_DIR=str(tmp_path / "cache"))
-    runs = []
-    for _ in range(2):
-        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr[-3000:]
-        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    first, second = runs
+    first, second = cold_then_warm(script, tmp_path / "cache")
     assert first["in_place"] and first["ok"] and first["traced"] >= 1
     assert second["in_place"] and second["ok"] and second["traced"] == 0 and second["index_hits"] >= 1, second
     from neuron_compile.runtime.artifact import read_artifact

@@ -5,10 +5,6 @@ CPU's values and gradients; their decompositions wherever op-by-op's bits are as
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -189,7 +185,7 @@ class _deterministic:
         return False
 
 
-def test_a_second_process_loads_the_whole_ops_from_the_index_and_traces_nothing(tmp_path):
+def test_a_second_process_loads_the_whole_ops_from_the_index_and_traces_nothing(tmp_path, cold_then_warm):
     script = textwrap.dedent("""
         import json, sys, torch
         from neuron_compile.device import op_queue, ops, whole_ops
@@ -203,13 +199,7 @@ def test_a_second_process_loads_the_whole_ops_from_the_index_and_traces_nothing(
         print(json.dumps({"compiles": ops.COUNTS["op_compiles"], "index_hits": ops.COUNTS["index_hits"],
                           **whole_ops.COUNTS}))
     """)
-    env = {**os.environ, "NEURON_COMPILE_CACHE_DIR": str(tmp_path)}
-    runs = []
-    for _ in range(2):
-        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr[-3000:]
-        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    first, second = runs
+    first, second = cold_then_warm(script, tmp_path)
     assert first["builds"] == 2 and first["whole_backward"] >= 1
     assert second["builds"] == 2 and second["whole_backward"] >= 1
     assert second["compiles"] == 0, second

@@ -41,7 +41,7 @@ import warnings
 import torch
 
 from . import _whole_op_hooks as _hooks
-from . import op_queue
+from . import op_queue, ops
 from ._autograd_hooks import in_backward
 
 aten = torch.ops.aten
@@ -141,7 +141,6 @@ def _ready(op, args, kwargs, repeats: int | None = None) -> bool:
     call is the op's decomposition. Its ``repeats``-th sighting (``op_queue.REPEATS``: a loop) traces it
     here and compiles it on the background thread (an LSTM's backward: 6 s of XLA), or loads it there
     from the op index; no call waits on a compile."""
-    from . import ops
     from .opkernel import leaves_of
 
     leaves = leaves_of(args, kwargs)
@@ -178,28 +177,19 @@ def _start(op, key, args, kwargs, leaves, retrace: bool = False):
     except Exception as exc:  # noqa: BLE001 - the op stays its decomposition, said once
         _warn(args, exc)
         return _FAILED
-    op_queue.build_later(functools.partial(_build, op, key, lambda: _compile(op, traced, options, name), args))
+    op_queue.build_later(functools.partial(_build, op, key, lambda: ops._compile(op, traced, options, name), args))
     return _BUILDING
 
 
 def _load(op, entry, options):
-    from . import ops
-
     def rebuild():  # the artifact was evicted: traced again on the issuing thread, at the next sighting
         raise RuntimeError("evicted")
 
     return ops.kernel_from_entry(op, entry, options, rebuild)
 
 
-def _compile(op, traced, options, name):
-    from . import ops
-
-    return ops._compile(op, traced, options, name)
-
-
 def _build(op, key, make, args) -> None:
     """On the background thread: ``make()`` the kernel and keep it where ``ops.dispatch`` finds it."""
-    from . import ops
     from .opkernel import OpKernel
 
     try:
@@ -291,7 +281,7 @@ class _Graphs:
         with plain_dispatch(), _hooks.saved_tensor_hooks_off(), FakeTensorMode() as mode:
             primals = [torch.empty_strided(shape, stride, dtype=getattr(torch, dtype), device="neuron")
                        .requires_grad_(needs) for shape, stride, dtype, needs in metas]
-            with torch.enable_grad():
+            with torch.no_grad():  # the outputs' sizes, for the tangents (the joint records the graph)
                 outputs = _call(spec, primals, graph=True)
             tangents = [torch.empty_like(o) for o in outputs]
 
