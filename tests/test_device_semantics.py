@@ -270,6 +270,12 @@ COMPLEX = {
     "fill_tensor": lambda a, b: a.clone().fill_(b[0]),
     "full_like": lambda a, b: torch.full_like(a, 2j),
     "new_full": lambda a, b: a.new_full((2, 3), -1 + 1j),
+    # reductions lower through JAX too: ``t.sum()`` reaches it as ``sum.dim_IntList(dim=[])``, every dim
+    "sum": lambda a, b: (a * b).sum(),
+    "sum_dim_empty": lambda a, b: a.sum(dim=[]),
+    "sum_dim_keepdim": lambda a, b: a.view(2, 3).sum(0, keepdim=True),
+    "mean": lambda a, b: a.mean(),
+    "mean_dim": lambda a, b: a.view(2, 3).mean(1),
 }
 
 

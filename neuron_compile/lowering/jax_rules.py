@@ -305,7 +305,15 @@ def _full(out, *args, **kwargs):
 
 @rule(aten.sum, always=False)
 def _sum(out, x, dim=None, keepdim=False, dtype=None):
-    return x.sum(axis=None if dim is None else tuple(_dims(dim, x.ndim)), keepdims=keepdim)
+    # ``dim=[]`` sums every dim, as None does (``sum.dim_IntList``'s schema; ``t.sum()`` of a complex tensor
+    # comes here so): not an empty axis tuple, which sums nothing
+    return x.sum(axis=tuple(_dims(dim, x.ndim)) if dim else None, keepdims=keepdim)
+
+
+@rule(aten.mean, always=False)
+def _mean(out, x, dim=None, keepdim=False, dtype=None):
+    # a complex mean (Torch-MLIR lowers no complex sum): the sum divided by the count, as CPU's mean
+    return x.mean(axis=tuple(_dims(dim, x.ndim)) if dim else None, keepdims=keepdim)
 
 
 @rule(aten.mm, aten.bmm, aten.matmul, always=False)
