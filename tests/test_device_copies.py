@@ -308,3 +308,52 @@ def test_view_copies_with_out_write_the_out_tensors_like_cpu():
     out = torch.empty(3, device="neuron")
     torch.select_copy(a.to("neuron"), 1, 4, out=out)
     assert_close(out.cpu(), a[:, 4])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_item_of_one_element_tensors_gives_cpus_number_and_counts_a_host_copy(dtype):
+    from neuron_compile.device.opkernel import COUNTS
+
+    cpu = (torch.arange(1, 4) * 7 // 3).to(dtype) if dtype is not torch.bool else torch.tensor([True, False, True])
+    dev = cpu.to("neuron")
+    cases = [(lambda t: t[1:2].clone()), (lambda t: t[0]), (lambda t: t[2:])]
+    if dtype.is_floating_point or dtype.is_complex:
+        cases.append(lambda t: (t * 0.5).sum())  # an op's 0-d result, pending in the queue until read
+    for case in cases:
+        before = COUNTS["host_copies"]
+        got, want = case(dev).item(), case(cpu).item()
+        assert type(got) is type(want) and got == want, (dtype, got, want)
+        assert COUNTS["host_copies"] == before + 1
+
+
+def test_runtime_numbers_reach_the_device_as_torch_converts_them():
+    # storage.scalar_buffer makes a runtime float's (or a view offset's) buffer from numpy: the same bytes as
+    # torch.tensor(value, dtype=dtype), including where float32 rounds, overflows or keeps a sign; numpy's
+    # overflow warning never reaches the user
+    import warnings
+
+    from neuron_compile.device import storage
+
+    values = [0.1, -0.0, 1e-45, 1e-50, 3.4028234663852886e38, 1e300, -1e300, float("nan"), float("inf"),
+              2 ** 53 + 1, -5, 0, 2 ** 63 - 1, True, False]
+    checked = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for dtype in (torch.float32, torch.float64, torch.int64, torch.int32, torch.bool, torch.float16,
+                      torch.bfloat16):
+            for value in values:
+                try:
+                    want = torch.tensor(value, dtype=dtype)
+                except (RuntimeError, OverflowError) as exc:
+                    with pytest.raises(type(exc)):
+                        storage.scalar_buffer(value, dtype)
+                    continue
+                got = storage.buffer_to_host(storage.scalar_buffer(value, dtype), dtype)
+                assert got.shape == want.shape and got.dtype == want.dtype
+                bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
+                assert got.view(bits).item() == want.view(bits).item(), (dtype, value)  # the same bytes
+                checked += 1
+    assert checked > 80
+    x = torch.randn(5)
+    for alpha in (0.1, 1e30, -0.0, 3):  # a runtime float of an op: one kernel, every value CPU's
+        assert_close(x.to("neuron").add(x.to("neuron"), alpha=alpha).cpu(), x.add(x, alpha=alpha), equal_nan=True)

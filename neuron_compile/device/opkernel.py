@@ -394,7 +394,7 @@ def _scalar_buffer(value: float, dtype: torch.dtype, index: int = 0):
     if buffer is None:
         if len(_SCALARS) > 512:
             _SCALARS.clear()
-        buffer = _SCALARS[key] = _storage.host_to_buffer(torch.tensor(value, dtype=dtype), index)
+        buffer = _SCALARS[key] = _storage.scalar_buffer(value, dtype, index)
     return buffer
 
 

@@ -320,6 +320,42 @@ def _host_to_buffer(tensor: torch.Tensor, index: int = 0):
                                        _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL)
 
 
+# Python numbers a 0-d buffer takes straight from numpy, as ``torch.tensor(value, dtype=dtype)`` converts them (one
+# rounding to the dtype): (numpy dtype, the number types taken, whether the transfer needs jax's x64 on). Half
+# types are left to torch, which rounds a double through float32
+_NUMBERS = {torch.float32: ("float32", (float, int), False), torch.float64: ("float64", (float, int), True),
+            torch.int64: ("int64", (int,), True), torch.int32: ("int32", (int,), False),
+            torch.bool: ("bool", (bool,), False)}
+_SHAPED: dict = {}  # numpy dtype name -> the 0-d ShapedArray of the transfer
+
+
+def scalar_buffer(value, dtype: torch.dtype, index: int = 0):
+    """A 0-d buffer holding the Python number ``value`` as ``dtype`` on PJRT device ``index``: what
+    ``host_to_buffer(torch.tensor(value, dtype=dtype))`` makes, without the tensor on the way (a runtime
+    float, a view's offset: measured 13.4 us that way, 4.5 us this one)."""
+    number = _NUMBERS.get(dtype)
+    if (number is None or value.__class__ not in number[1] or _profiler_hooks.STATE._is_profiler_enabled
+            or (dtype is torch.float32 and not -3.4028234663852886e38 <= value <= 3.4028234663852886e38)):
+        # (numpy warns where a float overflows float32; torch makes an infinity: theirs, and NaN's, through torch)
+        return host_to_buffer(torch.tensor(value, dtype=dtype), index)
+    import numpy as np
+
+    try:
+        array = np.asarray(value, number[0])
+    except OverflowError:  # an int past int64's range: torch's own error
+        return host_to_buffer(torch.tensor(value, dtype=dtype), index)
+    device, sharding, shaped, _jax, x64 = _put_parts(index)
+    aval = _SHAPED.get(number[0])
+    if aval is None:
+        aval = _SHAPED[number[0]] = shaped((), array.dtype)
+    put = _jax.batched_device_put
+    semantics = _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL
+    if number[2]:
+        with x64(True):
+            return put(aval, sharding, [array], [device], True, True, semantics)
+    return put(aval, sharding, [array], [device], True, True, semantics)
+
+
 def buffer_to_host(buffer, dtype: torch.dtype) -> torch.Tensor:
     """A CPU tensor with a copy of a PJRT buffer's contents. Like a device-to-host copy on CUDA it
     synchronizes: every op queued before it runs first (``op_queue``), whether or not it computes this
@@ -332,6 +368,26 @@ def buffer_to_host(buffer, dtype: torch.dtype) -> torch.Tensor:
         with _profiler_hooks.event("neuron::device_to_host", None, {"bytes": buffer.size * dtype.itemsize}):
             return _buffer_to_host(buffer, dtype)
     return _buffer_to_host(buffer, dtype)
+
+
+def buffer_number(buffer, dtype: torch.dtype):
+    """The one element of a one-element buffer as a Python number (``.item()``): ``buffer_to_host``'s copy
+    (and its synchronization) without a tensor made on the way; None for a dtype whose numbers numpy gives
+    back otherwise than torch (``_NUMBERS`` lists those it gives alike)."""
+    if dtype not in _NUMBERS:
+        return None
+    if _op_queue._RECORDS and not _op_queue.beside():
+        _op_queue.flush()
+    if _profiler_hooks.STATE._is_profiler_enabled:  # a neuron::device_to_host event
+        with _profiler_hooks.event("neuron::device_to_host", None, {"bytes": dtype.itemsize}):
+            return _number(buffer)
+    return _number(buffer)
+
+
+def _number(buffer):
+    with _put_parts()[4](True):
+        array, _ = buffer._single_device_array_to_np_array_did_copy()
+        return array.reshape(-1)[0].item()  # read while the buffer is held (the array may alias it)
 
 
 def _buffer_to_host(buffer, dtype: torch.dtype) -> torch.Tensor:
