@@ -135,6 +135,34 @@ def test_a_queued_ops_error_surfaces_at_the_next_sync_with_its_name_and_line(mon
         y.cpu()
 
 
+def test_a_queued_ops_line_is_found_reading_only_the_users_frames(monkeypatch):
+    # op_queue.issuer skips the device's own frames on an op's usual way in (aten_kernels.handle, called by
+    # the dispatcher directly for the common ops and through the fallback for the rest) without reading
+    # them: one lookup per frame of the user's code (it read five more per op when the entry frame moved)
+    looked = []
+
+    class Spy(dict):
+        def get(self, key, default=None):
+            looked.append(key)
+            return dict.get(self, key, default)
+
+    a, x = torch.randn(4, device="neuron"), torch.randn(3, 3, device="neuron")
+
+    def user():
+        return a * 2 + a, torch.nn.functional.gelu(x)  # mul, add: direct kernels; gelu: the fallback
+
+    for _ in range(3):  # built, then queued
+        user()
+    monkeypatch.setattr(op_queue, "_OURS", Spy(op_queue._OURS))
+    queued = op_queue.pending()
+    user()
+    records = op_queue._RECORDS[queued:]
+    assert [r[0].name for r in records] == ["eager.aten.mul.Tensor", "eager.aten.add.Tensor", "eager.aten.gelu.default"]
+    assert len(looked) == 3
+    for record in records:
+        assert "def user" not in op_queue.describe(record[3]) and "a * 2 + a" in op_queue.describe(record[3])
+
+
 def test_launch_blocking_and_deterministic_mode_run_each_op_when_issued(tmp_path):
     a = torch.randn(16, device="neuron")
     (a + 1).cpu()

@@ -510,22 +510,25 @@ _OURS: dict = {}
 _OUR_PARTS = (os.sep + "torch" + os.sep, os.sep + "neuron_compile" + os.sep, "<frozen", os.sep + "jax" + os.sep)
 
 
-_ENTRY = 6  # frames from here to the device's dispatcher fallback on an op's usual way in (see issuer)
+_ENTRY = 5  # frames from here to aten_kernels.handle on an op's usual way in (see issuer)
 
 
 def issuer():
     """The innermost frame of the user's code issuing this op, as (code, line): kept cheap (a dict
-    lookup per frame), formatted only if the op fails. An op queued on its usual way in (the dispatcher's
-    fallback, aten_kernels.handle, ops.dispatch, OpKernel, enqueue) skips those frames unread: a third of the
-    walk's cost a warm op paid (measured 3.4 us of 18 for a 16-float add)."""
+    lookup per frame), formatted only if the op fails. An op queued on its usual way in (enqueue, OpKernel,
+    ops.dispatch, the op's kernel function, aten_kernels.handle, which the dispatcher calls directly for the
+    ops ``register_direct_kernels`` lists and through the fallback for the rest) skips those frames unread:
+    the walk is then one dict lookup a frame of the user's own code."""
     try:
         frame = sys._getframe(_ENTRY)
     except ValueError:
         frame = None
-    if frame is None or frame.f_code is not FALLBACK:
-        frame = sys._getframe(2)
-    else:
+    if frame is not None and frame.f_code is HANDLE:
         frame = frame.f_back
+        if frame is not None and frame.f_code is FALLBACK:
+            frame = frame.f_back
+    else:
+        frame = sys._getframe(2)
     ours = _OURS
     while frame is not None:
         code = frame.f_code
@@ -544,6 +547,7 @@ def issuer():
 
 
 FALLBACK = None  # the code of the device's dispatcher fallback (``device._fallback``): ``device.register`` sets it
+HANDLE = None  # the code of ``aten_kernels.handle``, which sets it
 
 
 def describe(issuer) -> str:
