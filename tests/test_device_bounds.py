@@ -111,8 +111,8 @@ def test_an_in_place_op_refused_leaves_its_target_as_it_was():
 
 def test_ids_sliced_from_a_resident_corpus_are_checked_on_the_slice_alone():
     """A batch of ids sliced at a new offset from a large resident tensor (word_language_model's corpus):
-    the check reads the batch (cloned on the device at a run-time offset), not the corpus, and compiles
-    nothing after the first batch."""
+    the check reads the batch's values where the corpus's buffer lies (``storage.resident_extremes``), and
+    compiles nothing after the first batch."""
     corpus_cpu = torch.randint(0, 50, (40000,))
     corpus = corpus_cpu.to("neuron")
     table_cpu = torch.randn(50, 4)
@@ -126,6 +126,37 @@ def test_ids_sliced_from_a_resident_corpus_are_checked_on_the_slice_alone():
     assert COUNTS["op_compiles"] == compiles
     assert COUNTS["index_checks"] - checks == 8
     assert COUNTS["host_copies"] - copies == 8  # each result's .cpu(); the checks count apart
+
+
+def test_a_resident_slices_check_reads_its_values_in_place_and_only_its_own(monkeypatch):
+    """The values checked are the view's alone (an id out of range beside it in the corpus raises nothing),
+    read with no op run on the device (no clone: ``transfers.alone`` is never called) and no copy of the
+    corpus; one inside the view raises CPU's error."""
+    from neuron_compile.device import transfers
+
+    corpus_cpu = torch.randint(0, 50, (3, 4000))
+    corpus_cpu[1, 100] = 77  # out of range, beside the slices below
+    corpus = corpus_cpu.to("neuron")
+    table_cpu = torch.randn(50, 4)
+    table = table_cpu.to("neuron")
+
+    alone = transfers.alone
+    for view in (lambda c: c[1, 40:80], lambda c: c[:, 7], lambda c: c[1, 101:300:3]):  # offsets, strides
+        checks = COUNTS["index_checks"]
+        monkeypatch.setattr(transfers, "alone", lambda x: pytest.fail("the check ran a device op"))
+        got = torch.nn.functional.embedding(view(corpus), table)
+        monkeypatch.setattr(transfers, "alone", alone)  # (.cpu() of a view clones it alone)
+        assert_close(got.cpu(), torch.nn.functional.embedding(view(corpus_cpu), table_cpu))
+        assert COUNTS["index_checks"] == checks + 1
+    with pytest.raises(IndexError, match="index out of range in self"):
+        torch.nn.functional.embedding(corpus[1, 90:110], table)
+    labels_cpu = torch.tensor([3, -100, 7, -100, 49])  # ignore_index counted as in range, as CPU does
+    logits = torch.randn(5, 50)
+    assert_close(torch.nn.functional.cross_entropy(logits.to("neuron"), labels_cpu.to("neuron")).cpu(),
+                 torch.nn.functional.cross_entropy(logits, labels_cpu))
+    labels_cpu[1] = -99
+    with pytest.raises(IndexError, match="Target -99 is out of bounds"):
+        torch.nn.functional.cross_entropy(logits.to("neuron"), labels_cpu.to("neuron"))
 
 
 def test_hugging_face_labels_with_ignore_index_pass_and_a_token_past_the_vocabulary_raises():

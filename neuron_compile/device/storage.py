@@ -370,6 +370,35 @@ def buffer_to_host(buffer, dtype: torch.dtype) -> torch.Tensor:
     return _buffer_to_host(buffer, dtype)
 
 
+def resident_extremes(tensor: torch.Tensor, exempt: int | None = None, low: int = 0) -> tuple[int, int] | None:
+    """The smallest and largest of an integer neuron tensor's values (``exempt`` ones counted as ``low``), read
+    where its storage's buffer lies: no device op, and no copy of the storage where the client's memory is the
+    host's (PJRT's transfer API says whether it copied). For index checks, which run beside the device's
+    queue: the buffer must be resident (not a queued op's pending result), and nothing is flushed. None where
+    the storage is read in another dtype (the caller takes the general way)."""
+    import numpy as np
+
+    data = data_of(tensor)
+    buffer = data._buffer
+    if data.dtype is not tensor.dtype or buffer is None or not tensor.numel():
+        return None
+    if buffer.__class__ is _Pending:  # a queued op's result whose run has run, or not yet, or failed
+        buffer = buffer.value
+        if buffer is None or not hasattr(buffer, "_single_device_array_to_np_array_did_copy"):
+            return None
+    with _put_parts()[4](True):
+        array, _ = buffer._single_device_array_to_np_array_did_copy()
+        if array.shape == tensor.shape and tensor.is_contiguous() and not tensor.storage_offset():
+            view = array  # the tensor is its storage's buffer (ids, labels)
+        else:
+            flat = np.ascontiguousarray(array).reshape(-1)  # (the buffer's own array is C-ordered: a view)
+            view = np.ndarray(tuple(tensor.shape), flat.dtype, flat, tensor.storage_offset() * flat.itemsize,
+                              tuple(st * flat.itemsize for st in tensor.stride()))
+        if exempt is not None:
+            view = np.where(view == exempt, low, view)
+        return int(view.min()), int(view.max())  # read while the buffer is held (the array may alias it)
+
+
 def buffer_number(buffer, dtype: torch.dtype):
     """The one element of a one-element buffer as a Python number (``.item()``): ``buffer_to_host``'s copy
     (and its synchronization) without a tensor made on the way; None for a dtype whose numbers numpy gives
