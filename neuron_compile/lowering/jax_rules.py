@@ -21,7 +21,6 @@ FFT, complex numbers, linear algebra (LDL in ``jax_ldl``), special functions.
 
 from __future__ import annotations
 
-import math
 import operator
 from typing import Callable
 
