@@ -33,12 +33,24 @@ __all__ = ["CacheResult", "CompileCache", "Loaded", "MemoryCache"]
 
 
 class MemoryCache:
-    """Loaded executables by digest; concurrent asks for a key being built wait for that one build."""
+    """Loaded executables by digest; concurrent asks for a key being built wait for that one build.
 
-    def __init__(self):
+    At most ``limit`` are kept: past it the older half is let go (an executable still in use stays alive
+    where it is used; one asked for again is loaded from the disk level). Each XLA CPU executable holds
+    about 4 memory mappings of its own, and a process may not hold more than vm.max_map_count of them
+    (65,530 by default): a process that kept every executable it ever loaded reached that limit and
+    crashed inside XLA."""
+
+    def __init__(self, limit: int = 4096):
         self._lock = threading.Lock()
         self._done: dict[str, object] = {}
         self._inflight: dict[str, concurrent.futures.Future] = {}
+        self.limit = limit
+
+    def _bound(self) -> None:  # under the lock
+        if len(self._done) > self.limit:
+            for digest in list(self._done)[:len(self._done) // 2]:  # the oldest (dicts keep insertion order)
+                del self._done[digest]
 
     def peek(self, digest: str):
         with self._lock:
@@ -47,6 +59,7 @@ class MemoryCache:
     def put(self, digest: str, value) -> None:
         with self._lock:
             self._done[digest] = value
+            self._bound()
 
     def clear(self) -> None:
         with self._lock:
@@ -77,6 +90,7 @@ class MemoryCache:
         with self._lock:
             self._done[digest] = value
             del self._inflight[digest]
+            self._bound()
         future.set_result(value)
         return value, True
 

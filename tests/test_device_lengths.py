@@ -97,7 +97,7 @@ def test_sampling_40_tokens_compiles_once_per_op_per_bucket(monkeypatch):
     monkeypatch.delenv("NEURON_COMPILE_DEVICE_LENGTHS")  # the default: sampling runs under no_grad
     # a length's sighting is recorded when its signature misses: exact kernels another test compiled
     # in this process would hide some lengths (the counts below are the point)
-    device_ops._KERNELS.clear()
+    device_ops.clear_kernels()
     expected, _, _ = _sample("cpu")
     got, compiles, snapshot = _sample("neuron")
     assert_close(got, expected, rtol=0, atol=0)  # the same tokens: padding never reaches a value
@@ -156,7 +156,7 @@ def test_reductions_over_a_growing_dim_are_exact():
         return (x.sum(1), x.mean(1), x.amax(1), x.softmax(1), x.log_softmax(1), x.cumsum(1), x.var(1),
                 x.argmax(1), torch.cat([x, x[:, :1]], 1), F.layer_norm(x.transpose(1, 2), (x.size(1),)))
 
-    device_ops._KERNELS.clear()  # every length a signature miss (its sighting recorded), whatever ran before
+    device_ops.clear_kernels()  # every length a signature miss (its sighting recorded), whatever ran before
     torch.manual_seed(0)
     x = torch.randn(3, 5, 4)
     device_x = x.to("neuron")
@@ -251,7 +251,7 @@ def test_hugging_face_sampling_builds_nothing_once_every_op_is_bucketed(monkeypa
     head size beside a length that grew to it at another call site of one signature (``q @ k.T`` and
     ``attn @ v``) stays a width: the storage of a bucketed view says which of its dims are lengths."""
     monkeypatch.delenv("NEURON_COMPILE_DEVICE_LENGTHS")
-    device_ops._KERNELS.clear()
+    device_ops.clear_kernels()
     lengths.forget()
     expected, _, _, _ = _hf_sample("cpu", 24)
     got, per_token, compiles, snapshot = _hf_sample("neuron", 24)

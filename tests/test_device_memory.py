@@ -9,7 +9,12 @@ alive at once (the activations the forward saved for the backward).
 from __future__ import annotations
 
 import gc
+import json
+import os
+import subprocess
+import sys
 
+import pytest
 import torch
 from torch.testing import assert_close
 
@@ -94,3 +99,49 @@ def test_a_foreach_optimizer_step_runs_one_op(monkeypatch):
     # one op per tensor was 20 x 6 and more)
     assert [str(op) for op in dispatched[-per_step[-1]:]] == ["neuron_compile._foreach_adam_.default"]
     assert per_step[1:] == [1, 1], per_step  # the first step also makes the moment buffers (zeros_like)
+
+
+_MAPPINGS_SCRIPT = r"""
+import json, sys, torch
+from neuron_compile import compiler
+from neuron_compile.device import ops
+
+ops.KERNELS_KEPT = compiler.MEMORY.limit = int(sys.argv[1])
+
+def mappings():
+    with open("/proc/self/maps") as f:
+        return sum(1 for _ in f)
+
+hot_cpu = torch.arange(7.0)
+hot = hot_cpu.to("neuron")
+torch.neuron.synchronize()
+before, compiles = mappings(), ops.COUNTS["op_compiles"]
+ok = True
+for n in range(1, 121):  # 120 lengths: new kernels each (arange, mul, add, sum), and one kernel used all along
+    a = torch.arange(float(n + 8), device="neuron")
+    ok &= (a * 2 + 1).sum().item() == float(sum(2 * i + 1 for i in range(n + 8)))
+    ok &= torch.equal((hot * 3).cpu(), hot_cpu * 3)
+print(json.dumps({"mappings": mappings() - before, "compiles": ops.COUNTS["op_compiles"] - compiles,
+                  "dropped": ops.COUNTS["kernels_dropped"], "ok": bool(ok)}))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="counts memory mappings in /proc (Linux)")
+def test_a_process_building_ever_new_kernels_keeps_its_memory_mappings_bounded(tmp_path):
+    # every XLA executable holds ~4 memory mappings; a process that kept every kernel it built reached
+    # vm.max_map_count and XLA crashed (PyTorch's test_modules.py on the device). Kept two generations of
+    # KERNELS_KEPT kernels (and as many executables in the compile cache's memory), the count stays bounded,
+    # and the kernel in use all along is never dropped (compiled once: no recompile storm)
+    def run(limit):
+        env = dict(os.environ, NEURON_COMPILE_CACHE_DIR=str(tmp_path / f"cache{limit}"))
+        out = subprocess.run([sys.executable, "-c", _MAPPINGS_SCRIPT, str(limit)], capture_output=True, text=True,
+                             env=env, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    bounded, kept = run(20), run(100000)
+    assert bounded["ok"] and kept["ok"], (bounded, kept)
+    assert kept["dropped"] == 0 and bounded["dropped"] > 300, (bounded, kept)
+    assert bounded["compiles"] == kept["compiles"] >= 3 * 120 + 1, (bounded, kept)  # each signature once, the hot one too
+    assert kept["mappings"] > 4 * 360, (bounded, kept)  # the unbounded process holds every executable's mappings
+    assert bounded["mappings"] < kept["mappings"] / 3, (bounded, kept)

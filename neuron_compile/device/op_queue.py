@@ -287,6 +287,16 @@ def _run_records(records: list) -> None:
             _RUNS[key] = seen
 
 
+def forget_kernels(idents: set) -> None:
+    """Forget the run signatures that call a kernel of ``idents`` (``ops.keep`` dropped them): their sightings
+    and fused executables, which would otherwise hold the kernels' executables (runs being built stay)."""
+    with LOCK:
+        stale = [key for key, value in _RUNS.items()
+                 if value != _BUILDING and any(id(kernel) in idents for kernel, _ in key[0])]
+        for key in stale:
+            del _RUNS[key]
+
+
 def _double(records: list) -> bool:
     """A run that computes in float64 stays op by op: float64 is the dtype of numerical checks
     (``torch.autograd.gradcheck`` runs a backward twice and wants the same bits), and a fused run's

@@ -43,6 +43,7 @@ import torch
 from .. import profiling as _profiling
 from . import index_checks
 from . import lengths as _lengths
+from . import op_queue as _op_queue
 from . import storage as _storage
 from . import transfers
 from .transfers import _factory_on_host, _writes, _written_positions, resize_, retype, run_on_host
@@ -53,7 +54,16 @@ from .storage import new_tensor
 log = logging.getLogger("neuron_compile")
 aten = torch.ops.aten
 
-_KERNELS: dict = {}
+_KERNELS: dict = {}  # (op id, call signature) -> kernel: this generation's (see keep)
+_OLDER: dict = {}  # the generation before: kernels not used since it ended, dropped when this one fills
+# Kernels a generation holds. Every XLA executable holds its JIT-compiled code in about 4 memory mappings
+# of its own (measured: 600 kernels, 2,377 mappings), and Linux refuses a process more than
+# vm.max_map_count of them (65,530 by default): a process that kept every kernel it ever built (PyTorch's
+# test_modules.py, thousands of signatures) reached that limit, and XLA crashed in its next compile or
+# serialize. Two generations keep at most twice this many; a kernel in use comes back to the current
+# generation at its first call after it ended, so only kernels idle for a whole generation are dropped
+# (a later call loads it again from the artifact cache: no compile).
+KERNELS_KEPT = 4096
 _lengths.OPS = index_checks.OPS = transfers.OPS = sys.modules[__name__]
 _LOCK = threading.RLock()
 _WARNED: set[str] = set()
@@ -93,18 +103,50 @@ def dispatch(op, args, kwargs):
     if op in _HOST_OPS:
         return run_on_host(op, args, kwargs)
     with _LOCK:
-        kernel = _KERNELS.get(key)
+        kernel = known(key)
         if kernel is None and _lengths.active():  # a dim that keeps changing size: one kernel per bucket
             kernel = _lengths.kernel_for(op, args, kwargs, leaves)
         if kernel is None:
             kernel = _build(op, args, kwargs, leaves)
             if kernel is None:  # the op runs on the host (data-dependent shapes, or fallback="eager")
                 return run_on_host(op, args, kwargs)
-            _KERNELS[key] = kernel
+            keep(key, kernel)
             _OPS[ident] = op
     if _profiling.STATE._is_profiler_enabled:
         return _profiling.execute(lambda: _run(kernel, op, args, kwargs, leaves), op, leaves)
     return kernel(leaves) if kernel.__class__ is OpKernel else kernel(op, args, kwargs, leaves)
+
+
+def known(key):
+    """The kernel of ``key`` if one is held: this generation's, or the last one's, brought back into this one."""
+    kernel = _KERNELS.get(key)
+    if kernel is None:
+        with _LOCK:
+            kernel = _OLDER.pop(key, None)
+            if kernel is not None:
+                _KERNELS[key] = kernel
+    return kernel
+
+
+def keep(key, kernel) -> None:
+    """Hold ``kernel`` for ``key`` in this generation; a full generation becomes the older one, and the older
+    one's kernels (none used since it ended) are dropped, with the fused-run signatures that name them
+    (``KERNELS_KEPT``)."""
+    global _KERNELS, _OLDER
+    with _LOCK:
+        if len(_KERNELS) >= KERNELS_KEPT:
+            dropped, _OLDER, _KERNELS = _OLDER, _KERNELS, {}
+            if dropped:
+                COUNTS["kernels_dropped"] += len(dropped)
+                _op_queue.forget_kernels({id(k) for k in dropped.values()})
+        _KERNELS[key] = kernel
+
+
+def clear_kernels() -> None:
+    """Drop every kernel held (tests: each signature a miss again)."""
+    with _LOCK:
+        _KERNELS.clear()
+        _OLDER.clear()
 
 
 def _run(kernel, op, args, kwargs, leaves):

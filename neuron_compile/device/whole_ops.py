@@ -145,7 +145,7 @@ def _ready(op, args, kwargs, repeats: int | None = None) -> bool:
 
     leaves = leaves_of(args, kwargs)
     key = (id(op), tuple(leaves.parts))
-    if key in ops._KERNELS:
+    if ops.known(key) is not None:
         return True
     seen = _SIGHTINGS.get(key, 0)
     if seen is _RETRACE:
@@ -202,7 +202,7 @@ def _build(op, key, make, args) -> None:
         _SIGHTINGS[key] = _RETRACE
         return
     ops._OPS[key[0]] = op
-    ops._KERNELS[key] = kernel
+    ops.keep(key, kernel)
     _SIGHTINGS.pop(key, None)
     COUNTS["builds"] += 1
 
