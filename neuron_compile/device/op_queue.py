@@ -289,12 +289,12 @@ def _run_records(records: list) -> None:
 
 def forget_kernels(idents: set) -> None:
     """Forget the run signatures that call a kernel of ``idents`` (``ops.keep`` dropped them): their sightings
-    and fused executables, which would otherwise hold the kernels' executables (runs being built stay).
-    Without the queue's lock: ``ops.keep`` holds the kernels' lock, which a thread holding this one may wait
-    for (a deferred index check building a kernel); a run in use elsewhere lives on where it is used."""
-    for key, value in list(_RUNS.items()):  # a snapshot: the builder thread may add runs meanwhile
-        if value != _BUILDING and any(id(kernel) in idents for kernel, _ in key[0]):
-            _RUNS.pop(key, None)
+    and fused executables, which would otherwise hold the kernels' executables (runs being built stay)."""
+    with LOCK:
+        stale = [key for key, value in _RUNS.items()
+                 if value != _BUILDING and any(id(kernel) in idents for kernel, _ in key[0])]
+        for key in stale:
+            del _RUNS[key]
 
 
 def _double(records: list) -> bool:
