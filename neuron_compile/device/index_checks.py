@@ -35,17 +35,32 @@ OPS = None  # ``ops`` (which imports this module) sets itself here: its user_lin
 
 # --- the check ---------------------------------------------------------------------------------
 
-def _host_values(index: torch.Tensor, counts: dict) -> torch.Tensor:
+def _extremes(index: torch.Tensor, bound, counts: dict) -> tuple[int, int]:
+    """The index's smallest and largest values (an exempt value counted as ``bound.low``). A neuron index's
+    values are resident (a queued op computing them defers the check to the queue's run: ``check``): read in
+    place (``storage.resident_extremes``: no op on the device, no copy of a corpus a batch is sliced from),
+    else copied to the host beside the queue, which keeps gathering its run."""
     if index.device.type != "neuron":
-        return index
+        return _aminmax(index, bound)
     counts["index_checks"] += 1
-    # its values are resident (a queued op computing them defers the check to the queue's run: ``check``),
-    # so the copy to read them runs now, beside the queue, which keeps gathering its run
+    if _profiler_hooks.STATE._is_profiler_enabled:  # torch.profiler records: a neuron::index_check event
+        with _profiler_hooks.event("neuron::index_check", (index,)):
+            return _read_extremes(index, bound)
+    return _read_extremes(index, bound)
+
+
+def _read_extremes(index: torch.Tensor, bound) -> tuple[int, int]:
+    found = _storage.resident_extremes(index, bound.exempt, bound.low)
+    if found is not None:
+        return found
     with _queue.unqueued():
-        if _profiler_hooks.STATE._is_profiler_enabled:  # torch.profiler records: a neuron::index_check event
-            with _profiler_hooks.event("neuron::index_check", (index,)):
-                return transfers.to_host(transfers.alone(index), counter=None).detach()
-        return transfers.to_host(transfers.alone(index), counter=None).detach()
+        return _aminmax(transfers.to_host(transfers.alone(index), counter=None).detach(), bound)
+
+
+def _aminmax(values: torch.Tensor, bound) -> tuple[int, int]:
+    if bound.exempt is not None:
+        values = torch.where(values == bound.exempt, bound.low, values)
+    return tuple(int(v) for v in torch.aminmax(values))
 
 
 def check(op, args, kwargs, counts: dict) -> None:
@@ -68,26 +83,6 @@ def check(op, args, kwargs, counts: dict) -> None:
 
 
 def _check_values(op, index, bound, counts: dict, where) -> None:
-    extremes = _resident_extremes(index, bound, counts) if index.device.type == "neuron" else None
-    if extremes is None:
-        values = _host_values(index, counts)
-        if bound.exempt is not None:
-            values = torch.where(values == bound.exempt, bound.low, values)
-        extremes = (int(v) for v in torch.aminmax(values))
-    value = bound.first_out(*extremes)
+    value = bound.first_out(*_extremes(index, bound, counts))
     if value is not None:
         raise bound.error(value, op, f"on the neuron device, called at {where()}")
-
-
-def _resident_extremes(index: torch.Tensor, bound, counts: dict):
-    """The index's smallest and largest values read where its buffer lies (``storage.resident_extremes``): no
-    clone on the device, no copy of the storage (an LSTM batch's ids sliced from a resident corpus took a
-    clone op and a copy, ~0.3 ms a check); None where that does not apply (the general way then reads)."""
-    if _profiler_hooks.STATE._is_profiler_enabled:
-        with _profiler_hooks.event("neuron::index_check", (index,)):
-            extremes = _storage.resident_extremes(index, bound.exempt, bound.low)
-    else:
-        extremes = _storage.resident_extremes(index, bound.exempt, bound.low)
-    if extremes is not None:
-        counts["index_checks"] += 1
-    return extremes

@@ -289,12 +289,13 @@ def _run_records(records: list) -> None:
 
 def forget_kernels(idents: set) -> None:
     """Forget the run signatures that call a kernel of ``idents`` (``ops.keep`` dropped them): their sightings
-    and fused executables, which would otherwise hold the kernels' executables (runs being built stay)."""
-    with LOCK:
-        stale = [key for key, value in _RUNS.items()
-                 if value != _BUILDING and any(id(kernel) in idents for kernel, _ in key[0])]
-        for key in stale:
-            del _RUNS[key]
+    and fused executables, which would otherwise hold the kernels' executables (runs being built stay).
+    Without the queue's lock: ``ops.keep`` calls this holding the kernels' lock, which a thread holding the
+    queue's lock may be waiting for (a deferred index check building a kernel). A run in use elsewhere lives
+    on where it is used; the builder thread writes ``_RUNS`` without the lock too."""
+    for key, value in list(_RUNS.items()):  # a snapshot, taken under the GIL in one call
+        if value != _BUILDING and any(id(kernel) in idents for kernel, _ in key[0]):
+            _RUNS.pop(key, None)
 
 
 def _double(records: list) -> bool:

@@ -309,15 +309,25 @@ def host_to_buffer(tensor: torch.Tensor, index: int = 0):
 def _host_to_buffer(tensor: torch.Tensor, index: int = 0):
     """Copy a CPU tensor into a new PJRT buffer of its shape on PJRT device ``index`` (``neuron:index``'s;
     PJRT's transfer API: a real copy)."""
-    device, sharding, shaped, _jax, x64 = _put_parts(index)
     tensor = tensor.detach().resolve_conj().resolve_neg().contiguous()
     if tensor.dtype == torch.bfloat16:
         array = tensor.view(torch.int16).numpy().view(_numpy_dtype(torch.bfloat16))
     else:
         array = tensor.numpy()
-    with x64(True):
-        return _jax.batched_device_put(shaped(array.shape, array.dtype), sharding, [array], [device], True, True,
-                                       _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL)
+    return _put(array, index)
+
+
+def _put(array, index: int = 0, aval=None, wide: bool = True):
+    """A numpy array into a new PJRT buffer on device ``index`` (PJRT's transfer API: a copy); ``aval`` its
+    ShapedArray where the caller keeps one, ``wide`` whether jax's x64 must be on (64-bit elements)."""
+    device, sharding, shaped, _jax, x64 = _put_parts(index)
+    if aval is None:
+        aval = shaped(array.shape, array.dtype)
+    semantics = _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL
+    if wide:
+        with x64(True):
+            return _jax.batched_device_put(aval, sharding, [array], [device], True, True, semantics)
+    return _jax.batched_device_put(aval, sharding, [array], [device], True, True, semantics)
 
 
 # Python numbers a 0-d buffer takes straight from numpy, as ``torch.tensor(value, dtype=dtype)`` converts them (one
@@ -333,27 +343,24 @@ def scalar_buffer(value, dtype: torch.dtype, index: int = 0):
     """A 0-d buffer holding the Python number ``value`` as ``dtype`` on PJRT device ``index``: what
     ``host_to_buffer(torch.tensor(value, dtype=dtype))`` makes, without the tensor on the way (a runtime
     float, a view's offset: measured 13.4 us that way, 4.5 us this one)."""
-    number = _NUMBERS.get(dtype)
-    if (number is None or value.__class__ not in number[1] or _profiler_hooks.STATE._is_profiler_enabled
-            or (dtype is torch.float32 and not -3.4028234663852886e38 <= value <= 3.4028234663852886e38)):
-        # (numpy warns where a float overflows float32; torch makes an infinity: theirs, and NaN's, through torch)
-        return host_to_buffer(torch.tensor(value, dtype=dtype), index)
     import numpy as np
 
-    try:
-        array = np.asarray(value, number[0])
-    except OverflowError:  # an int past int64's range: torch's own error
+    number = _NUMBERS.get(dtype)
+    array = None
+    # (numpy warns where a float overflows float32, where torch makes an infinity; NaN, an int past int64's
+    # range and the other dtypes go through torch too, for its values and errors)
+    if (number is not None and value.__class__ in number[1] and not _profiler_hooks.STATE._is_profiler_enabled
+            and (dtype is not torch.float32 or -3.4028234663852886e38 <= value <= 3.4028234663852886e38)):
+        try:
+            array = np.asarray(value, number[0])
+        except OverflowError:
+            pass
+    if array is None:
         return host_to_buffer(torch.tensor(value, dtype=dtype), index)
-    device, sharding, shaped, _jax, x64 = _put_parts(index)
     aval = _SHAPED.get(number[0])
     if aval is None:
-        aval = _SHAPED[number[0]] = shaped((), array.dtype)
-    put = _jax.batched_device_put
-    semantics = _jax.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL
-    if number[2]:
-        with x64(True):
-            return put(aval, sharding, [array], [device], True, True, semantics)
-    return put(aval, sharding, [array], [device], True, True, semantics)
+        aval = _SHAPED[number[0]] = _put_parts(index)[2]((), array.dtype)
+    return _put(array, index, aval, number[2])
 
 
 def buffer_to_host(buffer, dtype: torch.dtype) -> torch.Tensor:
@@ -386,17 +393,16 @@ def resident_extremes(tensor: torch.Tensor, exempt: int | None = None, low: int 
         buffer = buffer.value
         if buffer is None or not hasattr(buffer, "_single_device_array_to_np_array_did_copy"):
             return None
-    with _put_parts()[4](True):
-        array, _ = buffer._single_device_array_to_np_array_did_copy()
-        if array.shape == tensor.shape and tensor.is_contiguous() and not tensor.storage_offset():
-            view = array  # the tensor is its storage's buffer (ids, labels)
-        else:
-            flat = np.ascontiguousarray(array).reshape(-1)  # (the buffer's own array is C-ordered: a view)
-            view = np.ndarray(tuple(tensor.shape), flat.dtype, flat, tensor.storage_offset() * flat.itemsize,
-                              tuple(st * flat.itemsize for st in tensor.stride()))
-        if exempt is not None:
-            view = np.where(view == exempt, low, view)
-        return int(view.min()), int(view.max())  # read while the buffer is held (the array may alias it)
+    array = _host_array(buffer)[0]
+    if array.shape == tensor.shape and tensor.is_contiguous() and not tensor.storage_offset():
+        view = array  # the tensor is its storage's buffer (ids, labels)
+    else:
+        flat = np.ascontiguousarray(array).reshape(-1)  # (the buffer's own array is C-ordered: a view)
+        view = np.ndarray(tuple(tensor.shape), flat.dtype, flat, tensor.storage_offset() * flat.itemsize,
+                          tuple(st * flat.itemsize for st in tensor.stride()))
+    if exempt is not None:
+        view = np.where(view == exempt, low, view)
+    return int(view.min()), int(view.max())  # read while the buffer is held (the array may alias it)
 
 
 def buffer_number(buffer, dtype: torch.dtype):
@@ -414,16 +420,20 @@ def buffer_number(buffer, dtype: torch.dtype):
 
 
 def _number(buffer):
+    return _host_array(buffer)[0].reshape(-1)[0].item()  # read while the buffer is held (the array may alias it)
+
+
+def _host_array(buffer):
+    """``buffer``'s elements as a numpy array, and whether PJRT copied them: where it did not, the array is the
+    buffer's own memory, to be read only while the buffer is held and never written."""
     with _put_parts()[4](True):
-        array, _ = buffer._single_device_array_to_np_array_did_copy()
-        return array.reshape(-1)[0].item()  # read while the buffer is held (the array may alias it)
+        return buffer._single_device_array_to_np_array_did_copy()
 
 
 def _buffer_to_host(buffer, dtype: torch.dtype) -> torch.Tensor:
     import numpy as np
 
-    with _put_parts()[4](True):
-        array, did_copy = buffer._single_device_array_to_np_array_did_copy()
+    array, did_copy = _host_array(buffer)
     if not did_copy or not array.flags.writeable:
         array = np.array(array)
     if dtype == torch.bfloat16:
