@@ -231,6 +231,8 @@ def run(workload: str, device: str, warmup: int, steps: int, limit: int | None =
     for _ in range(steps):
         start = time.perf_counter()
         out["losses"].append(step())
+        if queue is not None:  # the device's last runs may still be running (PJRT runs them asynchronously)
+            torch.neuron.synchronize()
         times.append(time.perf_counter() - start)
         if cpu_step is not None:
             start = time.perf_counter()

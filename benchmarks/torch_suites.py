@@ -379,7 +379,8 @@ def main(argv=None) -> int:
                 print(f"{file} on {device}", flush=True)
                 run_suite(Path(folder).resolve(), file, device, args.raw, args.keyword, args.timeout,
                           args.budget, samples.get(file, 1))
-    summary = compare(args.raw, files)
+    # the table shows every file with records in --raw, not only those this run ran (--files picks what runs)
+    summary = compare(args.raw, list(dict.fromkeys([*FILES, *files])))
     write_table(summary, args.out, command, samples)
     print(args.out.with_suffix(".md").read_text())
     return 0
