@@ -83,6 +83,7 @@ def _sampled(nodeid: str) -> bool:
 def _device_filter():
     if not _DEVICE:
         return lambda item: True
+    import torch
     from torch.testing._internal.common_device_type import CPUTestBase, PrivateUse1TestBase
 
     base = CPUTestBase if _DEVICE == "cpu" else PrivateUse1TestBase
@@ -92,10 +93,14 @@ def _device_filter():
         if not (isinstance(cls, type) and issubclass(cls, base)):
             return False
         # a class made for CPU only (instantiate_device_type_tests(..., only_for="cpu")) has no neuron twin:
-        # not device-generic, left out on both sides
+        # not device-generic, left out on both sides. The twin is named after the backend as PyTorch's
+        # PrivateUse1 base had it when the class was made: PRIVATEUSE1 for a file's first
+        # instantiate_device_type_tests, the backend's own name (NEURON) for those after it
         if _DEVICE != "cpu" or not cls.__name__.endswith("CPU"):
             return True
-        return hasattr(item.module, cls.__name__[: -len("CPU")] + "PRIVATEUSE1")
+        generic = cls.__name__[: -len("CPU")]
+        return any(hasattr(item.module, generic + suffix)
+                   for suffix in ("PRIVATEUSE1", torch._C._get_privateuse1_backend_name().upper()))
 
     return keep
 

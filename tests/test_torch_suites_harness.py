@@ -65,7 +65,13 @@ SUITE = textwrap.dedent('''
             pass
 
 
+    class TestSecond(TestCase):  # a file's second device-generic class: its twin is TestSecondNEURON
+        def test_second(self, device):
+            pass
+
+
     instantiate_device_type_tests(TestFake, globals())
+    instantiate_device_type_tests(TestSecond, globals())
     instantiate_device_type_tests(TestCpuOnlyClass, globals(), only_for="cpu")
 ''')
 
@@ -80,14 +86,15 @@ def test_crashes_and_hangs_are_counted_apart_and_lose_no_other_test(tmp_path):
     summary = json.loads(out.with_suffix(".json").read_text())["files"]["test_fake.py"]
     # the plain TestCase and the CPU-only class are in neither side; every device-generic test has a record on both
     # PyTorch's own onlyCPU skip is left out of the score
-    assert summary["cpu_collected"] == 7 and summary["cpu_passed"] == 6
-    assert summary["neuron_collected"] == 7 and summary["skipped_by_pytorch_rules"] == 1
-    assert summary["outcomes"] == {"passed": 2, "failed": 1, "crash": 1, "hang": 1, "skipped": 1, "pytorch skip": 1}
+    # (TestSecondCPU counted too: its twin is named TestSecondNEURON, not ...PRIVATEUSE1)
+    assert summary["cpu_collected"] == 8 and summary["cpu_passed"] == 7
+    assert summary["neuron_collected"] == 8 and summary["skipped_by_pytorch_rules"] == 1
+    assert summary["outcomes"] == {"passed": 3, "failed": 1, "crash": 1, "hang": 1, "skipped": 1, "pytorch skip": 1}
     assert summary["crashes"] == 1 and summary["hangs"] == 1
     assert sorted(t.split("::")[-1] for t in summary["crashed_or_hung"]) == [
         "test_crashes_on_neuron_neuron", "test_hangs_on_neuron_neuron"]
     table = out.with_suffix(".md").read_text()
-    assert "| test_fake.py | 7 | 6 | 6 | 2 | 33.3% | 33.3% | 1 | 1 | 1 | 1 | 1 |" in table, table
+    assert "| test_fake.py | 8 | 7 | 7 | 3 | 42.9% | 42.9% | 1 | 1 | 1 | 1 | 1 |" in table, table
 
 
 def test_cpu_and_neuron_twins_are_matched_by_name():
