@@ -37,11 +37,11 @@ class MemoryCache:
 
     At most ``limit`` are kept: past it the older half is let go (an executable still in use stays alive
     where it is used; one asked for again is loaded from the disk level). Each XLA CPU executable holds
-    about 4 memory mappings of its own, and a process may not hold more than vm.max_map_count of them
+    3 to 10 memory mappings of its own, and a process may not hold more than vm.max_map_count of them
     (65,530 by default): a process that kept every executable it ever loaded reached that limit and
     crashed inside XLA."""
 
-    def __init__(self, limit: int = 4096):
+    def __init__(self, limit: int = 1024):
         self._lock = threading.Lock()
         self._done: dict[str, object] = {}
         self._inflight: dict[str, concurrent.futures.Future] = {}

@@ -94,6 +94,39 @@ def test_a_held_intermediate_is_kept_and_a_dropped_one_is_not():
     assert (run_.ops, run_.count) == (4, 2)  # a + 1, * 3, - 2, exp: two results held
 
 
+def test_fused_runs_held_are_bounded_and_the_newest_stay_fused(monkeypatch):
+    # each fused executable holds memory mappings of its own (op_queue.FUSED_KEPT): past the bound the older
+    # half is let go, and a run met again is sighted and built anew (from the artifact cache) with its values
+    from neuron_compile.device import fusion
+
+    monkeypatch.setattr(op_queue, "FUSED_KEPT", 4)
+    op_queue.reset()
+    dropped = op_queue.COUNTS["fused_dropped"]
+    xs = [torch.randn(n + 5) for n in range(12)]
+
+    def run(a):
+        return ((a + 1) * 3 - 2).exp()
+
+    for x in xs:  # 12 lengths: 12 run signatures, each sighted twice (built), then run fused
+        a = x.to("neuron")
+        for _ in range(3):
+            run(a).cpu()
+        op_queue.wait_for_builds()
+        fused = op_queue.COUNTS["fused_runs"]
+        torch.testing.assert_close(run(a).cpu(), run(x))
+        assert op_queue.COUNTS["fused_runs"] == fused + 1, "the newest run is held and used"
+    built = [v for v in op_queue._RUNS.values() if v.__class__ is fusion.FusedRun]
+    assert 0 < len(built) <= 4, len(built)
+    assert op_queue.COUNTS["fused_dropped"] - dropped >= 8
+    a = xs[0].to("neuron")  # the first length's run was let go: sighted again, built again, right again
+    for _ in range(3):
+        torch.testing.assert_close(run(a).cpu(), run(xs[0]))
+    op_queue.wait_for_builds()
+    fused = op_queue.COUNTS["fused_runs"]
+    torch.testing.assert_close(run(a).cpu(), run(xs[0]))
+    assert op_queue.COUNTS["fused_runs"] == fused + 1
+
+
 def test_in_place_ops_and_views_keep_their_semantics_in_a_fused_run():
     x = torch.randn(6, 8)
 

@@ -67,13 +67,18 @@ log = logging.getLogger("neuron_compile")
 LIMIT = 1024  # ops a run holds at most: past it the queue runs (see the module docstring)
 REPEATS = 2  # a run is fused from its REPEATS-th sighting on (built then, used from the next)
 _SIGNATURES = 4096  # run signatures remembered at most (sightings of runs that never repeat are forgotten)
+# fused executables held at most: past it the older half is let go (a run met again is sighted and built
+# anew, its executable then loaded from the artifact cache). Each XLA CPU executable holds 3-10 memory
+# mappings, and a process may hold no more than vm.max_map_count (65,530): PyTorch's test_modules.py
+# reached it holding ~5,000 kernels and fused runs, and crashed inside XLA (ops.KERNELS_KEPT)
+FUSED_KEPT = 512
 
 LOCK = threading.RLock()
 _RECORDS: list = []  # (kernel, params, pendings, issuer) in stream order
 _CHECKS: list = []  # checks to run after the queue's next run (defer_check)
 _RUNS: dict = {}  # run signature -> sightings (int), _BUILDING, _FAILED or a fusion.FusedRun
 _BUILDING, _FAILED = "building", "failed"
-COUNTS = {"queued_ops": 0, "runs": 0, "fused_runs": 0, "fused_builds": 0, "fused_failures": 0,
+COUNTS = {"queued_ops": 0, "runs": 0, "fused_runs": 0, "fused_builds": 0, "fused_failures": 0, "fused_dropped": 0,
           "executables": 0, "op_by_op_runs": 0}
 
 
@@ -467,6 +472,11 @@ def _build_run(key, live, issuers) -> None:
         return
     COUNTS["fused_builds"] += 1
     _RUNS[key] = run
+    built = [k for k, v in list(_RUNS.items()) if v.__class__ is run.__class__]  # oldest first
+    if len(built) > FUSED_KEPT:  # (this thread alone puts runs in; a run in use lives on where it is used)
+        for k in built[:len(built) // 2]:
+            _RUNS.pop(k, None)
+        COUNTS["fused_dropped"] += len(built) // 2
 
 
 @atexit.register

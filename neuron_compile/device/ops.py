@@ -56,14 +56,16 @@ aten = torch.ops.aten
 
 _KERNELS: dict = {}  # (op id, call signature) -> kernel: this generation's (see keep)
 _OLDER: dict = {}  # the generation before: kernels not used since it ended, dropped when this one fills
-# Kernels a generation holds. Every XLA executable holds its JIT-compiled code in about 4 memory mappings
-# of its own (measured: 600 kernels, 2,377 mappings), and Linux refuses a process more than
-# vm.max_map_count of them (65,530 by default): a process that kept every kernel it ever built (PyTorch's
-# test_modules.py, thousands of signatures) reached that limit, and XLA crashed in its next compile or
-# serialize. Two generations keep at most twice this many; a kernel in use comes back to the current
-# generation at its first call after it ended, so only kernels idle for a whole generation are dropped
-# (a later call loads it again from the artifact cache: no compile).
-KERNELS_KEPT = 4096
+# Kernels a generation holds. Every XLA executable holds its JIT-compiled code in 3 to 10 memory mappings
+# of its own (measured: 3 for a one-fusion add, 6.7 on average over PyTorch's test_modules.py), and Linux
+# refuses a process more than vm.max_map_count of them (65,530 by default): a process that kept every
+# kernel it ever built reached that limit, and XLA crashed in its next compile or serialize; so did one
+# holding two generations of 4,096 (64,552 mappings at the crash, about 4,900 executables). Two
+# generations keep at most twice this many; a kernel in use comes back to the current generation at its
+# first call after it ended, so only kernels idle for a whole generation are dropped (a later call loads
+# it again from the artifact cache: no compile). With the compile cache's memory level and the fused runs
+# held (op_queue.FUSED_KEPT), a process stays under about 25,000 mappings.
+KERNELS_KEPT = 1024
 _lengths.OPS = index_checks.OPS = transfers.OPS = sys.modules[__name__]
 _LOCK = threading.RLock()
 _WARNED: set[str] = set()
