@@ -231,7 +231,7 @@ def run(workload: str, device: str, warmup: int, steps: int, limit: int | None =
     for _ in range(steps):
         start = time.perf_counter()
         out["losses"].append(step())
-        if queue is not None:  # the device's last runs may still be running (PJRT runs them asynchronously)
+        if queue is not None:  # ops of the step still queued run inside its time, not in the CPU step's beside it
             torch.neuron.synchronize()
         times.append(time.perf_counter() - start)
         if cpu_step is not None:
