@@ -52,6 +52,53 @@ _client_lock = threading.Lock()
 _CLIENT = None
 
 
+# --- memory mappings: the kernel's limit on them bounds the executables a process can hold ---------------
+
+# Each XLA CPU executable holds 3 to 10 memory mappings of its own (its JIT code and data), and Linux refuses
+# a process more than vm.max_map_count of them (65,530 by default). Past that the next mmap inside XLA fails
+# and XLA's error path crashes the process (SIGSEGV, no message): PyTorch's test_modules.py did so at 64,552.
+# Whoever holds executables for reuse bounds them by count; ``mapping_pressure`` is the measured check
+# behind those bounds, for what holds more than they foresee.
+MAPPINGS_HIGH = 0.75  # the share of the limit past which ``mapping_pressure`` reports
+MAPPINGS_EVERY = 256  # executables made between two counts of the process's mappings
+_MADE = 0  # executables made in this process (compiled, loaded, or loaded again on another device)
+_counted_at = 0
+
+
+def _made_one() -> None:
+    global _MADE
+    _MADE += 1
+
+
+def mappings() -> tuple[int, int] | None:
+    """(memory mappings this process holds, the kernel's limit on them), or None where Linux's /proc does not
+    say (another OS)."""
+    try:
+        with open("/proc/sys/vm/max_map_count", "rb") as f:
+            limit = int(f.read())
+        count = 0
+        with open("/proc/self/maps", "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                count += chunk.count(b"\n")
+    except (OSError, ValueError):
+        return None
+    return count, limit
+
+
+def mapping_pressure(force: bool = False) -> tuple[int, int] | None:
+    """(mappings, limit) when this process holds more than ``MAPPINGS_HIGH`` of the kernel's limit on memory
+    mappings, else None. Counted once per ``MAPPINGS_EVERY`` executables made (a count reads /proc/self/maps:
+    milliseconds at tens of thousands of mappings); ``force``: count now."""
+    global _counted_at
+    if not force and _MADE - _counted_at < MAPPINGS_EVERY:
+        return None
+    _counted_at = _MADE
+    counted = mappings()
+    if counted is None or counted[0] <= MAPPINGS_HIGH * counted[1]:
+        return None
+    return counted
+
+
 def _client():
     """The process's one PJRT CPU client. Made under a lock: two threads compiling their first
     graphs at once must not make two clients, whose buffers and executables do not mix."""
@@ -320,6 +367,9 @@ class XlaExecutable:
     # decoded on first use): what fused runs of eager ops (neuron_compile.device.fusion) are built from
     source: object = field(default=None, repr=False)
 
+    def __post_init__(self):
+        _made_one()
+
     def stablehlo(self) -> str | None:
         """The StableHLO text this executable was compiled from, when it is known."""
         if callable(self.source):
@@ -343,6 +393,7 @@ class XlaExecutable:
             data = self._serialized if self._serialized is not None else client.serialize_executable(self.loaded)
             loaded = self._on_devices[index] = client.deserialize_executable(data, _device_list(index),
                                                                             _options_on(index))
+            _made_one()
         return loaded
 
     @classmethod

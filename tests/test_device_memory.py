@@ -145,3 +145,76 @@ def test_a_process_building_ever_new_kernels_keeps_its_memory_mappings_bounded(t
     assert bounded["compiles"] == kept["compiles"] >= 3 * 120 + 1, (bounded, kept)  # each signature once, the hot one too
     assert kept["mappings"] > 4 * 360, (bounded, kept)  # the unbounded process holds every executable's mappings
     assert bounded["mappings"] < kept["mappings"] / 3, (bounded, kept)
+
+
+_PRESSURE_SCRIPT = r"""
+import json, warnings, torch
+from neuron_compile import compiler
+from neuron_compile.device import ops
+from neuron_compile.runtime import executor
+
+ops.KERNELS_KEPT = compiler.MEMORY.limit = 100000  # no bound by count: the mappings' own check alone
+
+def count():
+    with open("/proc/self/maps") as f:
+        return sum(1 for _ in f)
+
+hot_cpu = torch.arange(7.0)
+hot = hot_cpu.to("neuron")
+torch.neuron.synchronize()
+before, compiles = count(), ops.COUNTS["op_compiles"]
+# as if vm.max_map_count were low: its MAPPINGS_HIGH share reached 150 mappings above today's count
+real = executor.mappings
+limit = int((before + 150) / executor.MAPPINGS_HIGH)
+executor.mappings = lambda: (real()[0], limit)
+executor.MAPPINGS_EVERY = 8
+ok, peak = True, 0
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for n in range(1, 41):  # 40 lengths: new kernels each (arange, mul, add, sum), and one kernel used all along
+        a = torch.arange(float(n + 8), device="neuron")
+        ok &= (a * 2 + 1).sum().item() == float(sum(2 * i + 1 for i in range(n + 8)))
+        ok &= torch.equal((hot * 3).cpu(), hot_cpu * 3)
+        peak = max(peak, count() - before)
+print(json.dumps({"peak": peak, "growth": count() - before, "compiles": ops.COUNTS["op_compiles"] - compiles,
+                  "releases": ops.COUNTS["mapping_releases"], "warnings": [str(w.message) for w in caught],
+                  "ok": bool(ok)}))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="counts memory mappings in /proc (Linux)")
+def test_near_the_kernels_mapping_limit_the_device_lets_go_of_its_executables_and_says_so(tmp_path):
+    # the kernels' bound is by count (KERNELS_KEPT); what a process holds beyond it (compiled graphs, a test
+    # file's thousands of signatures) is caught by counting the mappings themselves: past MAPPINGS_HIGH of
+    # vm.max_map_count the device drops what it holds for reuse, warns once, and computes on, right
+    env = dict(os.environ, NEURON_COMPILE_CACHE_DIR=str(tmp_path / "cache"))
+    out = subprocess.run([sys.executable, "-c", _PRESSURE_SCRIPT], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["ok"], got
+    assert got["releases"] >= 1, got
+    # 40 lengths hold some 3 x 40 executables, 500 mappings and more kept; let go near 150, counted every 8
+    # executables made (at most 10 mappings each): the peak stays near the allowance
+    assert got["peak"] < 150 + 8 * 10 + 100, got
+    assert len(got["warnings"]) == 1 and "vm.max_map_count" in got["warnings"][0], got  # said once
+    # each signature traced once (4 kernels a length, and the hot one): after a release the hot kernel comes
+    # back from the op index and the artifact cache, not traced again
+    assert got["compiles"] == 4 * 40 + 1, got
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="counts memory mappings in /proc (Linux)")
+def test_mapping_pressure_counts_once_per_batch_of_executables_made(monkeypatch):
+    from neuron_compile.runtime import executor
+
+    count, limit = executor.mappings()
+    with open("/proc/sys/vm/max_map_count") as f:
+        assert limit == int(f.read())
+    assert 0 < count < limit
+    monkeypatch.setattr(executor, "MAPPINGS_HIGH", 0.0)  # any count is past the share: reported when counted
+    assert executor.mapping_pressure(force=True)[1] == limit
+    assert executor.mapping_pressure() is None  # counted just now: not again until MAPPINGS_EVERY more are made
+    monkeypatch.setattr(executor, "_MADE", executor._MADE + executor.MAPPINGS_EVERY)
+    assert executor.mapping_pressure() is not None
+    monkeypatch.setattr(executor, "MAPPINGS_HIGH", 1.0)
+    assert executor.mapping_pressure(force=True) is None

@@ -303,6 +303,19 @@ def forget_kernels(idents: set) -> None:
             _RUNS.pop(key, None)
 
 
+def drop_runs() -> int:
+    """Forget every run signature and fused executable but the runs being built (``ops._relieve``: the
+    process nears its limit on memory mappings); how many fused executables were let go. A run met again is
+    sighted and built anew, its executable loaded from the artifact cache."""
+    dropped = 0
+    for key, value in list(_RUNS.items()):  # a snapshot (the builder thread writes _RUNS too)
+        if value != _BUILDING:
+            dropped += value.__class__ is not int and value != _FAILED
+            _RUNS.pop(key, None)
+    COUNTS["fused_dropped"] += dropped
+    return dropped
+
+
 def _double(records: list) -> bool:
     """A run that computes in float64 stays op by op: float64 is the dtype of numerical checks
     (``torch.autograd.gradcheck`` runs a backward twice and wants the same bits), and a fused run's

@@ -29,7 +29,7 @@ _create_empty_tensor = torch._C._acc.create_empty_tensor  # a neuron:0 tensor wi
 # index_hits: kernels found in the persistent op index (no tracing); op_cache_hits: calls served from memory
 # index_checks: index tensors read on the host to check their bounds (bounds.py)
 COUNTS = {"op_compiles": 0, "index_hits": 0, "op_cache_hits": 0, "host_ops": 0, "host_copies": 0,
-          "index_checks": 0, "kernels_dropped": 0}
+          "index_checks": 0, "kernels_dropped": 0, "mapping_releases": 0}
 
 
 class MixedDeviceError(RuntimeError):

@@ -142,6 +142,44 @@ def keep(key, kernel) -> None:
                 COUNTS["kernels_dropped"] += len(dropped)
                 _op_queue.forget_kernels({id(k) for k in dropped.values()})
         _KERNELS[key] = kernel
+    from ..runtime.executor import mapping_pressure
+
+    pressure = mapping_pressure()  # a count once per 256 executables made, by anyone
+    if pressure is not None:
+        _relieve(pressure)
+
+
+def _relieve(pressure: tuple) -> None:
+    """The process holds more of the kernel's limit on memory mappings than its bounds foresaw
+    (``runtime.executor.mapping_pressure``: compiled graphs, other devices' kernels, a workload's thousands of
+    signatures): let go of every executable the device holds for reuse, its kernels, fused runs and the
+    compile cache's memory level. One in use lives on where it is used; one needed again loads from the
+    artifact cache (no compile). Said once as a warning, then in the log."""
+    import gc
+
+    from ..compiler import MEMORY
+    from ..runtime.executor import mappings
+
+    used, limit = pressure
+    with _LOCK:
+        kernels = len(_KERNELS) + len(_OLDER)
+        _KERNELS.clear()
+        _OLDER.clear()
+    runs = _op_queue.drop_runs()
+    MEMORY.clear()
+    gc.collect()
+    after = (mappings() or (used, limit))[0]
+    COUNTS["kernels_dropped"] += kernels
+    COUNTS["mapping_releases"] += 1
+    message = (f"neuron: this process holds {used:,} memory mappings, {used / limit:.0%} of the kernel's limit "
+               f"(vm.max_map_count = {limit:,}; each XLA executable holds several, and past the limit XLA crashes "
+               f"the process). The device let go of the {kernels:,} kernels and {runs:,} fused runs it held for "
+               f"reuse (one needed again loads from the artifact cache): {after:,} mappings now. To hold more, "
+               "raise the limit (sysctl -w vm.max_map_count=262144).")
+    if COUNTS["mapping_releases"] == 1:
+        warnings.warn(message, stacklevel=3)
+    else:
+        log.info(message)
 
 
 def clear_kernels() -> None:
