@@ -217,10 +217,12 @@ def run(workload: str, device: str, warmup: int, steps: int, limit: int | None =
         elif count + 1 >= warmup:
             break
     out["warmup_steps"] = count + 1
+    inside = [0.0]
     if queue is not None:
         torch.neuron.reset_peak_memory_stats()
         before = (ops.COUNTS["op_compiles"], ops.COUNTS["op_cache_hits"], queue.COUNTS["executables"],
-                  queue.COUNTS["queued_ops"])
+                  queue.COUNTS["queued_ops"], queue.COUNTS["runs"])
+        _time_executions(inside)
     # on the device, CPU eager's step is timed in the same process, each CPU step right after a device
     # step: on a shared host the ratio then compares steps run under the same load
     cpu_step = MAKERS[workload]("cpu") if device == "neuron" else None
@@ -243,7 +245,13 @@ def run(workload: str, device: str, warmup: int, steps: int, limit: int | None =
     if cpu_times:
         out["cpu_median_s"] = statistics.median(cpu_times)
     if queue is not None:
-        compiles, hits, ran, queued = before
+        _time_executions(None)
+        compiles, hits, ran, queued, runs = before
+        # where a step's time goes: inside the executables the queue ran (XLA's time, fused runs and queued ops
+        # run op by op), the rest on the host (the model's Python, torch's dispatch, ours)
+        out["in_queue_executables_s"] = inside[0] / steps
+        out["queued_ops_per_step"] = (queue.COUNTS["queued_ops"] - queued) / steps
+        out["queue_runs_per_step"] = (queue.COUNTS["runs"] - runs) / steps
         out["op_compiles_steady"] = ops.COUNTS["op_compiles"] - compiles
         # executables a step: those the queue ran (a fused run is one), plus the ops run when issued (every
         # kernel call that was not queued: all of them with fusion off)
@@ -252,6 +260,30 @@ def run(workload: str, device: str, warmup: int, steps: int, limit: int | None =
         out["queue"] = dict(queue.COUNTS)
         out["peak_bytes"] = torch.neuron.max_memory_allocated()
     return out
+
+
+def _time_executions(total: list | None) -> None:
+    """Add the seconds spent inside the queue's executables (fused runs, ops run op by op) to ``total[0]``
+    from now on; None: stop. (Ops run when issued, unqueued, are not counted: with fusion on, the
+    optimizer's donated step.)"""
+    from neuron_compile.device import fusion, opkernel
+
+    for cls in (fusion.FusedRun, opkernel.OpKernel):
+        original = cls.__dict__["execute"]
+        original = getattr(original, "_untimed", original)
+        if total is None:
+            cls.execute = original
+            continue
+
+        def timed(self, params, _original=original):
+            start = time.perf_counter()
+            try:
+                return _original(self, params)
+            finally:
+                total[0] += time.perf_counter() - start
+
+        timed._untimed = original
+        cls.execute = timed
 
 
 def _worker(args) -> int:
@@ -345,6 +377,22 @@ def main(argv=None) -> int:
         raw[workload] = cells = measure(workload, args.warmup, args.steps)
         rows.append(_row(workload, cells["cpu"], cells["op_by_op"], cells["fused"]))
         print(rows[-1], flush=True)
+    where = []
+    for workload in [w for w in args.only.split(",") if w]:
+        cell = raw[workload]["fused"]
+        if "in_queue_executables_s" in cell:
+            step, inside = cell["median_s"], cell["in_queue_executables_s"]
+            host = max(step - inside, 0.0)  # (a mean beside a median: a rough split)
+            where.append(f"| {workload} | {step * 1e3:.2f} | {inside * 1e3:.2f} | {host * 1e3:.2f} | "
+                         f"{cpu_base(raw[workload]['cpu'], cell) * 1e3:.2f} | {cell['queued_ops_per_step']:.0f} | "
+                         f"{cell['queue_runs_per_step']:.0f} |")
+    if where:
+        where = ["", "Where a fused step's time goes: inside the executables the queue ran (XLA's time), and the rest "
+                 "on the host (the model's Python, torch's dispatch and ours; the optimizer's donated step, run when "
+                 "issued, counts there), beside CPU eager's whole step. Queue runs: each is a host read, a donation, "
+                 "a full queue or a synchronize.", "", "| workload | fused step ms | in the queue's executables ms | "
+                 "host ms | CPU eager step ms | queued ops/step | queue runs/step |",
+                 "| --- | --- | --- | --- | --- | --- | --- |", *where]
     sweep = []
     limits = [int(n) for n in args.limits.split(",") if n]
     for workload in [w for w in args.only.split(",") if w] if limits else []:
@@ -367,7 +415,7 @@ def main(argv=None) -> int:
         f"timed {args.steps} steps, median; one torch thread. Executables per step: XLA executables the queue ran "
         "plus ops run when issued (the optimizer's donated step...). Cold: the first step of a new process on an "
         "empty cache.", "",
-        *HEADER, *rows, *sweep, ""])
+        *HEADER, *rows, *where, *sweep, ""])
     Path(args.out + ".md").write_text(text)
     Path(args.out + ".json").write_text(json.dumps(raw, indent=1, default=str))
     print(text)
