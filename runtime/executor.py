@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import os
 import re
 import sys
 import threading
@@ -34,7 +33,7 @@ from dataclasses import dataclass, field
 
 import jaxlib
 import torch
-from jaxlib import _jax, utils, xla_client
+from jaxlib import _jax, xla_client
 from torch.utils.dlpack import from_dlpack as _from_capsule
 
 from . import distributed as collectives
