@@ -41,6 +41,9 @@ error's first line, numbers blanked).
 
 Raw records: ``~/.cache/neuron_compile/torch_suites/<file>.<device>.jsonl``
 (``--raw``); ``--resume`` keeps them and runs only the tests without a record.
+The device's caches (artifacts, op index) go in ``<raw>/compile-cache`` unless
+``NEURON_COMPILE_CACHE_DIR`` says otherwise: a suite's run neither reads nor
+fills the cache other work on the machine uses.
 Table: ``benchmarks/results/torch_suites.{md,json}``.
 """
 
@@ -86,6 +89,7 @@ def run_suite(tests_dir: Path, file: str, device: str, raw: Path, keyword: str |
                TORCH_SUITES_DEVICE=device, TORCH_SUITES_SAMPLE=str(sample), PYTHONPATH=os.pathsep.join(
                    [str(HERE), str(tests_dir)] + [p for p in [env.get("PYTHONPATH")] if p]),
                NEURON_COMPILE_FALLBACK="error")
+    env.setdefault("NEURON_COMPILE_CACHE_DIR", str(raw / "compile-cache"))
     command = [sys.executable, "-m", "pytest", file, "-q", "-p", "torch_suites_plugin", "-p", "no:cacheprovider",
                "-o", "addopts=", "--tb=short", "-rN", "--continue-on-collection-errors"]
     if keyword:

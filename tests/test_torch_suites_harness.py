@@ -31,6 +31,8 @@ SUITE = textwrap.dedent('''
     class TestFake(TestCase):
         def test_passes(self, device):
             self.assertTrue(torch.device(device).type in ("cpu", "neuron"))
+            with open(os.environ["TORCH_SUITES_RECORDS"] + ".cache-dir", "w") as f:  # where the device's caches go
+                f.write(os.environ.get("NEURON_COMPILE_CACHE_DIR", ""))
 
         def test_fails_on_neuron(self, device):
             self.assertEqual(torch.device(device).type, "cpu")
@@ -77,7 +79,8 @@ SUITE = textwrap.dedent('''
 
 
 @pytest.mark.slow
-def test_crashes_and_hangs_are_counted_apart_and_lose_no_other_test(tmp_path):
+def test_crashes_and_hangs_are_counted_apart_and_lose_no_other_test(tmp_path, monkeypatch):
+    monkeypatch.delenv("NEURON_COMPILE_CACHE_DIR", raising=False)  # (the test session's own otherwise)
     (tmp_path / "suite").mkdir()
     (tmp_path / "suite" / "test_fake.py").write_text(SUITE)
     raw, out = tmp_path / "raw", tmp_path / "table"
@@ -95,6 +98,9 @@ def test_crashes_and_hangs_are_counted_apart_and_lose_no_other_test(tmp_path):
         "test_crashes_on_neuron_neuron", "test_hangs_on_neuron_neuron"]
     table = out.with_suffix(".md").read_text()
     assert "| test_fake.py | 8 | 7 | 7 | 3 | 42.9% | 42.9% | 1 | 1 | 1 | 1 | 1 |" in table, table
+    # the suites' runs keep their own caches, beside their records: not the machine's shared one
+    for device in ("cpu", "neuron"):
+        assert (raw / f"test_fake.py.{device}.jsonl.cache-dir").read_text() == str(raw / "compile-cache")
 
 
 def test_cpu_and_neuron_twins_are_matched_by_name():
