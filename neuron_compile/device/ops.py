@@ -163,8 +163,7 @@ def _relieve(pressure: tuple) -> None:
     used, limit = pressure
     with _LOCK:
         kernels = len(_KERNELS) + len(_OLDER)
-        _KERNELS.clear()
-        _OLDER.clear()
+        clear_kernels()
     runs = _op_queue.drop_runs()
     MEMORY.clear()
     gc.collect()
