@@ -146,6 +146,97 @@ def test_in_place_ops_and_views_keep_their_semantics_in_a_fused_run():
         torch.testing.assert_close(a.cpu(), cpu)
 
 
+def _split_step(data, weight, start):
+    """A batch sliced at ``start`` (nanoGPT's ``get_batch``: a new offset each step), projected, and split in
+    three (GPT-2's fused query, key and value: the same offsets every step)."""
+    q, k, v = (data[start:start + 16] @ weight).split(16, dim=1)
+    return ((q * k).sum(1) + v.mean(1)).tanh()
+
+
+def _built_runs():
+    from neuron_compile.device import fusion
+
+    return [v for v in op_queue._RUNS.values() if v.__class__ is fusion.FusedRun]
+
+
+def test_a_fused_run_takes_fixed_offsets_as_constants_and_moving_ones_as_parameters():
+    # a view's offset is a parameter of its op's executable (one kernel for every offset); in a fused run
+    # the offsets that were the same at the run's first two sightings become constants, so XLA reads those
+    # views as static slices inside their readers, and those that moved stay parameters: the batch's
+    # offset moves every step, the split's three do not
+    op_queue.reset()
+    data, weight = torch.randn(200, 24), torch.randn(24, 48)
+    d, w = data.to("neuron"), weight.to("neuron")
+    starts = [3, 40, 17, 90, 5, 61, 120, 33, 77, 150]
+    rebuilt = op_queue.COUNTS["fused_rebuilt"]
+    for n, start in enumerate(starts):
+        fused = op_queue.COUNTS["fused_runs"]
+        torch.testing.assert_close(_split_step(d, w, start).cpu(), _split_step(data, weight, start),
+                                   rtol=1e-5, atol=1e-5)
+        if n >= 4:
+            assert op_queue.COUNTS["fused_runs"] == fused + 1, "every step after the build runs fused"
+        if n == 2:
+            op_queue.wait_for_builds()
+    (run,) = _built_runs()
+    assert {value for _, value in run.baked} == {0, 16, 32}, run.baked  # q, k, v of each 48-wide row
+    assert len(run.kept) > 0, "the batch's offset, and the data and weights, stay parameters"
+    assert op_queue.COUNTS["fused_rebuilt"] == rebuilt
+
+
+def test_an_offset_taken_as_a_constant_that_later_moves_is_read_at_run_time_from_then_on():
+    # sighted twice at the same offset, then sliced elsewhere: that run goes op by op once, a build reading
+    # that offset at run time (the others still constants) replaces the one that took it as a constant, and
+    # every value stays right
+    op_queue.reset()
+    data, weight = torch.randn(200, 24), torch.randn(24, 48)
+    d, w = data.to("neuron"), weight.to("neuron")
+    rebuilt = op_queue.COUNTS["fused_rebuilt"]
+    for start in [8, 8, 8]:
+        torch.testing.assert_close(_split_step(d, w, start).cpu(), _split_step(data, weight, start),
+                                   rtol=1e-5, atol=1e-5)
+    op_queue.wait_for_builds()
+    (run,) = _built_runs()
+    assert 8 * 24 in {value for _, value in run.baked}, run.baked
+    for n, start in enumerate([8, 30, 52, 8, 99, 3, 64]):
+        fused = op_queue.COUNTS["fused_runs"]
+        torch.testing.assert_close(_split_step(d, w, start).cpu(), _split_step(data, weight, start),
+                                   rtol=1e-5, atol=1e-5)
+        if n == 0:
+            assert op_queue.COUNTS["fused_runs"] == fused + 1
+        if n == 1:
+            assert op_queue.COUNTS["fused_runs"] == fused and op_queue.COUNTS["fused_rebuilt"] == rebuilt + 1
+            op_queue.wait_for_builds()
+        if n >= 2:
+            assert op_queue.COUNTS["fused_runs"] == fused + 1, "fused again, whatever the offset"
+    (run,) = _built_runs()
+    assert {value for _, value in run.baked} == {0, 16, 32}, run.baked
+    assert op_queue.COUNTS["fused_rebuilt"] == rebuilt + 1, "one rebuild, not one a new offset"
+
+
+def test_a_run_whose_offsets_keep_moving_is_built_at_most_three_times():
+    # two slices, fixed for the first sightings, then each moving in turn: the second move gives up on
+    # constants (every offset read at run time), so a run is built at most three times whatever it reads
+    op_queue.reset()
+    data = torch.randn(200, 24)
+    d = data.to("neuron")
+
+    def step(x, first, second):
+        return ((x[first:first + 8] * x[second:second + 8]).sum(1) + 1).tanh()
+
+    rebuilt = op_queue.COUNTS["fused_rebuilt"]
+    phases = [[(4, 20)] * 3, [(9, 20)], [(9, 33)], [(50, 7), (61, 2), (3, 140), (100, 100)]]
+    for phase in phases:
+        for first, second in phase:
+            torch.testing.assert_close(step(d, first, second).cpu(), step(data, first, second), rtol=1e-5, atol=1e-5)
+        op_queue.wait_for_builds()
+    (run,) = _built_runs()
+    assert run.baked == () and run.rebuilds == 2
+    assert op_queue.COUNTS["fused_rebuilt"] == rebuilt + 2
+    fused = op_queue.COUNTS["fused_runs"]
+    torch.testing.assert_close(step(d, 77, 11).cpu(), step(data, 77, 11), rtol=1e-5, atol=1e-5)
+    assert op_queue.COUNTS["fused_runs"] == fused + 1
+
+
 def test_a_queued_ops_error_surfaces_at_the_next_sync_with_its_name_and_line(monkeypatch):
     a = torch.randn(4, 4, device="neuron")
     (a.exp()).cpu()  # the kernel is built and has run once

@@ -22,27 +22,35 @@ from ..lowering.splice import _renamed
 
 
 class FusedRun:
-    """One run's executable: the run's outside parameters in, its live results out."""
+    """One run's executable: the run's outside parameters in, its live results out. ``baked``: the outside
+    parameters (views' offsets) built into the module as constants, (parameter, value) pairs; the rest are
+    the executable's parameters (``kept``)."""
 
-    __slots__ = ("xla", "_run", "count", "ops", "seconds")
+    __slots__ = ("xla", "_run", "count", "ops", "seconds", "baked", "kept", "rebuilds")
 
-    def __init__(self, xla, count: int, ops: int, seconds: float):
+    def __init__(self, xla, count: int, ops: int, seconds: float, baked: dict | None = None, params: int = 0):
         self.xla = xla
         self._run = xla.loaded.execute_sharded
         self.count = count
         self.ops = ops
         self.seconds = seconds
+        self.baked = tuple(sorted(baked.items())) if baked else ()
+        self.kept = [i for i in range(params) if i not in baked] if baked else None
+        self.rebuilds = 0  # builds of its run before this one (``op_queue``: an offset taken as a constant moved)
 
     def execute(self, params: list) -> list:
+        if self.kept is not None:
+            params = [params[i] for i in self.kept]
         if not self.count:
             self._run(params)
             return []
         return [r[0] for r in self._run(params).disassemble_prefix_into_single_device_arrays(self.count)]
 
 
-def build(calls: tuple, live: tuple) -> FusedRun:
+def build(calls: tuple, live: tuple, baked: dict | None = None) -> FusedRun:
     """The fused executable of a run: ``calls`` is ((kernel, refs), ...) with each ref an int (the run's
-    outside parameter of that number) or (call, output); ``live`` the (call, output) pairs it returns.
+    outside parameter of that number) or (call, output); ``live`` the (call, output) pairs it returns;
+    ``baked`` the outside parameters (0-d int64: views' offsets) the module takes as constants, by number.
 
     With the artifact cache on, the run is found by a key made of its kernels' own keys (their FX keys,
     known without any StableHLO at hand), its wiring and its live results: a process that meets a run
@@ -57,9 +65,10 @@ def build(calls: tuple, live: tuple) -> FusedRun:
     options = Options.resolve()
     cache = compile_cache(options)
     fronts = [kernel.executable.front for kernel, _ in calls]
+    params = 1 + max((r for _, refs in calls for r in refs if r.__class__ is int), default=-1)
     if cache is None or any(front is None for front in fronts):
         with report.stage("fuse"):
-            text = _text_of(calls, live)
+            text = _text_of(calls, live, baked)
         with report.stage("xla-compile"):
             xla = _compile(text)
         COUNTERS["fused_run_compiles"] += 1
@@ -69,25 +78,26 @@ def build(calls: tuple, live: tuple) -> FusedRun:
         front = CacheKey.build("fused-run", {"kernels": [f.digest for f in fronts],
                                              "wiring": [[list(r) if r.__class__ is tuple else r for r in refs]
                                                         for _, refs in calls],
-                                             "live": [list(pair) for pair in live]})
+                                             "live": [list(pair) for pair in live],
+                                             **({"baked": sorted(baked.items())} if baked else {})})
         with report.remainder("cache-io"):
-            result = cache.get(front, lambda: _PendingRun(calls, live, front, report))
+            result = cache.get(front, lambda: _PendingRun(calls, live, front, report, baked))
         xla = result.loaded.executable
         report.cache = result.source
     record(report)
-    return FusedRun(xla, len(live), len(calls), time.perf_counter() - start)
+    return FusedRun(xla, len(live), len(calls), time.perf_counter() - start, baked, params)
 
 
 class _PendingRun:
     """A fused run the cache does not hold yet: its module, keyed by its text, compiled on request
     (``runtime.compile_cache.Pending``)."""
 
-    def __init__(self, calls: tuple, live: tuple, front, report):
+    def __init__(self, calls: tuple, live: tuple, front, report, baked: dict | None = None):
         from ..graph_keys import stablehlo_cache_key
 
         self.front, self.report = front, report
         with report.stage("fuse"):
-            self.text = _text_of(calls, live)
+            self.text = _text_of(calls, live, baked)
         self.key = stablehlo_cache_key(self.text, [], "eager-fused-run")
 
     def compile(self):
@@ -119,13 +129,17 @@ class _PendingRun:
         return Artifact(manifest, stablehlo, executable), xla
 
 
-def _text_of(calls: tuple, live: tuple) -> str:
-    return fused_text([kernel.executable.xla.stablehlo() for kernel, _ in calls], [refs for _, refs in calls], live)
+def _text_of(calls: tuple, live: tuple, baked: dict | None = None) -> str:
+    return fused_text([kernel.executable.xla.stablehlo() for kernel, _ in calls], [refs for _, refs in calls], live,
+                      baked)
 
 
-def fused_text(modules: list, refs: list, live: tuple) -> str:
+def fused_text(modules: list, refs: list, live: tuple, baked: dict | None = None) -> str:
     """The module of a run: ``modules[c]`` is call ``c``'s kernel module (the same text for a kernel the
-    run calls twice: one function), ``refs[c]`` its operands, ``live`` what ``@main`` returns."""
+    run calls twice: one function), ``refs[c]`` its operands, ``live`` what ``@main`` returns. An outside
+    parameter in ``baked`` (number -> integer) is a constant of ``@main``, not one of its parameters: a view
+    read at that offset becomes a static slice, which XLA fuses into its reader (``dynamic_slice`` and the
+    pad around it are ops of their own)."""
     from torch_mlir import ir
 
     from ..lowering.diagnostics import run_pipeline, shared_context
@@ -152,6 +166,7 @@ def fused_text(modules: list, refs: list, live: tuple) -> str:
         called.append(known)
 
     args: dict[int, str] = {}
+    baked = baked or {}
     names: list[str] = []
     body = []
     for c, ((function, inputs, results), operands) in enumerate(zip(called, refs)):
@@ -160,7 +175,7 @@ def fused_text(modules: list, refs: list, live: tuple) -> str:
             if ref.__class__ is int:
                 if ref not in args:
                     args[ref] = inputs[position]
-                values.append(f"%arg{ref}")
+                values.append(f"%const{ref}" if ref in baked else f"%arg{ref}")
             else:
                 values.append(_value(ref, called))
         count = f":{len(results)}" if len(results) > 1 else ""
@@ -171,8 +186,9 @@ def fused_text(modules: list, refs: list, live: tuple) -> str:
         raise RuntimeError("a run's outside parameters are not numbered densely")
     returned = [_value(ref, called) for ref in live]
     types = [called[c][2][o] for c, o in live]
-    main = (f"func.func @main({', '.join(f'%arg{i}: {args[i]}' for i in range(len(args)))}) -> "
-            f"({', '.join(types)}) {{\n" + "\n".join(body)
+    constants = [f"    %const{i} = stablehlo.constant dense<{int(baked[i])}> : {args[i]}" for i in sorted(baked)]
+    parameters = ', '.join(f'%arg{i}: {args[i]}' for i in range(len(args)) if i not in baked)
+    main = (f"func.func @main({parameters}) -> ({', '.join(types)}) {{\n" + "\n".join(constants + body)
             + f"\n    return {', '.join(returned)}{' : ' if returned else ''}{', '.join(types)}\n}}\n")
     module = ir.Module.parse("module {\n" + main + "\n".join(functions) + "\n}", ctx)
     run_pipeline(module, "builtin.module(inline,symbol-dce)")

@@ -31,7 +31,12 @@ op until its signature has been seen ``REPEATS`` times (a training or sampling
 loop); then ``fusion.build`` joins its ops' StableHLO modules into one, compiled
 on a background thread (no call waits on it), and from the next occurrence on the
 run is one executable call. A run whose module fails to compile keeps running
-op by op, with one warning naming it.
+op by op, with one warning naming it. A view's offset is a parameter of its op's
+executable; the offsets a run's first two sightings share are constants of its
+fused module (``_offsets``: XLA then reads those views as static slices inside
+their readers, GPT-2's fused run took 0.93x the time), and one that moves later
+sends the run op by op once while it is built again reading that offset at run
+time.
 
 Numbers: XLA fuses across a run's ops (a multiply and an add become a fused
 multiply-add, an elementwise op is computed inside the reduction it feeds), so
@@ -77,9 +82,10 @@ LOCK = threading.RLock()
 _RECORDS: list = []  # (kernel, params, pendings, issuer) in stream order
 _CHECKS: list = []  # checks to run after the queue's next run (defer_check)
 _RUNS: dict = {}  # run signature -> sightings (int), _BUILDING, _FAILED or a fusion.FusedRun
+_SIGHTED: dict = {}  # run signature -> its views' offsets at its first sighting (see _offsets)
 _BUILDING, _FAILED = "building", "failed"
 COUNTS = {"queued_ops": 0, "runs": 0, "fused_runs": 0, "fused_builds": 0, "fused_failures": 0, "fused_dropped": 0,
-          "executables": 0, "op_by_op_runs": 0}
+          "executables": 0, "op_by_op_runs": 0, "fused_rebuilt": 0}
 
 
 def _flag(name: str, default: bool) -> bool:
@@ -202,6 +208,7 @@ def reset() -> None:
     """Run the queue and forget every run signature (``neuron_compile.reset()``)."""
     flush()
     _RUNS.clear()
+    _SIGHTED.clear()
 
 
 # --- running a run ---------------------------------------------------------------------------
@@ -268,6 +275,18 @@ def _run_records(records: list) -> None:
     key = (calls, live)
     run = _RUNS.get(key)
     if run is not None and run.__class__ is not int and run not in (_BUILDING, _FAILED):
+        if run.baked and not _offsets_hold(run.baked, externals):
+            # an offset its build took as a constant moved: op by op this time, and built again with the
+            # offsets that held as constants, the rest read at run time; a second move, every offset at run
+            # time (a run is built at most three times)
+            _RUNS[key] = _BUILDING
+            COUNTS["fused_rebuilt"] += 1
+            _run_op_by_op(records)
+            from .opkernel import offset_value
+
+            held = None if run.rebuilds else {i: v for i, v in run.baked if offset_value(externals[i]) == v}
+            _build_later(key, records, live, held, run.rebuilds + 1)
+            return
         try:
             _run_fused(run, records, externals, live)
             return
@@ -281,15 +300,52 @@ def _run_records(records: list) -> None:
         if len(_RUNS) >= _SIGNATURES:
             for k in [k for k, v in _RUNS.items() if v.__class__ is int]:
                 del _RUNS[k]
+                _SIGHTED.pop(k, None)
         if seen >= REPEATS and len(records) > 1:
+            first = _SIGHTED.pop(key, None)
             if _double(records):
                 _RUNS[key] = _FAILED  # kept op by op, never built (see _double)
                 COUNTS["op_by_op_runs"] += 1
             else:
                 _RUNS[key] = _BUILDING
-                _build_later(key, records, live)
+                now = _offsets(calls, externals) if first else None
+                _build_later(key, records, live, {i: v for i, v in now.items() if first.get(i) == v} if now else None)
         else:
             _RUNS[key] = seen
+            if seen == 1:
+                offsets = _offsets(calls, externals)
+                if offsets:
+                    _SIGHTED[key] = offsets
+
+
+def _offsets(calls: tuple, externals: list) -> dict:
+    """The run's outside parameters that are views' offsets (``opkernel.OpKernel``'s ``~k`` slots), by number:
+    their values. A fused run takes as constants those that were the same at its first two sightings (a
+    model's fixed slices: the query, key and value of a fused projection; an LSTM's time steps), so XLA
+    reads those views as static slices fused into their readers; one that moved (a batch sliced at a random
+    offset each step, a sampling loop's position) stays a parameter."""
+    from .opkernel import offset_value
+
+    found = {}
+    for kernel, refs in calls:
+        slots = kernel._direct
+        for position, ref in enumerate(refs):
+            if ref.__class__ is int:
+                slot = slots[position]
+                if slot.__class__ is int and slot < 0:
+                    value = offset_value(externals[ref])
+                    if value is not None:
+                        found[ref] = value
+    return found
+
+
+def _offsets_hold(baked: tuple, externals: list) -> bool:
+    from .opkernel import offset_value
+
+    for i, value in baked:
+        if offset_value(externals[i]) != value:
+            return False
+    return True
 
 
 def forget_kernels(idents: set) -> None:
@@ -301,6 +357,7 @@ def forget_kernels(idents: set) -> None:
     for key, value in list(_RUNS.items()):  # a snapshot, taken under the GIL in one call
         if value != _BUILDING and any(id(kernel) in idents for kernel, _ in key[0]):
             _RUNS.pop(key, None)
+            _SIGHTED.pop(key, None)
 
 
 def drop_runs() -> int:
@@ -312,6 +369,7 @@ def drop_runs() -> int:
         if value != _BUILDING:
             dropped += value.__class__ is not int and value != _FAILED
             _RUNS.pop(key, None)
+            _SIGHTED.pop(key, None)
     COUNTS["fused_dropped"] += dropped
     return dropped
 
@@ -438,14 +496,16 @@ _closing = False
 EXIT_WAIT_S = 60.0
 
 
-def _build_later(key, records: list, live: tuple) -> None:
-    """Build the run's fused executable on the background thread; the run stays op by op till then."""
-    build_later((key, live, [record[3] for record in records]))
+def _build_later(key, records: list, live: tuple, baked: dict | None, rebuilds: int = 0) -> None:
+    """Build the run's fused executable on the background thread, ``baked`` offsets as constants (``_offsets``);
+    the run stays op by op till then. ``rebuilds``: its builds before this one (an offset taken as a
+    constant moved)."""
+    build_later((key, live, [record[3] for record in records], baked, rebuilds))
 
 
 def build_later(job) -> None:
-    """Run ``job`` on the background thread: a fused run's (key, live, issuers), or a callable (which handles
-    its own failures)."""
+    """Run ``job`` on the background thread: a fused run's (key, live, issuers, baked, rebuilds), or a callable
+    (which handles its own failures)."""
     global _worker
     with _jobs_ready:
         if _closing:
@@ -473,11 +533,12 @@ def _work() -> None:
                 _running -= 1
 
 
-def _build_run(key, live, issuers) -> None:
+def _build_run(key, live, issuers, baked, rebuilds) -> None:
     from . import fusion
 
     try:
-        run = fusion.build(key[0], live)
+        run = fusion.build(key[0], live, baked)
+        run.rebuilds = rebuilds
     except Exception as exc:  # noqa: BLE001 - any failure: the run stays op by op, said once
         _RUNS[key] = _FAILED
         COUNTS["fused_failures"] += 1

@@ -394,8 +394,20 @@ def _scalar_buffer(value: float, dtype: torch.dtype, index: int = 0):
     if buffer is None:
         if len(_SCALARS) > 512:
             _SCALARS.clear()
+            _INTS.clear()
         buffer = _SCALARS[key] = _storage.scalar_buffer(value, dtype, index)
+        if dtype is torch.int64 and value.__class__ is int:
+            _INTS[id(buffer)] = (buffer, value)
     return buffer
+
+
+_INTS: dict = {}  # id of a kept 0-d int64 buffer of _SCALARS -> (the buffer, its value): a view's offset
+
+
+def offset_value(buffer) -> int | None:
+    """The value of a kept 0-d int64 buffer (a view's run-time offset, ``_scalar_buffer``); None for another."""
+    entry = _INTS.get(id(buffer))
+    return entry[1] if entry is not None and entry[0] is buffer else None
 
 
 def run_executable(executable, params: list, index: int = 0) -> list:
