@@ -133,7 +133,7 @@ with warnings.catch_warnings(record=True) as caught:
         peak = max(peak, mappings() - before)
 print(json.dumps({"mappings": mappings() - before, "peak": peak, "compiles": ops.COUNTS["op_compiles"] - compiles,
                   "dropped": ops.COUNTS["kernels_dropped"], "releases": ops.COUNTS["mapping_releases"],
-                  "warnings": [str(w.message) for w in caught], "ok": bool(ok)}))
+                  "warnings": [[str(w.message), w.filename, w.lineno] for w in caught], "ok": bool(ok)}))
 """
 
 
@@ -172,7 +172,10 @@ def test_near_the_kernels_mapping_limit_the_device_lets_go_of_its_executables_an
     # 40 lengths hold some 3 x 40 executables, 500 mappings and more kept; let go near 150, counted every 8
     # executables made (at most 10 mappings each): the peak stays near the allowance
     assert got["peak"] < 150 + 8 * 10 + 100, got
-    assert len(got["warnings"]) == 1 and "vm.max_map_count" in got["warnings"][0], got  # said once
+    assert len(got["warnings"]) == 1 and "vm.max_map_count" in got["warnings"][0][0], got  # said once
+    _, filename, line = got["warnings"][0]
+    loop = [n + 1 for n, text in enumerate(_MAPPINGS_SCRIPT.splitlines()) if text.startswith(" " * 8)]
+    assert filename == "<string>" and line in loop, got  # the user's line whose op crossed the mark
     # each signature traced once (4 kernels a length, and the hot one): after a release the hot kernel comes
     # back from the op index and the artifact cache, not traced again
     assert got["compiles"] == 4 * 40 + 1, got

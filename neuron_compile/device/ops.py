@@ -176,7 +176,11 @@ def _relieve(pressure: tuple) -> None:
                f"reuse (one needed again loads from the artifact cache): {after:,} mappings now. To hold more, "
                "raise the limit (sysctl -w vm.max_map_count=262144).")
     if COUNTS["mapping_releases"] == 1:
-        warnings.warn(message, stacklevel=3)
+        where = _op_queue.issuer()  # the user's line whose op made the executable past the mark
+        if where is None:
+            warnings.warn(message, stacklevel=3)
+        else:
+            warnings.warn_explicit(message, UserWarning, where[0].co_filename, where[1])
     else:
         log.info(message)
 
