@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from neuron_compile import compile_reports
-from neuron_compile.device import op_queue, ops, whole_ops
+from neuron_compile.device import issuers, op_queue, ops, whole_ops
 from neuron_compile.device.opkernel import OpKernel
 
 
@@ -260,7 +260,7 @@ def test_a_queued_ops_error_surfaces_at_the_next_sync_with_its_name_and_line(mon
 
 
 def test_a_queued_ops_line_is_found_reading_only_the_users_frames(monkeypatch):
-    # op_queue.issuer skips the device's own frames on an op's usual way in (aten_kernels.handle, called by
+    # issuers.issuer skips the device's own frames on an op's usual way in (aten_kernels.handle, called by
     # the dispatcher directly for the common ops and through the fallback for the rest) without reading
     # them: one lookup per frame of the user's code (it read five more per op when the entry frame moved)
     looked = []
@@ -277,7 +277,7 @@ def test_a_queued_ops_line_is_found_reading_only_the_users_frames(monkeypatch):
 
     for _ in range(3):  # built, then queued
         user()
-    monkeypatch.setattr(op_queue, "_OURS", Spy(op_queue._OURS))
+    monkeypatch.setattr(issuers, "_OURS", Spy(issuers._OURS))
     queued = op_queue.pending()
     user()
     records = op_queue._RECORDS[queued:]

@@ -54,14 +54,14 @@ def register() -> None:
         return
     from .. import profiling
     from . import (_accelerate_hooks, _dtensor_rng_hooks, _device_constructor_hooks, _optim_hooks,
-                   _torch_hooks, module, op_queue, optim, post_import, sparse, storage)
+                   _torch_hooks, issuers, module, optim, post_import, sparse, storage)
     from .collectives import process_group
 
     if torch._C._get_privateuse1_backend_name() not in ("privateuseone", _torch_hooks.NAME):
         return  # another backend owns PrivateUse1 in this process: leave it alone
     _torch_hooks.setup_backend(module)
     _library = _torch_hooks.fallback_library(_fallback)
-    op_queue.FALLBACK = _fallback.__code__  # where a queued op's issuer walk starts (op_queue.issuer)
+    issuers.FALLBACK = _fallback.__code__  # where a queued op's issuer walk starts (issuers.issuer)
     _torch_hooks.save_through_cpu()
     _torch_hooks.pin_memory_as_copy()
     _torch_hooks.load_onto_device()

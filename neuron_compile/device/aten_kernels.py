@@ -25,7 +25,7 @@ import sys
 import torch
 
 from . import _torch_hooks, grown, lengths, op_tracking, ops, rng, transfers, whole_ops
-from . import op_queue as _op_queue
+from . import issuers as _issuers
 from . import storage as _storage
 from .storage import device_index, new_tensor
 
@@ -142,7 +142,7 @@ def handle(op, *args, **kwargs):
 
 # KERNELS by the op's id (an OpOverload's hash is a Python method: three of them a call cost a microsecond)
 _BY_ID: dict = {}
-_op_queue.HANDLE = handle.__code__  # where a queued op's issuer walk starts (op_queue.issuer)
+_issuers.HANDLE = handle.__code__  # where a queued op's issuer walk starts (issuers.issuer)
 
 
 def _compiled(op, *args, **kwargs):

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from .. import _profiler_hooks
+from . import issuers as _issuers
 from . import op_queue as _queue
 from . import storage as _storage
 from . import transfers
@@ -75,9 +76,9 @@ def check(op, args, kwargs, counts: dict) -> None:
         if not checked(index):
             continue
         if index.device.type == "neuron" and _queue.computing(index):
-            index, issuer = index.detach(), _queue.issuer()
+            index, issuer = index.detach(), _issuers.issuer()
             _queue.defer_check(lambda index=index, bound=bound, issuer=issuer: _check_values(
-                op, index, bound, counts, lambda: f"{_queue.describe(issuer)} (found when the device's queue ran)"))
+                op, index, bound, counts, lambda: f"{_issuers.describe(issuer)} (found when the device's queue ran)"))
             continue
         _check_values(op, index, bound, counts, OPS.user_line)
 

@@ -33,7 +33,7 @@ on a background thread (no call waits on it), and from the next occurrence on th
 run is one executable call. A run whose module fails to compile keeps running
 op by op, with one warning naming it. A view's offset is a parameter of its op's
 executable; the offsets a run's first two sightings share are constants of its
-fused module (``_offsets``: XLA then reads those views as static slices inside
+fused module (``run_offsets``: XLA then reads those views as static slices inside
 their readers, GPT-2's fused run took 0.93x the time), and one that moves later
 sends the run op by op once while it is built again reading that offset at run
 time.
@@ -58,7 +58,6 @@ import atexit
 import contextlib
 import logging
 import os
-import sys
 import threading
 import warnings
 from sys import getrefcount
@@ -66,6 +65,9 @@ from sys import getrefcount
 import torch
 
 from .. import _profiler_hooks as _hooks
+from . import run_offsets as _offsets
+from .issuers import describe
+from .issuers import issuer as _issuer
 
 log = logging.getLogger("neuron_compile")
 
@@ -82,7 +84,7 @@ LOCK = threading.RLock()
 _RECORDS: list = []  # (kernel, params, pendings, issuer) in stream order
 _CHECKS: list = []  # checks to run after the queue's next run (defer_check)
 _RUNS: dict = {}  # run signature -> sightings (int), _BUILDING, _FAILED or a fusion.FusedRun
-_SIGHTED: dict = {}  # run signature -> its views' offsets at its first sighting (see _offsets)
+_SIGHTED: dict = {}  # run signature -> its views' offsets at its first sighting (run_offsets.of_run)
 _BUILDING, _FAILED = "building", "failed"
 COUNTS = {"queued_ops": 0, "runs": 0, "fused_runs": 0, "fused_builds": 0, "fused_failures": 0, "fused_dropped": 0,
           "executables": 0, "op_by_op_runs": 0, "fused_rebuilt": 0}
@@ -146,7 +148,7 @@ def enqueue(kernel, params: list, shapes: tuple) -> tuple:
     if len(_RECORDS) >= LIMIT:
         _cut(kernel)  # the run is full: the ops before the cut run, those after it wait with this one
     pendings = tuple([Pending(shape) for shape in shapes])
-    _RECORDS.append((kernel, params, pendings, issuer()))
+    _RECORDS.append((kernel, params, pendings, _issuer()))
     COUNTS["queued_ops"] += 1
     return pendings
 
@@ -275,16 +277,14 @@ def _run_records(records: list) -> None:
     key = (calls, live)
     run = _RUNS.get(key)
     if run is not None and run.__class__ is not int and run not in (_BUILDING, _FAILED):
-        if run.baked and not _offsets_hold(run.baked, externals):
+        if run.baked and not _offsets.hold(run.baked, externals):
             # an offset its build took as a constant moved: op by op this time, and built again with the
             # offsets that held as constants, the rest read at run time; a second move, every offset at run
             # time (a run is built at most three times)
             _RUNS[key] = _BUILDING
             COUNTS["fused_rebuilt"] += 1
             _run_op_by_op(records)
-            from .opkernel import offset_value
-
-            held = None if run.rebuilds else {i: v for i, v in run.baked if offset_value(externals[i]) == v}
+            held = None if run.rebuilds else _offsets.held(run.baked, externals)
             _build_later(key, records, live, held, run.rebuilds + 1)
             return
         try:
@@ -308,44 +308,13 @@ def _run_records(records: list) -> None:
                 COUNTS["op_by_op_runs"] += 1
             else:
                 _RUNS[key] = _BUILDING
-                now = _offsets(calls, externals) if first else None
-                _build_later(key, records, live, {i: v for i, v in now.items() if first.get(i) == v} if now else None)
+                _build_later(key, records, live, _offsets.shared(first, calls, externals) if first else None)
         else:
             _RUNS[key] = seen
             if seen == 1:
-                offsets = _offsets(calls, externals)
+                offsets = _offsets.of_run(calls, externals)
                 if offsets:
                     _SIGHTED[key] = offsets
-
-
-def _offsets(calls: tuple, externals: list) -> dict:
-    """The run's outside parameters that are views' offsets (``opkernel.OpKernel``'s ``~k`` slots), by number:
-    their values. A fused run takes as constants those that were the same at its first two sightings (a
-    model's fixed slices: the query, key and value of a fused projection; an LSTM's time steps), so XLA
-    reads those views as static slices fused into their readers; one that moved (a batch sliced at a random
-    offset each step, a sampling loop's position) stays a parameter."""
-    from .opkernel import offset_value
-
-    found = {}
-    for kernel, refs in calls:
-        slots = kernel._direct
-        for position, ref in enumerate(refs):
-            if ref.__class__ is int:
-                slot = slots[position]
-                if slot.__class__ is int and slot < 0:
-                    value = offset_value(externals[ref])
-                    if value is not None:
-                        found[ref] = value
-    return found
-
-
-def _offsets_hold(baked: tuple, externals: list) -> bool:
-    from .opkernel import offset_value
-
-    for i, value in baked:
-        if offset_value(externals[i]) != value:
-            return False
-    return True
 
 
 def forget_kernels(idents: set) -> None:
@@ -497,7 +466,7 @@ EXIT_WAIT_S = 60.0
 
 
 def _build_later(key, records: list, live: tuple, baked: dict | None, rebuilds: int = 0) -> None:
-    """Build the run's fused executable on the background thread, ``baked`` offsets as constants (``_offsets``);
+    """Build the run's fused executable on the background thread, ``baked`` offsets as constants (``run_offsets``);
     the run stays op by op till then. ``rebuilds``: its builds before this one (an offset taken as a
     constant moved)."""
     build_later((key, live, [record[3] for record in records], baked, rebuilds))
@@ -597,58 +566,3 @@ def _warn_failed(kernels: list, issuers: list, exc: Exception) -> None:
     warnings.warn(f"neuron: a run of {len(names)} eager ops ({', '.join(names[:4])}{'...' if len(names) > 4 else ''}; "
                   f"first issued at {describe(first)}) could not be fused ({str(exc).splitlines()[0][:300]}); "
                   "it runs op by op", stacklevel=2)
-
-
-# --- where an op was issued ------------------------------------------------------------------
-
-_OURS: dict = {}
-_OUR_PARTS = (os.sep + "torch" + os.sep, os.sep + "neuron_compile" + os.sep, "<frozen", os.sep + "jax" + os.sep)
-
-
-_ENTRY = 5  # frames from here to aten_kernels.handle on an op's usual way in (see issuer)
-
-
-def issuer():
-    """The innermost frame of the user's code issuing this op, as (code, line): kept cheap (a dict
-    lookup per frame), formatted only if the op fails. An op queued on its usual way in (enqueue, OpKernel,
-    ops.dispatch, the op's kernel function, aten_kernels.handle, which the dispatcher calls directly for the
-    ops ``register_direct_kernels`` lists and through the fallback for the rest) skips those frames unread:
-    the walk is then one dict lookup a frame of the user's own code."""
-    try:
-        frame = sys._getframe(_ENTRY)
-    except ValueError:
-        frame = None
-    if frame is not None and frame.f_code is HANDLE:
-        frame = frame.f_back
-        if frame is not None and frame.f_code is FALLBACK:
-            frame = frame.f_back
-    else:
-        frame = sys._getframe(2)
-    ours = _OURS
-    while frame is not None:
-        code = frame.f_code
-        # by id: a code object's hash hashes its bytecode and constants (half this walk's cost); the entry
-        # holds the code, so a code object that took a dead one's id is looked at anew
-        entry = ours.get(id(code))
-        if entry is None or entry[0] is not code:
-            if len(ours) > 65536:
-                ours.clear()
-            path = code.co_filename
-            entry = ours[id(code)] = (code, any(part in path for part in _OUR_PARTS))
-        if not entry[1]:
-            return code, frame.f_lineno
-        frame = frame.f_back
-    return None
-
-
-FALLBACK = None  # the code of the device's dispatcher fallback (``device._fallback``): ``device.register`` sets it
-HANDLE = None  # the code of ``aten_kernels.handle``, which sets it
-
-
-def describe(issuer) -> str:
-    if issuer is None:
-        return "<unknown>"
-    import linecache
-
-    code, line = issuer
-    return f"{code.co_filename}:{line} in {code.co_name}: {linecache.getline(code.co_filename, line).strip()}"

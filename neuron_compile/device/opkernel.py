@@ -18,6 +18,7 @@ from sys import getrefcount as _getrefcount
 import torch
 
 from . import op_queue as _op_queue
+from . import run_offsets as _run_offsets
 from . import storage as _storage
 from .op_queue import Pending as _Pending
 from .storage import Data, new_tensor
@@ -394,20 +395,11 @@ def _scalar_buffer(value: float, dtype: torch.dtype, index: int = 0):
     if buffer is None:
         if len(_SCALARS) > 512:
             _SCALARS.clear()
-            _INTS.clear()
+            _run_offsets.forget()
         buffer = _SCALARS[key] = _storage.scalar_buffer(value, dtype, index)
-        if dtype is torch.int64 and value.__class__ is int:
-            _INTS[id(buffer)] = (buffer, value)
+        if dtype is torch.int64 and value.__class__ is int:  # a view's offset, maybe: a fused run reads it
+            _run_offsets.remember(buffer, value)
     return buffer
-
-
-_INTS: dict = {}  # id of a kept 0-d int64 buffer of _SCALARS -> (the buffer, its value): a view's offset
-
-
-def offset_value(buffer) -> int | None:
-    """The value of a kept 0-d int64 buffer (a view's run-time offset, ``_scalar_buffer``); None for another."""
-    entry = _INTS.get(id(buffer))
-    return entry[1] if entry is not None and entry[0] is buffer else None
 
 
 def run_executable(executable, params: list, index: int = 0) -> list:

@@ -44,6 +44,7 @@ from .. import profiling as _profiling
 from . import index_checks
 from . import lengths as _lengths
 from . import op_queue as _op_queue
+from .issuers import issuer
 from . import storage as _storage
 from . import transfers
 from .transfers import _factory_on_host, _writes, _written_positions, resize_, retype, run_on_host
@@ -176,7 +177,7 @@ def _relieve(pressure: tuple) -> None:
                f"reuse (one needed again loads from the artifact cache): {after:,} mappings now. To hold more, "
                "raise the limit (sysctl -w vm.max_map_count=262144).")
     if COUNTS["mapping_releases"] == 1:
-        where = _op_queue.issuer()  # the user's line whose op made the executable past the mark
+        where = issuer()  # the user's line whose op made the executable past the mark
         if where is None:
             warnings.warn(message, stacklevel=3)
         else:
