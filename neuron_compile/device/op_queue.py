@@ -308,7 +308,7 @@ def _run_records(records: list) -> None:
                 COUNTS["op_by_op_runs"] += 1
             else:
                 _RUNS[key] = _BUILDING
-                _build_later(key, records, live, _offsets.shared(first, calls, externals) if first else None)
+                _build_later(key, records, live, _offsets.held(first.items(), externals) if first else None)
         else:
             _RUNS[key] = seen
             if seen == 1:

@@ -4,7 +4,7 @@ A view with fewer elements than its storage is read at a run-time offset, a 0-d 
 executable (``lowering.runtime_offsets``): a batch sliced at a new offset compiles nothing. Inside a fused
 run, XLA then computes a ``dynamic_slice`` and a pad around it for each such view, ops of their own. So
 ``op_queue`` notes a run's offsets at its first sighting (``of_run``), and the build that starts at its
-second takes those that did not move as constants (``shared``; ``fusion.fused_text``): XLA reads those views
+second takes those that did not move as constants (``held``; ``fusion.fused_text``): XLA reads those views
 as static slices inside their readers (GPT-2's query, key and value split; GPT-2's fused run took 0.93x the
 time). Those that moved (a batch sliced at a random offset each step, a sampling loop's position) stay
 parameters. A run whose constant moves later is checked at each run (``hold``) and built again with the
@@ -51,19 +51,14 @@ def of_run(calls: tuple, externals: list) -> dict:
     return found
 
 
-def shared(first: dict, calls: tuple, externals: list) -> dict:
-    """The offsets this sighting shares with the ``first`` (``of_run``): a build's constants."""
-    return {i: v for i, v in of_run(calls, externals).items() if first.get(i) == v}
+def hold(offsets, externals: list) -> bool:
+    """Every (parameter, value) of ``offsets`` has its value in this run (a fused run's constants, checked
+    before each run)."""
+    return all(value_of(externals[i]) == v for i, v in offsets)
 
 
-def hold(baked: tuple, externals: list) -> bool:
-    """Every (parameter, value) of ``baked`` has its value in this run."""
-    for i, value in baked:
-        if value_of(externals[i]) != value:
-            return False
-    return True
-
-
-def held(baked: tuple, externals: list) -> dict:
-    """Those of ``baked`` that hold in this run."""
-    return {i: v for i, v in baked if value_of(externals[i]) == v}
+def held(offsets, externals: list) -> dict:
+    """Those (parameter, value) pairs of ``offsets`` that hold in this run: at a run's second sighting, the
+    offsets it shares with its first (``of_run``), a build's constants; at a moved constant, those that
+    did not move."""
+    return {i: v for i, v in offsets if value_of(externals[i]) == v}
