@@ -55,7 +55,7 @@ def per_call_floor() -> dict:
     import torch
 
     import neuron_compile.compiler as compiler
-    from neuron_compile.runtime.executor import _device, _from_capsule, _jax, _to_dlpack, to_buffer
+    from neuron_compile.runtime.executor import _from_capsule, _host_device, _jax, _to_dlpack, to_buffer
 
     model, inputs = build("overhead")
     model.eval()
@@ -77,7 +77,7 @@ def per_call_floor() -> dict:
         positions = exe.plan.tensor_args
         made_once = [to_buffer(args[i]) if isinstance(args[i], torch.nn.Parameter) else None for i in positions]
         fresh = [k for k, b in enumerate(made_once) if b is None]
-        device, loaded = _device(), exe.xla.loaded
+        device, loaded = _host_device(), exe.xla.loaded_on_host()  # CPU tensors run on the host client
 
         def round_trip(tensors):
             buffers = list(made_once)

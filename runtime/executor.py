@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 import re
 import sys
 import threading
@@ -49,6 +50,9 @@ class XlaCompileError(RuntimeError):
 
 _client_lock = threading.Lock()
 _CLIENT = None
+_ASYNCHRONOUS = False  # how _CLIENT dispatches (asynchronous(), read when it is made)
+_HOST_CLIENT = None  # CPU tensors' executables (_host_client)
+_HOST_DEVICE = None
 
 
 # --- memory mappings: the kernel's limit on them bounds the executables a process can hold ---------------
@@ -98,20 +102,73 @@ def mapping_pressure(force: bool = False) -> tuple[int, int] | None:
     return counted
 
 
+def _flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    return default if value is None else value.strip().lower() not in ("0", "false", "no", "off", "")
+
+
+def asynchronous() -> bool:
+    """Whether the device's client returns from an execution before XLA has run it (PJRT's asynchronous
+    CPU client: the work goes to XLA's threads, its results are buffers that a host read, a
+    ``block_until_ready`` or a later execution consuming them waits for).
+
+    On (the default) while the device queues and fuses its eager ops (``device/op_queue.py``): the host then
+    issues the next ops, a step's optimizer included, while XLA computes a fused run. Off with
+    ``NEURON_LAUNCH_BLOCKING=1`` (every op completes where it is issued, for debugging) and with eager
+    fusion off (``NEURON_COMPILE_EAGER_FUSION=0``: op by op, as before); ``NEURON_COMPILE_ASYNC_DISPATCH``
+    =0/1 decides alone where set. Read once, when the client is made. Executables run on CPU tensors
+    (``torch.compile`` on the host) use a synchronous client of their own (``_host_client``) either way:
+    their caller waits for the results at once, and an asynchronous client's hand-off to its worker thread
+    cost those calls 30-50 us each (a 2-layer MLP: about 150 us against 100 us)."""
+    if os.environ.get("NEURON_COMPILE_ASYNC_DISPATCH") is not None:
+        return _flag("NEURON_COMPILE_ASYNC_DISPATCH", False)
+    return _flag("NEURON_COMPILE_EAGER_FUSION", True) and not _flag("NEURON_LAUNCH_BLOCKING", False)
+
+
 def _client():
-    """The process's one PJRT CPU client. Made under a lock: two threads compiling their first
-    graphs at once must not make two clients, whose buffers and executables do not mix."""
-    global _CLIENT
+    """The process's PJRT CPU client for the device's buffers and executables (``asynchronous()`` says how
+    it dispatches). Made under a lock: two threads compiling their first graphs at once must not make two
+    clients, whose buffers and executables do not mix."""
+    global _CLIENT, _ASYNCHRONOUS
     if _CLIENT is None:
         with _client_lock:
             if _CLIENT is None:
                 quiet_runtime_logs()  # PJRT logs two INFO lines when a client starts
-                # synchronous: we wait for every result at once anyway, and inline dispatch
-                # halves the latency of small graphs (12 us against 28 us for a 2-layer MLP)
                 # one PJRT CPU device per neuron device index (runtime/devices.py: NEURON_DEVICE_COUNT, or
                 # one per torchrun local rank); neuron:i's buffers live on device i
-                _CLIENT = xla_client.make_cpu_client(asynchronous=False, num_devices=local_device_count())
+                _ASYNCHRONOUS = asynchronous()  # decided once: the client's, whatever the environment says later
+                _CLIENT = xla_client.make_cpu_client(asynchronous=_ASYNCHRONOUS, num_devices=local_device_count())
     return _CLIENT
+
+
+def _host_client():
+    """The client executables run on for CPU tensors (their buffers are the tensors' own memory, through
+    DLPack): synchronous, since the caller waits for every result at once and inline dispatch is the
+    shortest call (a small graph's latency). The device's client itself when that one is synchronous too."""
+    global _HOST_CLIENT, _HOST_DEVICE
+    if _HOST_CLIENT is None:
+        client = _client()
+        with _client_lock:
+            if _HOST_CLIENT is None:
+                if _ASYNCHRONOUS:
+                    client = xla_client.make_cpu_client(asynchronous=False, num_devices=1)
+                _HOST_DEVICE = client.local_devices()[0]
+                _HOST_CLIENT = client
+    return _HOST_CLIENT
+
+
+def _host_device():
+    if _HOST_DEVICE is None:
+        _host_client()
+    return _HOST_DEVICE
+
+
+def synchronize() -> None:
+    """Wait until XLA has run every execution dispatched so far on the device's client (an asynchronous
+    client returns before): ``torch.neuron.synchronize()``'s last step."""
+    if _ASYNCHRONOUS and _CLIENT is not None:
+        for array in _CLIENT.live_arrays():
+            array.block_until_ready()
 
 
 @functools.lru_cache(maxsize=None)
@@ -243,7 +300,7 @@ def _adapter(device_type: str):
 def _to_buffer(tensor: torch.Tensor):
     if tensor.device.type != "cpu":
         return _adapter(tensor.device.type).to_buffer(tensor)
-    return dlpack_buffer(tensor, _device())
+    return dlpack_buffer(tensor, _HOST_DEVICE or _host_device())
 
 
 def input_converter(device: str):
@@ -360,6 +417,7 @@ class XlaExecutable:
     target: object = None
     what: str = "the executable"  # names it in a distributed failure: its graph and collectives
     _on_devices: dict | None = None  # device index -> the same executable loaded on that PJRT device
+    _on_host: object = None  # the same executable loaded on the host client (``loaded_on_host``)
     _serialized: bytes | None = None  # what it was loaded from (an executable loaded from bytes does not
     # serialize again into bytes that load: "Function wrapped_iota not found")
     # the StableHLO it was compiled from: the text, or a callable giving it (an artifact's portable bytecode,
@@ -432,18 +490,39 @@ class XlaExecutable:
     def to_buffer(self, tensor: torch.Tensor):
         return _to_buffer(tensor) if self.target is None else dlpack_buffer(tensor, self.target.device)
 
+    def loaded_on_host(self):
+        """The executable loaded on the host client (``_host_client``: CPU tensors' buffers): ``loaded``
+        where the device's client is that client, else ``loaded`` serialized and loaded there, once."""
+        if self._on_host is None:
+            client = _host_client()
+            if client is _client():
+                self._on_host = self.loaded
+            else:
+                data = self._serialized if self._serialized is not None else _client().serialize_executable(self.loaded)
+                self._on_host = client.deserialize_executable(data, xla_client.DeviceList((_host_device(),)),
+                                                             _compile_options())
+                _made_one()
+        return self._on_host
+
     def run_buffers(self, buffers: list, index: int | None = None) -> list:
         """Execute on PJRT buffers; returns one XLA array per output. ``index``: the PJRT device to run on
-        (None: the first buffer's, device 0 with no buffer)."""
+        (None: the first buffer's, device 0 with no buffer; CPU tensors' buffers run on the host client)."""
         if self.target is not None:
             return self.target.run(lambda: self._run(buffers), self.what)
         if index is None:
-            index = buffers[0].device.id if buffers else 0
+            if buffers:
+                device = buffers[0].device
+                if device is _HOST_DEVICE and _HOST_CLIENT is not _CLIENT:
+                    return self._run(buffers, 0, self.loaded_on_host())
+                index = device.id
+            else:
+                index = 0
         return self._run(buffers, index)
 
-    def _run(self, buffers: list, index: int = 0) -> list:
+    def _run(self, buffers: list, index: int = 0, loaded=None) -> list:
         count = self._outputs
-        loaded = self.loaded if not index else self.loaded_on(index)
+        if loaded is None:
+            loaded = self.loaded if not index else self.loaded_on(index)
         if count is None:
             results = loaded.execute_sharded(buffers).disassemble_into_single_device_arrays()
             self._outputs = len(results)

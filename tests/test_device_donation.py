@@ -99,11 +99,12 @@ def test_adamw_writes_its_large_parameters_in_place():
 
 
 def test_pjrt_copies_a_donated_buffer_while_a_dlpack_export_lives():
-    """What the pins rest on (jaxlib's PJRT CPU client): a parameter marked ``tf.aliasing_output`` is taken
-    (deleted) after the call, unless a DLPack export of it is alive: then it is copied, and kept."""
+    """What the pins rest on (jaxlib's PJRT CPU client, the device's: asynchronous where ops are queued): a
+    parameter marked ``tf.aliasing_output`` is taken (deleted) after the call, unless a DLPack export of it is
+    alive: then it is copied, and kept."""
     from jaxlib import _jax
 
-    from neuron_compile.runtime.executor import XlaExecutable, _from_capsule, to_buffer
+    from neuron_compile.runtime.executor import XlaExecutable, _device, _from_capsule, dlpack_buffer
 
     n = 1024
     text = (f"module {{\n  func.func @main(%arg0: tensor<{n}xf32> {{tf.aliasing_output = 0 : i32}}, "
@@ -111,7 +112,7 @@ def test_pjrt_copies_a_donated_buffer_while_a_dlpack_export_lives():
             f"    %0 = stablehlo.add %arg0, %arg1 : tensor<{n}xf32>\n    return %0 : tensor<{n}xf32>\n  }}\n}}")
     donating = XlaExecutable.compile(text)
     plain = XlaExecutable.compile(text.replace(" {tf.aliasing_output = 0 : i32}", ""))
-    one = to_buffer(torch.ones(n))
+    one = dlpack_buffer(torch.ones(n), _device())  # on the device's client
     owned = plain.run_buffers([one, one])[0]  # a buffer XLA owns: 2.0
     out = donating.run_buffers([owned, one])[0]
     assert owned.is_deleted() and not out.is_deleted()

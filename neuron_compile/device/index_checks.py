@@ -11,8 +11,8 @@ user's line.
 
 Which indices each op accepts is ``index_bounds.RULES`` (compiled graphs check
 with the same rules). The check reads the index tensor's values on the host
-before the op runs (an index an op still queued computes is checked when the
-queue runs: ``check``): the storage when it is small, else the view alone, cloned on the
+before the op runs (an index an op still queued computes is checked at the
+next synchronization: ``check``): the storage when it is small, else the view alone, cloned on the
 device first (``transfers.alone``: a batch of ids sliced from a resident corpus must
 not bring the corpus over). ``aminmax`` of the values decides; the error names the smallest
 value below the range, else the largest above it. ``COUNTS['index_checks']``
@@ -68,10 +68,12 @@ def check(op, args, kwargs, counts: dict) -> None:
     """Raise CPU's error for ``op`` if an index it is given is out of range (``RULES[op]`` says which).
 
     An index tensor that an op still in the device's queue computes (``op_queue``: labels shifted on the
-    device, ids stacked from slices) is checked when the queue runs, not now: reading it here would cut
-    the run in two. The error is then raised at that synchronization, as CUDA's device-side asserts are,
-    naming the op and the line that issued it; the op itself has run (clamped or dropped, as XLA does),
-    but nothing was read from the device before the error."""
+    device, ids stacked from slices) is checked at the next synchronization (a host read, ``synchronize``:
+    ``op_queue.defer_check``), not now: reading it here would cut the run in two, and reading it where the
+    queue runs without the host waiting (a donation) would wait for XLA. The error is then raised at that
+    synchronization, as CUDA's device-side asserts are, naming the op and the line that issued it; the op
+    itself has run (clamped or dropped, as XLA does), and so have the ops issued after it until then, but
+    nothing was read from the device before the error."""
     for index, bound in RULES[op](args, kwargs):
         if not checked(index):
             continue

@@ -96,11 +96,11 @@ def get_device_properties(device=None) -> _DeviceProperties:
 
 
 def synchronize(device=None) -> None:
-    """Wait for every op issued so far: the device's queue runs (``op_queue``)."""
+    """Wait for every op issued so far: the device's queue runs (``op_queue``), and XLA finishes it."""
     _index(device)
     from . import op_queue
 
-    op_queue.flush()
+    op_queue.synchronize()
 
 
 # Random numbers (``rng.py``): plain random ops on neuron tensors draw from CPU's default generator (CPU's

@@ -50,6 +50,11 @@ what numerical checks run in, and they compare two passes bit for bit.
 
 An op that fails when its run executes raises at that synchronization, naming
 the op and the line of the user's code that issued it (recorded when queued).
+The device's client dispatches asynchronously (``runtime/executor.asynchronous``):
+a run returns before XLA has computed it, and a read of its results (or
+``synchronize``) waits, so XLA computes while the host issues what follows. An
+index check on values a queued op computes runs at the next host read or
+``synchronize`` (``settle``), not where the queue runs unread.
 """
 
 from __future__ import annotations
@@ -82,7 +87,8 @@ FUSED_KEPT = 512
 
 LOCK = threading.RLock()
 _RECORDS: list = []  # (kernel, params, pendings, issuer) in stream order
-_CHECKS: list = []  # checks to run after the queue's next run (defer_check)
+_CHECKS: list = []  # checks to run at the next synchronization (defer_check)
+CHECKS_HELD = 64  # deferred checks kept past a run at most: a loop that never reads runs them at its runs
 _RUNS: dict = {}  # run signature -> sightings (int), _BUILDING, _FAILED or a fusion.FusedRun
 _SIGHTED: dict = {}  # run signature -> its views' offsets at its first sighting (run_offsets.of_run)
 _BUILDING, _FAILED = "building", "failed"
@@ -187,7 +193,9 @@ def computing(tensor) -> bool:
 
 
 def defer_check(check) -> None:
-    """Run ``check()`` right after the queue's next run (an index check on values the run computes)."""
+    """Run ``check()`` (an index check on values a queued op computes) at the next synchronization: a host
+    read or ``synchronize()``, after the queue has run (``settle``). Not at a run the host does not wait
+    for (a donation, a full queue): reading the values there would wait for XLA to compute them."""
     _CHECKS.append(check)
 
 
@@ -198,7 +206,22 @@ def flush() -> None:
             _flush_locked()
 
 
-synchronize = flush
+def settle() -> None:
+    """What a host read does first: run the queue, then the index checks deferred to it (``defer_check``),
+    which raise there."""
+    if _RECORDS:
+        flush()
+    while _CHECKS:
+        _CHECKS.pop(0)()
+
+
+def synchronize() -> None:
+    """Wait for every op issued so far: the queue runs, its deferred index checks raise, and XLA finishes
+    what it was given (an asynchronous client returns before: ``executor.asynchronous``)."""
+    settle()
+    from ..runtime import executor  # (not at import: the device's registration stays free of jaxlib)
+
+    executor.synchronize()
 
 
 def pending() -> int:
@@ -261,7 +284,7 @@ def _flush_locked() -> None:
             _run_records(records)
     else:
         _run_records(records)
-    if _CHECKS:  # index bounds of ops whose index tensors the run computed (bounds.check)
+    if len(_CHECKS) > CHECKS_HELD:  # a loop that never reads: its checks run here, waiting for their values
         checks = list(_CHECKS)
         _CHECKS.clear()
         for check in checks:

@@ -369,8 +369,8 @@ def buffer_to_host(buffer, dtype: torch.dtype) -> torch.Tensor:
     buffer, so a loop's runs start again at the same op each step (a ``loss.item()`` whose value an
     earlier run computed would otherwise leave the backward queued into the next step's run). Inside
     ``op_queue.unqueued()`` (an index check's read of resident values) the queue is left as it is."""
-    if _op_queue._RECORDS and not _op_queue.beside():
-        _op_queue.flush()
+    if (_op_queue._RECORDS or _op_queue._CHECKS) and not _op_queue.beside():
+        _op_queue.settle()
     if _profiler_hooks.STATE._is_profiler_enabled:  # a neuron::device_to_host event
         with _profiler_hooks.event("neuron::device_to_host", None, {"bytes": buffer.size * dtype.itemsize}):
             return _buffer_to_host(buffer, dtype)
@@ -411,8 +411,8 @@ def buffer_number(buffer, dtype: torch.dtype):
     back otherwise than torch (``_NUMBERS`` lists those it gives alike)."""
     if dtype not in _NUMBERS:
         return None
-    if _op_queue._RECORDS and not _op_queue.beside():
-        _op_queue.flush()
+    if (_op_queue._RECORDS or _op_queue._CHECKS) and not _op_queue.beside():
+        _op_queue.settle()
     if _profiler_hooks.STATE._is_profiler_enabled:  # a neuron::device_to_host event
         with _profiler_hooks.event("neuron::device_to_host", None, {"bytes": dtype.itemsize}):
             return _number(buffer)
@@ -427,7 +427,16 @@ def _host_array(buffer):
     """``buffer``'s elements as a numpy array, and whether PJRT copied them: where it did not, the array is the
     buffer's own memory, to be read only while the buffer is held and never written."""
     with _put_parts()[4](True):
-        return buffer._single_device_array_to_np_array_did_copy()
+        try:
+            return buffer._single_device_array_to_np_array_did_copy()
+        except Exception as exc:
+            if type(exc).__name__ != "XlaRuntimeError":
+                raise
+            # XLA ran the executable after the op returned (runtime/executor.asynchronous): its failure
+            # surfaces at this read, where the op's name is no longer known
+            raise RuntimeError("neuron: an operation computing this value failed when XLA ran it, after it was "
+                               "issued (the device's ops run asynchronously). Rerun with NEURON_LAUNCH_BLOCKING=1 "
+                               f"to raise where the failing op is issued, naming it. XLA said: {exc}") from exc
 
 
 def _buffer_to_host(buffer, dtype: torch.dtype) -> torch.Tensor:
