@@ -75,6 +75,7 @@ def register() -> None:
     _torch_hooks.route_accelerator_to(module)
     _optim_hooks.multi_tensor_adam_through(optim.multi_tensor_adam)  # one executable a step
     _optim_hooks.sgd_through(optim.sgd_step)  # the same for SGD
+    _optim_hooks.lbfgs_step_through(optim.lbfgs_step)  # LBFGS without its host reads of alpha=
     _accelerate_hooks.install()  # accelerate finds this device under torchrun (patched when it imports)
     _dtensor_rng_hooks.install()  # DTensor's RNG tracker draws shards of the device's Philox stream
     sparse.install()  # sparse COO tensors: their ops on host copies (SparseAdam, sparse embedding grads)
