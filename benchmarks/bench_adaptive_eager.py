@@ -407,8 +407,9 @@ def main(argv=None) -> int:
                  "waited for where it is dispatched): inside the executables the queue ran (XLA's time), and the rest "
                  "on the host (the model's Python, torch's dispatch and ours; the optimizer's donated step, run when "
                  "issued, counts there); overlapped: how much of the two the timed step ran at once (XLA computing "
-                 "while the host issues: the device's client dispatches asynchronously), beside CPU eager's whole "
-                 "step. Queue runs: each is a host read, a donation, a full queue or a synchronize.", "",
+                 "while the host issues: the device's client dispatches asynchronously; a difference of medians of "
+                 "different steps on a shared host, so noisy: docs/device.md has the paired measurement), beside "
+                 "CPU eager's whole step. Queue runs: each is a host read, a donation, a full queue or a synchronize.", "",
                  "| workload | fused step ms | in the queue's executables ms | host ms | overlapped ms | "
                  "CPU eager step ms | queued ops/step | queue runs/step |",
                  "| --- | --- | --- | --- | --- | --- | --- | --- |", *where]
