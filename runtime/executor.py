@@ -38,7 +38,7 @@ from jaxlib import _jax, xla_client
 from torch.utils.dlpack import from_dlpack as _from_capsule
 
 from . import distributed as collectives
-from .devices import local_device_count
+from .devices import env_flag, local_device_count, queues_eager_ops
 from .xla_logs import quiet_runtime_logs
 
 __all__ = ["XlaExecutable", "XlaCompileError", "platform_description"]
@@ -102,11 +102,6 @@ def mapping_pressure(force: bool = False) -> tuple[int, int] | None:
     return counted
 
 
-def _flag(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
-    return default if value is None else value.strip().lower() not in ("0", "false", "no", "off", "")
-
-
 def asynchronous() -> bool:
     """Whether the device's client returns from an execution before XLA has run it (PJRT's asynchronous
     CPU client: the work goes to XLA's threads, its results are buffers that a host read, a
@@ -121,8 +116,8 @@ def asynchronous() -> bool:
     their caller waits for the results at once, and an asynchronous client's hand-off to its worker thread
     cost those calls 30-50 us each (a 2-layer MLP: about 150 us against 100 us)."""
     if os.environ.get("NEURON_COMPILE_ASYNC_DISPATCH") is not None:
-        return _flag("NEURON_COMPILE_ASYNC_DISPATCH", False)
-    return _flag("NEURON_COMPILE_EAGER_FUSION", True) and not _flag("NEURON_LAUNCH_BLOCKING", False)
+        return env_flag("NEURON_COMPILE_ASYNC_DISPATCH", False)
+    return queues_eager_ops()
 
 
 def _client():
@@ -446,11 +441,14 @@ class XlaExecutable:
             self._on_devices = {}
         loaded = self._on_devices.get(index)
         if loaded is None:
-            client = _client()
-            data = self._serialized if self._serialized is not None else client.serialize_executable(self.loaded)
-            loaded = self._on_devices[index] = client.deserialize_executable(data, _device_list(index),
-                                                                            _options_on(index))
-            _made_one()
+            loaded = self._on_devices[index] = self._loaded_again(_client(), _device_list(index), _options_on(index))
+        return loaded
+
+    def _loaded_again(self, client, devices, options):
+        """``loaded`` serialized (or the bytes it was loaded from) and loaded on ``client``'s ``devices``."""
+        data = self._serialized if self._serialized is not None else _client().serialize_executable(self.loaded)
+        loaded = client.deserialize_executable(data, devices, options)
+        _made_one()
         return loaded
 
     @classmethod
@@ -495,13 +493,8 @@ class XlaExecutable:
         where the device's client is that client, else ``loaded`` serialized and loaded there, once."""
         if self._on_host is None:
             client = _host_client()
-            if client is _client():
-                self._on_host = self.loaded
-            else:
-                data = self._serialized if self._serialized is not None else _client().serialize_executable(self.loaded)
-                self._on_host = client.deserialize_executable(data, xla_client.DeviceList((_host_device(),)),
-                                                             _compile_options())
-                _made_one()
+            self._on_host = self.loaded if client is _client() else self._loaded_again(
+                client, xla_client.DeviceList((_host_device(),)), _compile_options())
         return self._on_host
 
     def run_buffers(self, buffers: list, index: int | None = None) -> list:

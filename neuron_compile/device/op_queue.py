@@ -62,7 +62,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import os
 import threading
 import warnings
 from sys import getrefcount
@@ -70,6 +69,7 @@ from sys import getrefcount
 import torch
 
 from .. import _profiler_hooks as _hooks
+from ..runtime.devices import queues_eager_ops
 from . import run_offsets as _offsets
 from .issuers import describe
 from .issuers import issuer as _issuer
@@ -96,12 +96,7 @@ COUNTS = {"queued_ops": 0, "runs": 0, "fused_runs": 0, "fused_builds": 0, "fused
           "executables": 0, "op_by_op_runs": 0, "fused_rebuilt": 0}
 
 
-def _flag(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
-    return default if value is None else value.strip().lower() not in ("0", "false", "no", "off", "")
-
-
-ENABLED = _flag("NEURON_COMPILE_EAGER_FUSION", True) and not _flag("NEURON_LAUNCH_BLOCKING", False)
+ENABLED = queues_eager_ops()  # NEURON_COMPILE_EAGER_FUSION on, NEURON_LAUNCH_BLOCKING off
 
 
 def active() -> bool:
@@ -211,6 +206,11 @@ def settle() -> None:
     which raise there."""
     if _RECORDS:
         flush()
+    _run_checks()
+
+
+def _run_checks() -> None:
+    """The deferred index checks, in the order deferred; one that raises leaves the rest for the next."""
     while _CHECKS:
         _CHECKS.pop(0)()
 
@@ -285,10 +285,7 @@ def _flush_locked() -> None:
     else:
         _run_records(records)
     if len(_CHECKS) > CHECKS_HELD:  # a loop that never reads: its checks run here, waiting for their values
-        checks = list(_CHECKS)
-        _CHECKS.clear()
-        for check in checks:
-            check()
+        _run_checks()
 
 
 def _run_records(records: list) -> None:

@@ -41,6 +41,7 @@ import warnings
 import torch
 
 from . import _whole_op_hooks as _hooks
+from ..runtime.devices import env_flag
 from . import op_queue, ops
 from ._autograd_hooks import in_backward
 
@@ -54,7 +55,7 @@ _OPS = {
     aten.rnn_relu.input: ("dropout", 5, "train", 6),
     aten.scaled_dot_product_attention.default: ("dropout_p", 4, None, None),
 }
-ENABLED = op_queue._flag("NEURON_COMPILE_WHOLE_OPS", True)  # =0: every call is its decomposition
+ENABLED = env_flag("NEURON_COMPILE_WHOLE_OPS", True)  # =0: every call is its decomposition
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)  # not a subclass that dispatches (DTensor) or a FakeTensor
 # calls run whole (forward ops, backward ops); kernels built, and builds that failed
