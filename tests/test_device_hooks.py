@@ -277,6 +277,7 @@ def test_has_cpu_kernel_tells_a_cuda_only_op_from_one_the_cpu_runs():
 def test_dlpack_ext_dev_makes_a_tensor_on_any_neuron_index_and_set_keeps_it():
     """``neuron:1`` tensors start from one DLPack import (torch maps ``kDLExtDev`` to PrivateUse1, with
     the index); a Meta ``alias`` of it, ``set_`` onto a ``neuron:1`` storage, is a fresh tensor there."""
+    threading = torch._C._is_multithreading_enabled()
     seed = _torch_hooks._seed(1, torch.int64)
     assert seed.device == torch.device("neuron", 1) and seed.dtype == torch.int64 and seed.numel() == 0
     t = _torch_hooks.addressed_tensor((2, 3), (3, 1), 0, 48, torch.int64, index=1)
@@ -284,7 +285,7 @@ def test_dlpack_ext_dev_makes_a_tensor_on_any_neuron_index_and_set_keeps_it():
     assert t.untyped_storage().device == torch.device("neuron", 1) and t.untyped_storage().nbytes() == 48
     # the autograd engine's device workers: one per index the Python guard reports (fixed at 1)
     assert torch._C._is_multithreading_enabled() is False  # _seed turned it off for this thread
-    torch._C._set_multithreading_enabled(True)
+    torch._C._set_multithreading_enabled(threading)
 
 
 def test_device_context_constructors_are_torchs_set_of_functions():

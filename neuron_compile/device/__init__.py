@@ -21,7 +21,8 @@ The way of an eager op, top down:
 * ``lengths`` and ``grown``: ops at growing lengths compiled once per 128-bucket;
 * ``index_checks``: index bounds checked as CPU checks them; ``rng`` and ``philox``: the device's
   Philox (seed, offset) state; ``autocast``: ``torch.autocast("neuron")``;
-* ``optim``: Adam's, AdamW's and SGD's steps as one executable each; ``whole_ops``: ``nn.LSTM``/``GRU``/
+* ``optim``: Adam's, AdamW's and SGD's steps as one executable each; ``lbfgs``: LBFGS's direction,
+  gradient gather and update as one op each; ``whole_ops``: ``nn.LSTM``/``GRU``/
   ``RNN`` and ``scaled_dot_product_attention`` as one op forward and one backward;
 * ``sparse``: sparse COO tensors (SparseAdam, sparse embedding gradients), their ops on host copies;
 * ``collectives/``: the ``neuron`` process group and its collectives;
@@ -54,7 +55,7 @@ def register() -> None:
         return
     from .. import profiling
     from . import (_accelerate_hooks, _dtensor_rng_hooks, _device_constructor_hooks, _optim_hooks,
-                   _torch_hooks, issuers, module, optim, post_import, sparse, storage)
+                   _torch_hooks, issuers, lbfgs, module, optim, post_import, sparse, storage)
     from .collectives import process_group
 
     if torch._C._get_privateuse1_backend_name() not in ("privateuseone", _torch_hooks.NAME):
@@ -75,7 +76,8 @@ def register() -> None:
     _torch_hooks.route_accelerator_to(module)
     _optim_hooks.multi_tensor_adam_through(optim.multi_tensor_adam)  # one executable a step
     _optim_hooks.sgd_through(optim.sgd_step)  # the same for SGD
-    _optim_hooks.lbfgs_step_through(optim.lbfgs_step)  # LBFGS without its host reads of alpha=
+    _optim_hooks.lbfgs_step_through(lbfgs.step)  # LBFGS: its direction one op, without host reads
+    _optim_hooks.lbfgs_methods_through(lbfgs.gather_flat_grad, lbfgs.add_grad)  # one op each
     _accelerate_hooks.install()  # accelerate finds this device under torchrun (patched when it imports)
     _dtensor_rng_hooks.install()  # DTensor's RNG tracker draws shards of the device's Philox stream
     sparse.install()  # sparse COO tensors: their ops on host copies (SparseAdam, sparse embedding grads)

@@ -1,5 +1,5 @@
 """The private ``torch.optim`` API the device routes: Adam's and AdamW's foreach step function, SGD's
-for-loop and foreach step functions, and LBFGS's step, rewritten where it reads a value on the host.
+for-loop and foreach step functions, and LBFGS's step, its two-loop recursion one call.
 
 ``torch.optim.adam._multi_tensor_adam``, ``torch.optim.sgd._single_tensor_sgd`` and ``_multi_tensor_sgd``
 are private functions of torch; this module alone replaces them (``tests/test_device_hooks.py`` checks the
@@ -58,22 +58,46 @@ def lbfgs_step_through(handler) -> None:
     lbfgs.LBFGS.step = routed
 
 
-# torch 2.13's LBFGS.step passes 0-d tensors as ``alpha``: torch's argument parser reads each on the host before
-# the op is dispatched (CUDA too), 2 reads per history entry an iteration (20 of an iteration's 25 with a
-# history of 10). On the device each read runs the queue and waits for it; here the same product is issued as
-# a tensor op, and nothing is read
-LBFGS_REWRITES = (
-    ("q.add_(old_dirs[i], alpha=-al[i])", "q.add_(old_dirs[i] * -al[i])"),
-    ("r.add_(old_stps[i], alpha=al[i] - be_i)", "r.add_(old_stps[i] * (al[i] - be_i))"),
-)
+def lbfgs_methods_through(gather_flat_grad, add_grad) -> None:
+    """``torch.optim.LBFGS._gather_flat_grad`` and ``_add_grad`` (private methods its step and line search call)
+    call ``gather_flat_grad(original, self)`` and ``add_grad(original, self, step_size, update)`` (torch's own
+    under Dynamo)."""
+    from torch.optim import lbfgs
+
+    _route(lbfgs.LBFGS, ("_gather_flat_grad",), gather_flat_grad)
+    _route(lbfgs.LBFGS, ("_add_grad",), add_grad)
 
 
-def lbfgs_step_without_reads(original):
-    """torch's ``LBFGS.step`` (``original``, as ``lbfgs_step_through`` passes it) with ``LBFGS_REWRITES``
-    made in its source: compiled once against ``torch.optim.lbfgs``'s globals, with its file and line
-    numbers (a traceback shows torch's lines). A rewrite that no longer finds its line raises, naming it:
-    torch changed ``LBFGS.step``."""
+# torch 2.13's LBFGS.step computes its direction with a two-loop recursion over the history: 5 small ops a
+# history entry each way (a history of 10: 102 ops an iteration, three quarters of a step's), and it passes
+# 0-d tensors as ``alpha``, which torch's argument parser reads on the host before the op is dispatched (CUDA
+# too; on the device each read runs the queue and waits for it). Here the block is one call,
+# ``direction(flat_grad, old_dirs, old_stps, ro, H_diag, al)`` (``lbfgs.direction``: one device op once
+# built, the same loops with the products as tensor ops until then); the rest of the block's lines are left
+# blank, so every line after it keeps torch's number
+LBFGS_DIRECTION = """\
+q = flat_grad.neg()
+for i in range(num_old - 1, -1, -1):
+    al[i] = old_stps[i].dot(q) * ro[i]
+    q.add_(old_dirs[i], alpha=-al[i])
+
+# multiply by initial Hessian
+# r/d is the final direction
+d = r = torch.mul(q, H_diag)
+for i in range(num_old):
+    be_i = old_dirs[i].dot(r) * ro[i]
+    r.add_(old_stps[i], alpha=al[i] - be_i)
+"""
+LBFGS_DIRECTION_CALL = "d = _neuron_direction(flat_grad, old_dirs, old_stps, ro, H_diag, al)\n"
+
+
+def lbfgs_step_without_reads(original, direction):
+    """torch's ``LBFGS.step`` (``original``, as ``lbfgs_step_through`` passes it) with its two-loop recursion
+    (``LBFGS_DIRECTION``, at whatever indentation) a call to ``direction``: compiled once against
+    ``torch.optim.lbfgs``'s globals, with its file and line numbers (a traceback shows torch's lines). A torch
+    whose step no longer has that block once raises, naming it: torch changed ``LBFGS.step``."""
     import inspect
+    import re
     import textwrap
 
     from torch.optim import lbfgs
@@ -81,12 +105,14 @@ def lbfgs_step_without_reads(original):
     raw = inspect.unwrap(original)
     lines, first = inspect.getsourcelines(raw)
     source = textwrap.dedent("".join(lines))
-    for old, new in LBFGS_REWRITES:
-        if source.count(old) != 1:
-            raise RuntimeError(f"torch changed torch.optim.LBFGS.step: its line {old!r} is not there once; "
-                               f"neuron_compile.device._optim_hooks.LBFGS_REWRITES must follow it")
-        source = source.replace(old, new)
-    namespace = dict(vars(lbfgs))
+    indents = set(re.findall(r"^( *)" + re.escape(LBFGS_DIRECTION.splitlines()[0]) + "$", source, re.MULTILINE))
+    blocks = [textwrap.indent(LBFGS_DIRECTION, indent) for indent in indents]
+    if len(blocks) != 1 or source.count(blocks[0]) != 1:
+        raise RuntimeError("torch changed torch.optim.LBFGS.step: its two-loop recursion (neuron_compile.device."
+                           "_optim_hooks.LBFGS_DIRECTION) is not there once; the device's step must follow it")
+    call = textwrap.indent(LBFGS_DIRECTION_CALL, indents.pop())
+    source = source.replace(blocks[0], call + "\n" * (LBFGS_DIRECTION.count("\n") - 1))
+    namespace = dict(vars(lbfgs), _neuron_direction=direction)
     exec(compile("\n" * (first - 1) + source, inspect.getsourcefile(raw), "exec"), namespace)  # noqa: S102
     step = namespace[raw.__name__]
     step.__qualname__ = raw.__qualname__
@@ -94,7 +120,7 @@ def lbfgs_step_without_reads(original):
 
 
 def _route(module, names, handler) -> None:
-    """Replace each function ``module.<name>`` by a router to ``handler`` (once: a router is marked
+    """Replace each function ``module.<name>`` (a module's or a class's) by a router to ``handler`` (once: a router is marked
     ``_neuron``); under Dynamo the router calls torch's own (``dynamo_skips.traced_through``)."""
     from ..dynamo_skips import traced_through
 

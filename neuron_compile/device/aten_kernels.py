@@ -87,6 +87,10 @@ def register_direct_kernels() -> None:
 
     autocast.register()  # only neuron tensors reach autocast kernels: none exists before this first op
     register_device_adapter(_torch_hooks.NAME, ops.ExecutorAdapter)
+    # the thread of the first op (the script's) runs its backward passes itself, as for CPU tensors: the
+    # autograd engine's worker thread for the device cost two thread hand-offs a backward (a two-node
+    # backward took 160-220 us against 60-100), and ops it issues need no other thread's ordering
+    _torch_hooks.backward_on_calling_thread()
     if "torch._dynamo" in sys.modules:  # not imported for an eager-only process (about a second)
         # inside a compiled function, a module Dynamo skips (nn.LSTM) runs its ops through our kernels;
         # a torch.compile that comes later hides them when it looks our backend up

@@ -494,12 +494,17 @@ def _build_later(key, records: list, live: tuple, baked: dict | None, rebuilds: 
 
 def build_later(job) -> None:
     """Run ``job`` on the background thread: a fused run's (key, live, issuers, baked, rebuilds), or a callable
-    (which handles its own failures)."""
+    (which handles its own failures: an op's kernel, ``whole_ops``). An op's kernel goes before every fused run
+    still waiting: those runs hold the op's decomposition, which the kernel replaces in the runs sighted once it
+    is built (a cold LBFGS fit compiled runs of its 100-op two-loop recursion for seconds before its one op)."""
     global _worker
     with _jobs_ready:
         if _closing:
             return
-        _jobs.append(job)
+        if callable(job):
+            _jobs.insert(next((i for i, queued in enumerate(_jobs) if not callable(queued)), len(_jobs)), job)
+        else:
+            _jobs.append(job)
         _jobs_ready.notify()
         if _worker is None or not _worker.is_alive():
             _worker = threading.Thread(target=_work, name="neuron-fusion", daemon=True)

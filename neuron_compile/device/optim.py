@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import torch
 
-from . import op_queue as _op_queue
-
 aten = torch.ops.aten
 _F64 = torch.float64
 
@@ -308,24 +306,3 @@ REWRITES = {
     aten._fused_adamw_.default: fused_adamw_,
     aten._fused_adamw_.tensor_lr: fused_adamw_,
 }
-
-
-_LBFGS_STEP = None  # torch's LBFGS.step without its host reads (_optim_hooks.lbfgs_step_without_reads)
-
-
-def lbfgs_step(original, self, closure):
-    """torch's ``LBFGS.step`` (``original``) on neuron parameters while ops are queued: its two-loop
-    recursion's ``alpha=`` arguments (0-d tensors, which torch's argument parser reads on the host: 20
-    reads an iteration with a history of 10, each running the queue and waiting for it) become tensor
-    products, so an iteration's ops fuse into runs between its own reads (the loss, the curvature and
-    descent tests): 5 an iteration. The numbers are a fused run's (``q + x * -a`` where CPU's kernel
-    computes ``q + (-a) * x``). Op by op (fusion off, deterministic mode) and on other devices: torch's."""
-    global _LBFGS_STEP
-    params = self._params
-    if not params or params[0].device.type != "neuron" or not _op_queue.active():
-        return original(self, closure)
-    if _LBFGS_STEP is None:
-        from . import _optim_hooks
-
-        _LBFGS_STEP = _optim_hooks.lbfgs_step_without_reads(original)
-    return _LBFGS_STEP(self, closure)

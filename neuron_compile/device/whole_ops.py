@@ -125,7 +125,7 @@ def _autograd(op, *args, **kwargs):
     if found is None:
         return _hooks.composite(op, *args, **kwargs)
     spec, tensors, wanted = found
-    if not wanted or not _ready(_forward_op(), (spec, tensors), {}):
+    if not wanted or not ready(_forward_op(), (spec, tensors), {}):
         return _hooks.composite(op, *args, **kwargs)
     results = _Whole.apply((spec, wanted), len(op._schema.returns), *tensors)
     return results[0] if len(results) == 1 else tuple(results)
@@ -137,14 +137,17 @@ _SIGHTINGS: dict = {}  # kernel key -> calls seen while it was not built, or _BU
 _BUILDING, _FAILED, _RETRACE = "building", "failed", "retrace"  # _RETRACE: its index entry did not fit
 
 
-def _ready(op, args, kwargs, repeats: int | None = None) -> bool:
+def ready(op, args, kwargs, repeats: int | None = None) -> bool:
     """Whether ``op``'s kernel for this call is built (``ops``' kernels by signature). Until it is, the
     call is the op's decomposition. Its ``repeats``-th sighting (``op_queue.REPEATS``: a loop) traces it
     here and compiles it on the background thread (an LSTM's backward: 6 s of XLA), or loads it there
     from the op index; no call waits on a compile."""
     from .opkernel import leaves_of
+    from .transfers import _writes, _written_positions
 
     leaves = leaves_of(args, kwargs)
+    if leaves.offsets and _writes(op):  # as ops.dispatch keys the call (an op writing its arguments in place)
+        leaves.pin_written(_written_positions(op, args, kwargs))
     key = (id(op), tuple(leaves.parts))
     if ops.known(key) is not None:
         return True
@@ -164,6 +167,7 @@ def _start(op, key, args, kwargs, leaves, retrace: bool = False):
     from ..options import Options
     from . import op_index
     from .trace import trace_op
+    from .transfers import _written_positions
 
     options = Options.resolve()
     name = op_index.entry_name(op, key[1])
@@ -174,7 +178,8 @@ def _start(op, key, args, kwargs, leaves, retrace: bool = False):
     try:
         # here, not on the background thread: tracing sets torch.fx's process-wide "tracing" flag, and a
         # torch.compile'd function called meanwhile refuses to run
-        traced = trace_op(op, args, kwargs, leaves, [])
+        # (the arguments its schema marks written: LBFGS's ``_lbfgs_add_`` writes the parameters in place)
+        traced = trace_op(op, args, kwargs, leaves, _written_positions(op, args, kwargs))
     except Exception as exc:  # noqa: BLE001 - the op stays its decomposition, said once
         _warn(args, exc)
         return _FAILED
@@ -236,7 +241,7 @@ class _Whole(torch.autograd.Function):
             outputs = _call(ctx.spec, inputs)
             found = torch.autograd.grad(outputs, [inputs[i] for i in wanted], grads, create_graph=True,
                                         allow_unused=True)
-        elif not _ready(_backward_op(), call, {}, repeats=1):  # not built yet: its graph, op by op
+        elif not ready(_backward_op(), call, {}, repeats=1):  # not built yet: its graph, op by op
             found = _backward(*call, eager=True)
         else:
             COUNTS["whole_backward"] += 1
