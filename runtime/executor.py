@@ -120,6 +120,13 @@ def asynchronous() -> bool:
     return queues_eager_ops()
 
 
+def is_asynchronous() -> bool:
+    """Whether the device's client (made now if it is not yet) dispatches asynchronously: ``asynchronous()``
+    as read when the client was made."""
+    _client()
+    return bool(_ASYNCHRONOUS)
+
+
 def _client():
     """The process's PJRT CPU client for the device's buffers and executables (``asynchronous()`` says how
     it dispatches). Made under a lock: two threads compiling their first graphs at once must not make two

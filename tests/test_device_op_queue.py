@@ -663,3 +663,36 @@ def test_an_ops_kernel_is_built_before_the_fused_runs_waiting():
         busy.set()
     op_queue.wait_for_builds()
     assert done == ["first", "second"]
+
+
+@pytest.mark.parametrize("pipelined", [True, False])
+def test_a_long_turn_ends_its_runs_where_its_ops_say_and_they_repeat_and_fuse(pipelined, monkeypatch):
+    """With the asynchronous client, a turn of 150 ops ending in a read is several runs (``run_cuts.chunk_ends``:
+    past ``CHUNK`` ops, before an op pair hashing to a multiple of it), the same ones every turn, fused from
+    their second sighting; a synchronous client runs it as one. The values are CPU's either way."""
+    from neuron_compile.device import run_cuts
+
+    if not op_queue.active():
+        pytest.skip("eager fusion is off in this process")
+    monkeypatch.setattr(run_cuts, "_PIPELINED", pipelined)
+    torch.manual_seed(0)
+    x = torch.randn(64)
+
+    def turn(t):
+        for k in range(50):  # 150 ops: three kinds of kernels, so the op pairs vary along the turn
+            t = (t * 0.5 + 0.25).tanh()
+        return t.sum()
+
+    expected = turn(x)
+    dev_x = x.to("neuron")
+    turn(dev_x).item()  # the kernels are built (an op's first call runs when issued)
+    runs, fused = op_queue.COUNTS["runs"], op_queue.COUNTS["fused_runs"]
+    per_turn = []
+    for i in range(6):
+        before = op_queue.COUNTS["runs"]
+        torch.testing.assert_close(torch.tensor(turn(dev_x).item()), expected, rtol=1e-5, atol=1e-5)
+        per_turn.append(op_queue.COUNTS["runs"] - before)
+        op_queue.wait_for_builds()
+    assert len(set(per_turn)) == 1, per_turn
+    assert (per_turn[0] > 1) if pipelined else (per_turn[0] == 1), per_turn
+    assert op_queue.COUNTS["fused_runs"] - fused >= 3 * per_turn[0], "the turn's runs were not fused"

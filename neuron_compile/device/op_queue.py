@@ -15,12 +15,13 @@ The queue runs (``flush``) when
                       (``storage.Data.buffer``): every reader sees op-by-op's
                       values, in op-by-op's order
     a buffer is taken an op that writes its input buffer in place (donation)
-    it is full        ``LIMIT`` ops, chosen by measurement (``benchmarks/bench_adaptive_eager.py
-                      --limits``: a whole training step in one run, the 544 ops of its LSTM
-                      step included; runs of 96 ops cut it in 6-8 and made each cut's
-                      values outputs: the LSTM step took 1.4x as long). The cut goes where
-                      the ops say (``_cut``), so a loop that never reads is cut at the same
-                      op each turn and its runs repeat
+    it is full        ``LIMIT`` ops (a bound: 1,024). The cut goes where the ops say
+                      (``run_cuts.cut_at``), so a loop that never reads is cut at the same op each
+                      turn and its runs repeat
+    a chunk ends      asynchronous client, ``CHUNK`` ops or more queued: before an op whose
+                      kernel pair hashes to a multiple of ``CHUNK`` (``run_cuts``), so a
+                      loop's runs repeat however long its turn; XLA computes the run while
+                      the host issues the next
     synchronize       ``torch.neuron.synchronize()``, ``torch.accelerator.synchronize()``
 
 A run's signature is its ops' kernels in order, how each parameter is wired
@@ -70,6 +71,7 @@ import torch
 
 from .. import _profiler_hooks as _hooks
 from ..runtime.devices import queues_eager_ops
+from . import run_cuts as _cuts
 from . import run_offsets as _offsets
 from .issuers import describe
 from .issuers import issuer as _issuer
@@ -146,8 +148,11 @@ class _Lost:
 def enqueue(kernel, params: list, shapes: tuple) -> tuple:
     """Queue ``kernel`` on ``params`` (PJRT buffers or ``Pending`` results); its results, pending. The
     caller holds ``LOCK`` until the results are in their storages (a run's liveness counts them there)."""
-    if len(_RECORDS) >= LIMIT:
+    queued = len(_RECORDS)
+    if queued >= LIMIT:
         _cut(kernel)  # the run is full: the ops before the cut run, those after it wait with this one
+    elif queued >= _cuts.CHUNK and _cuts.chunk_ends(_RECORDS[-1][0], kernel):
+        _flush_locked()  # dispatched: XLA computes the ops queued so far while this one and the next are issued
     pendings = tuple([Pending(shape) for shape in shapes])
     _RECORDS.append((kernel, params, pendings, _issuer()))
     COUNTS["queued_ops"] += 1
@@ -239,17 +244,10 @@ def reset() -> None:
 # --- running a run ---------------------------------------------------------------------------
 
 def _cut(kernel) -> None:
-    """Run the first ops of a full queue: up to the cut that ``_cut_at`` picks, the rest stay queued.
-
-    Where a full queue is cut decides its runs' signatures. Cut at ``LIMIT`` ops, a loop that never reads
-    a value (an inference loop collecting outputs on the device) would be cut at another op of its
-    iteration each time: every run a new signature, none ever fused, or, after as many runs as the
-    iteration has phases, a background build of each (a 70-op GPT-2 forward: 35 modules of 1024 ops). So
-    the cut goes where the ops themselves say: before the op, among the queue's second half and the op
-    being queued, whose pair (the op before it, itself) has the smallest ``token`` hash. A loop of up to
-    ``LIMIT // 2`` ops a turn is then cut at the same op each time, and its runs repeat."""
+    """Run the first ops of a full queue: up to the cut that ``run_cuts.cut_at`` picks (where the ops say),
+    the rest stay queued."""
     records = _RECORDS
-    cut = _cut_at(records, kernel)
+    cut = _cuts.cut_at(records, kernel)
     kept = records[cut:]
     del records[cut:]
     checks = _CHECKS[:]  # an index check may read an op still queued after the cut: they run at the next run
@@ -259,18 +257,6 @@ def _cut(kernel) -> None:
     finally:  # an op before the cut that failed fails those after it that read it, when they run
         records.extend(kept)
         _CHECKS[:0] = checks
-
-
-def _cut_at(records: list, kernel) -> int:
-    best, cut = None, len(records)
-    later = kernel.token
-    for i in range(len(records) - 1, len(records) // 2 - 1, -1):  # latest first: a tie keeps the latest
-        token = records[i][0].token
-        pair = (token * 1000003 ^ later) & 0xFFFFFFFF
-        if best is None or pair < best:
-            best, cut = pair, i + 1
-        later = token
-    return cut
 
 
 def _flush_locked() -> None:
@@ -494,9 +480,8 @@ def _build_later(key, records: list, live: tuple, baked: dict | None, rebuilds: 
 
 def build_later(job) -> None:
     """Run ``job`` on the background thread: a fused run's (key, live, issuers, baked, rebuilds), or a callable
-    (which handles its own failures: an op's kernel, ``whole_ops``). An op's kernel goes before every fused run
-    still waiting: those runs hold the op's decomposition, which the kernel replaces in the runs sighted once it
-    is built (a cold LBFGS fit compiled runs of its 100-op two-loop recursion for seconds before its one op)."""
+    (an op's kernel, ``whole_ops``: it handles its own failures), which goes before the fused runs waiting
+    (they hold the decomposition it replaces: a cold LBFGS fit compiled its recursion's for seconds)."""
     global _worker
     with _jobs_ready:
         if _closing:
