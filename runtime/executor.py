@@ -448,7 +448,8 @@ class XlaExecutable:
             self._on_devices = {}
         loaded = self._on_devices.get(index)
         if loaded is None:
-            loaded = self._on_devices[index] = self._loaded_again(_client(), _device_list(index), _options_on(index))
+            loaded = self._on_devices[index] = self._loaded_again(_client(), _device_list(index),
+                                                                  _options_on(index))
         return loaded
 
     def _loaded_again(self, client, devices, options):

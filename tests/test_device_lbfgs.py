@@ -15,16 +15,19 @@ from torch.testing import assert_close
 from neuron_compile.device import _optim_hooks, lbfgs, op_queue, whole_ops
 
 
-def _fit(device, steps=6, history=4, line_search=None, seed=0):
+def _fit(device, steps=6, history=4, line_search=None, seed=0, never_stop=False, settle=False):
     """An MLP fit with LBFGS as users write it (a closure), as pytorch/examples does: the losses each step
-    returns, the parameters after, and the queue's runs each step took on the device."""
+    returns, the parameters after, and the queue's runs and queued ops each step took on the device.
+    ``never_stop``: tolerances that never end a step early (every step runs ``max_iter`` iterations);
+    ``settle``: the background builds are waited for after each step."""
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     x = torch.randn(64, 4)
     y = (x[:, :1] * 2 - x[:, 1:2]).sin()
     model, x, y = model.to(device), x.to(device), y.to(device)
+    tolerances = {"tolerance_grad": -1.0, "tolerance_change": -1.0} if never_stop else {}
     opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4, history_size=history,
-                            line_search_fn=line_search)
+                            line_search_fn=line_search, **tolerances)
 
     def closure():
         opt.zero_grad()
@@ -32,12 +35,15 @@ def _fit(device, steps=6, history=4, line_search=None, seed=0):
         loss.backward()
         return loss
 
-    losses, runs = [], []
+    losses, runs, queued = [], [], []
     for _ in range(steps):
-        before = op_queue.COUNTS["runs"]
+        before = op_queue.COUNTS["runs"], op_queue.COUNTS["queued_ops"]
         losses.append(opt.step(closure).item())
-        runs.append(op_queue.COUNTS["runs"] - before)
-    return losses, [p.detach().cpu() for p in model.parameters()], runs
+        runs.append(op_queue.COUNTS["runs"] - before[0])
+        queued.append(op_queue.COUNTS["queued_ops"] - before[1])
+        if settle:
+            op_queue.wait_for_builds()
+    return losses, [p.detach().cpu() for p in model.parameters()], runs, queued
 
 
 def test_lbfgs_step_is_routed_and_its_direction_block_is_found_in_torchs_source():
@@ -46,8 +52,7 @@ def test_lbfgs_step_is_routed_and_its_direction_block_is_found_in_torchs_source(
         assert getattr(getattr(torch.optim.LBFGS, name), "_neuron", False), f"LBFGS.{name} is not routed"
     torchs = _optim_hooks.LBFGS_STEP
     assert inspect.unwrap(torchs).__code__.co_filename == sys.modules["torch.optim.lbfgs"].__file__
-    calls = []
-    rewritten = _optim_hooks.lbfgs_step_without_reads(torchs, lambda *args: calls.append(args))
+    rewritten = _optim_hooks.lbfgs_step_with_direction(torchs, lbfgs.direction)
     code = inspect.unwrap(rewritten).__code__  # (under torch.no_grad(), as torch's)
     assert code.co_filename == sys.modules["torch.optim.lbfgs"].__file__  # tracebacks show torch's own lines
     assert code.co_firstlineno == inspect.unwrap(torchs).__code__.co_firstlineno
@@ -62,7 +67,7 @@ def test_lbfgs_step_is_routed_and_its_direction_block_is_found_in_torchs_source(
 def test_a_torch_without_the_two_loop_block_is_named(monkeypatch):
     monkeypatch.setattr(_optim_hooks, "LBFGS_DIRECTION", "q = flat_grad.neg()\nnot in torch's source\n")
     with pytest.raises(RuntimeError, match="two-loop recursion"):
-        _optim_hooks.lbfgs_step_without_reads(_optim_hooks.LBFGS_STEP, lbfgs.direction)
+        _optim_hooks.lbfgs_step_with_direction(_optim_hooks.LBFGS_STEP, lbfgs.direction)
 
 
 def _direction_inputs(history=3, n=37, seed=0):
@@ -102,27 +107,9 @@ def _step_ops(monkeypatch, ours: bool) -> list:
     if not ours:
         monkeypatch.setattr(lbfgs, "_STEP", _optim_hooks.LBFGS_STEP)
         monkeypatch.setattr(lbfgs, "_queued", lambda params: False)
-    counts = []
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).to("neuron")
-    x = torch.randn(64, 4).to("neuron")
-    y = x[:, :1].sin()
-    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4, history_size=4, tolerance_grad=-1.0,
-                            tolerance_change=-1.0)
-
-    def closure():
-        opt.zero_grad()
-        loss = (model(x) - y).pow(2).mean()
-        loss.backward()
-        return loss
-
-    for step in range(8):
-        before = op_queue.COUNTS["queued_ops"]
-        opt.step(closure).item()
-        counts.append(op_queue.COUNTS["queued_ops"] - before)
-        op_queue.wait_for_builds()
+    queued = _fit("neuron", steps=8, never_stop=True, settle=True)[3]
     monkeypatch.undo()
-    return counts
+    return queued
 
 
 def test_an_lbfgs_step_queues_its_direction_and_flat_gradients_as_single_ops(monkeypatch):
@@ -141,8 +128,8 @@ def test_an_lbfgs_step_queues_its_direction_and_flat_gradients_as_single_ops(mon
 def test_lbfgs_on_the_device_gives_cpus_fit_without_reading_its_alphas(line_search, monkeypatch):
     if not op_queue.active():
         pytest.skip("eager fusion is off in this process: torch's own step runs")
-    want_losses, want_params, _ = _fit("cpu", line_search=line_search)
-    got_losses, got_params, runs = _fit("neuron", line_search=line_search)
+    want_losses, want_params, *_ = _fit("cpu", line_search=line_search)
+    got_losses, got_params, runs, _ = _fit("neuron", line_search=line_search)
     assert_close(torch.tensor(got_losses), torch.tensor(want_losses), rtol=2e-4, atol=1e-6)
     for got, want in zip(got_params, want_params):
         assert_close(got, want, rtol=2e-3, atol=2e-4)
@@ -152,6 +139,6 @@ def test_lbfgs_on_the_device_gives_cpus_fit_without_reading_its_alphas(line_sear
         # iteration's runs are its own reads
         assert max(runs[2:]) <= 4 * 5 + 2, runs
         monkeypatch.setattr(lbfgs, "_STEP", _optim_hooks.LBFGS_STEP)  # torch's own step, queued
-        torchs_losses, _, torchs = _fit("neuron", line_search=line_search)
+        torchs_losses, _, torchs, _ = _fit("neuron", line_search=line_search)
         assert min(torchs[2:]) > max(runs[2:]) + 4, (runs, torchs)  # its alpha reads: one queue run each
         assert_close(torch.tensor(torchs_losses), torch.tensor(want_losses), rtol=2e-4, atol=1e-6)

@@ -91,7 +91,7 @@ for i in range(num_old):
 LBFGS_DIRECTION_CALL = "d = _neuron_direction(flat_grad, old_dirs, old_stps, ro, H_diag, al)\n"
 
 
-def lbfgs_step_without_reads(original, direction):
+def lbfgs_step_with_direction(original, direction):
     """torch's ``LBFGS.step`` (``original``, as ``lbfgs_step_through`` passes it) with its two-loop recursion
     (``LBFGS_DIRECTION``, at whatever indentation) a call to ``direction``: compiled once against
     ``torch.optim.lbfgs``'s globals, with its file and line numbers (a traceback shows torch's lines). A torch
@@ -120,8 +120,8 @@ def lbfgs_step_without_reads(original, direction):
 
 
 def _route(module, names, handler) -> None:
-    """Replace each function ``module.<name>`` (a module's or a class's) by a router to ``handler`` (once: a router is marked
-    ``_neuron``); under Dynamo the router calls torch's own (``dynamo_skips.traced_through``)."""
+    """Replace each function ``module.<name>`` (a module's or a class's) by a router to ``handler`` (once: a
+    router is marked ``_neuron``); under Dynamo the router calls torch's own (``dynamo_skips.traced_through``)."""
     from ..dynamo_skips import traced_through
 
     for name in names:

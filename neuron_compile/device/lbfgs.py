@@ -22,7 +22,7 @@ import torch
 from . import op_queue as _op_queue
 from .optim import _written, define
 
-_STEP = None  # torch's LBFGS.step, its direction one call (_optim_hooks.lbfgs_step_without_reads)
+_STEP = None  # torch's LBFGS.step, its direction one call (_optim_hooks.lbfgs_step_with_direction)
 
 
 def step(original, self, closure):
@@ -39,7 +39,7 @@ def step(original, self, closure):
     if _STEP is None:
         from . import _optim_hooks
 
-        _STEP = _optim_hooks.lbfgs_step_without_reads(original, direction)
+        _STEP = _optim_hooks.lbfgs_step_with_direction(original, direction)
     return _STEP(self, closure)
 
 
