@@ -151,6 +151,35 @@ def test_attention_without_a_graph_is_its_decomposition_with_cpus_values():
     assert whole_ops.COUNTS == before
 
 
+def test_a_models_layers_in_one_turn_build_nothing_and_the_next_turn_builds_the_attention():
+    """The same attention in six layers of one step is one sighting, not a loop: nothing is traced or built
+    during that (cold) step; the step after a host read is the second sighting, and builds it."""
+    torch.manual_seed(5)  # a shape no other test gives the attention: its kernel is not built yet
+    q, k, v = (torch.randn(3, 2, 7, 8, requires_grad=True) for _ in range(3))
+
+    def step():
+        x = q.detach().to("neuron").requires_grad_()
+        keys, values = k.detach().to("neuron"), v.detach().to("neuron")
+        for _ in range(6):  # six layers
+            x = F.scaled_dot_product_attention(x, keys, values, is_causal=True)
+        loss = x.square().sum()
+        loss.backward()
+        return loss.item()  # the host read that ends the turn
+
+    expected = q
+    for _ in range(6):
+        expected = F.scaled_dot_product_attention(expected, k, v, is_causal=True)
+    before = dict(whole_ops.COUNTS)
+    torch.testing.assert_close(step(), expected.square().sum().item(), rtol=1e-5, atol=1e-5)
+    op_queue.wait_for_builds()
+    assert whole_ops.COUNTS == before  # six calls, one turn: nothing traced, nothing built
+    step()
+    op_queue.wait_for_builds()
+    assert whole_ops.COUNTS["builds"] > before["builds"]  # the forward at its second turn (and its backward)
+    torch.testing.assert_close(step(), expected.square().sum().item(), rtol=1e-5, atol=1e-5)
+    assert whole_ops.COUNTS["whole_forward"] >= before["whole_forward"] + 6
+
+
 def test_a_gradient_of_a_gradient_differentiates_the_decomposition():
     _turns(_LSTMWithState, _lstm_inputs, turns=4, create_graph=True)
 

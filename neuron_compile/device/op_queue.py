@@ -95,7 +95,8 @@ _RUNS: dict = {}  # run signature -> sightings (int), _BUILDING, _FAILED or a fu
 _SIGHTED: dict = {}  # run signature -> its views' offsets at its first sighting (run_offsets.of_run)
 _BUILDING, _FAILED = "building", "failed"
 COUNTS = {"queued_ops": 0, "runs": 0, "fused_runs": 0, "fused_builds": 0, "fused_failures": 0, "fused_dropped": 0,
-          "executables": 0, "op_by_op_runs": 0, "fused_rebuilt": 0}
+          "executables": 0, "op_by_op_runs": 0, "fused_rebuilt": 0, "host_reads": 0,
+          "synchronizations": 0}
 
 
 ENABLED = queues_eager_ops()  # NEURON_COMPILE_EAGER_FUSION on, NEURON_LAUNCH_BLOCKING off
@@ -223,6 +224,7 @@ def _run_checks() -> None:
 def synchronize() -> None:
     """Wait for every op issued so far: the queue runs, its deferred index checks raise, and XLA finishes
     what it was given (an asynchronous client returns before: ``executor.asynchronous``)."""
+    COUNTS["synchronizations"] += 1
     settle()
     from ..runtime import executor  # (not at import: the device's registration stays free of jaxlib)
 

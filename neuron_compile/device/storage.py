@@ -369,6 +369,7 @@ def buffer_to_host(buffer, dtype: torch.dtype) -> torch.Tensor:
     buffer, so a loop's runs start again at the same op each step (a ``loss.item()`` whose value an
     earlier run computed would otherwise leave the backward queued into the next step's run). Inside
     ``op_queue.unqueued()`` (an index check's read of resident values) the queue is left as it is."""
+    _op_queue.COUNTS["host_reads"] += 1
     if (_op_queue._RECORDS or _op_queue._CHECKS) and not _op_queue.beside():
         _op_queue.settle()
     if _profiler_hooks.STATE._is_profiler_enabled:  # a neuron::device_to_host event
@@ -411,6 +412,7 @@ def buffer_number(buffer, dtype: torch.dtype):
     back otherwise than torch (``_NUMBERS`` lists those it gives alike)."""
     if dtype not in _NUMBERS:
         return None
+    _op_queue.COUNTS["host_reads"] += 1
     if (_op_queue._RECORDS or _op_queue._CHECKS) and not _op_queue.beside():
         _op_queue.settle()
     if _profiler_hooks.STATE._is_profiler_enabled:  # a neuron::device_to_host event

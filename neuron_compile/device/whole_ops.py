@@ -18,7 +18,8 @@ each way (``_cudnn_rnn``, ``_scaled_dot_product_efficient_attention``); here:
                decomposition, as before: its pieces fuse in the queue's runs, and an inference loop at
                growing lengths keeps its bucketed kernels (``lengths``)
     adaptive   a kernel is built from its second sighting (``op_queue.REPEATS``; a backward's from its
-               first): traced on the issuing thread, compiled on the queue's background thread; calls run
+               first), a sighting being a turn of the loop (a host read between: a model's layers in one
+               step are one): traced on the issuing thread, compiled on the queue's background thread; calls run
                the decomposition until it is built (a backward runs its graph op by op). A second process
                finds the kernels in the op index and loads them there too
 
@@ -133,15 +134,26 @@ def _autograd(op, *args, **kwargs):
 
 # --- built in the background --------------------------------------------------------------------
 
-_SIGHTINGS: dict = {}  # kernel key -> calls seen while it was not built, or _BUILDING / _FAILED
+_SIGHTINGS: dict = {}  # kernel key -> turns it was called in while it was not built, or _BUILDING / _FAILED
 _BUILDING, _FAILED, _RETRACE = "building", "failed", "retrace"  # _RETRACE: its index entry did not fit
+_TURNS: dict = {}  # kernel key -> (the turn of its last counted sighting, calls in that turn since)
+SAME_TURN = 16  # calls in one turn that count as a sighting of their own (a loop that never reads)
+
+
+def _turn() -> int:
+    """Which turn of the user's loop this is: the host reads and synchronizations so far. Calls of an op in
+    one turn are one sighting: a model's identical layers call it again and again in its first step, which
+    is no loop of the user's yet (a GPT-2's two attentions traced and compiled theirs during its cold first
+    step, beside the step's own compiles, on shared cores)."""
+    return op_queue.COUNTS["host_reads"] + op_queue.COUNTS["synchronizations"]
 
 
 def ready(op, args, kwargs, repeats: int | None = None) -> bool:
     """Whether ``op``'s kernel for this call is built (``ops``' kernels by signature). Until it is, the
     call is the op's decomposition. Its ``repeats``-th sighting (``op_queue.REPEATS``: a loop) traces it
     here and compiles it on the background thread (an LSTM's backward: 6 s of XLA), or loads it there
-    from the op index; no call waits on a compile."""
+    from the op index; no call waits on a compile. A sighting is a turn of the user's loop that calls it
+    (``_turn``), or ``SAME_TURN`` calls in one."""
     from .opkernel import leaves_of
     from .transfers import _writes, _written_positions
 
@@ -155,6 +167,12 @@ def ready(op, args, kwargs, repeats: int | None = None) -> bool:
     if seen is _RETRACE:
         _SIGHTINGS[key] = _start(op, key, args, kwargs, leaves, retrace=True)
     elif seen.__class__ is int and not (leaves.retypes or leaves.two_dtypes or leaves.mixed is not None):
+        turn = _turn()
+        last, calls = _TURNS.get(key, (None, 0))
+        if last == turn and calls + 1 < SAME_TURN:  # called again in the turn of its last sighting
+            _TURNS[key] = (turn, calls + 1)
+            return False
+        _TURNS[key] = (turn, 0)
         seen += 1
         if seen >= (repeats or op_queue.REPEATS):
             seen = _start(op, key, args, kwargs, leaves)
