@@ -346,6 +346,25 @@ def test_sgds_step_functions_are_ours_and_the_functions_they_mirror_are_unchange
         f"computes what it computes, in its order (and the cases sgd_step leaves to torch), then update the digest")
 
 
+# torch 2.13's LBFGS.step; lbfgs.fixed_step mirrors it without a line search (its reads gathered)
+LBFGS_STEP_SHA256 = "7d1dd4afcf631b9a"
+
+
+def test_lbfgs_step_is_routed_and_the_step_fixed_step_mirrors_is_unchanged():
+    """``torch.optim.LBFGS.step`` is routed, and torch's own (whose fixed-step iteration ``lbfgs.fixed_step``
+    mirrors test for test, state entry for state entry) is the source it was written against."""
+    import hashlib
+    import inspect
+
+    from neuron_compile.device import _optim_hooks
+
+    assert getattr(torch.optim.LBFGS.step, "_neuron", False)
+    digest = hashlib.sha256(inspect.getsource(inspect.unwrap(_optim_hooks.LBFGS_STEP)).encode()).hexdigest()[:16]
+    assert digest == LBFGS_STEP_SHA256, (
+        "torch changed torch.optim.LBFGS.step: check that neuron_compile.device.lbfgs.fixed_step still takes its "
+        "iterations (its tests, their order, its state entries) without a line search, then update the digest")
+
+
 def test_the_autograd_engine_says_when_it_runs_a_backward():
     """``_autograd_hooks.in_backward`` (growing lengths stay exact inside a backward, where grad mode is off
     too) reads ``torch._C._current_graph_task_id()``: -1 outside the engine, a task id inside it."""

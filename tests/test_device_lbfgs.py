@@ -1,7 +1,8 @@
-"""LBFGS on the ``neuron`` device: torch's own ``LBFGS.step`` with its two-loop recursion one device op and no
-host read of its ``alpha=`` arguments (``device/lbfgs.py``: ``step``, ``direction``,
-``_optim_hooks.LBFGS_DIRECTION``), and its ``_gather_flat_grad`` and ``_add_grad`` one op each, so an
-iteration is a few fused runs of a few ops, with CPU's losses and parameters; torch's step itself op by op."""
+"""LBFGS on the ``neuron`` device (``device/lbfgs.py``): without a line search, torch's step mirrored with its
+reads gathered, two an iteration (``fixed_step``); with one, torch's own ``LBFGS.step`` with its two-loop
+recursion one device op and no host read of its ``alpha=`` arguments (``step``, ``direction``,
+``_optim_hooks.LBFGS_DIRECTION``); ``_gather_flat_grad`` and ``_add_grad`` one op each. An iteration is a few
+fused runs of a few ops, with CPU's losses, parameters and state; torch's step itself op by op."""
 
 from __future__ import annotations
 
@@ -15,19 +16,21 @@ from torch.testing import assert_close
 from neuron_compile.device import _optim_hooks, lbfgs, op_queue, whole_ops
 
 
-def _fit(device, steps=6, history=4, line_search=None, seed=0, never_stop=False, settle=False):
+def _fit(device, steps=6, history=4, line_search=None, seed=0, never_stop=False, settle=False, reads=None,
+         **options):
     """An MLP fit with LBFGS as users write it (a closure), as pytorch/examples does: the losses each step
     returns, the parameters after, and the queue's runs and queued ops each step took on the device.
     ``never_stop``: tolerances that never end a step early (every step runs ``max_iter`` iterations);
-    ``settle``: the background builds are waited for after each step."""
+    ``settle``: the background builds are waited for after each step; ``reads``: a list that gets the host
+    reads each step made with the iterations so far, then the optimizer's state; ``options``: LBFGS's
+    (``max_iter`` 4 unless given)."""
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     x = torch.randn(64, 4)
     y = (x[:, :1] * 2 - x[:, 1:2]).sin()
     model, x, y = model.to(device), x.to(device), y.to(device)
-    tolerances = {"tolerance_grad": -1.0, "tolerance_change": -1.0} if never_stop else {}
-    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4, history_size=history,
-                            line_search_fn=line_search, **tolerances)
+    options = {"max_iter": 4, **options, **({"tolerance_grad": -1.0, "tolerance_change": -1.0} if never_stop else {})}
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, history_size=history, line_search_fn=line_search, **options)
 
     def closure():
         opt.zero_grad()
@@ -37,12 +40,17 @@ def _fit(device, steps=6, history=4, line_search=None, seed=0, never_stop=False,
 
     losses, runs, queued = [], [], []
     for _ in range(steps):
-        before = op_queue.COUNTS["runs"], op_queue.COUNTS["queued_ops"]
-        losses.append(opt.step(closure).item())
+        before = op_queue.COUNTS["runs"], op_queue.COUNTS["queued_ops"], op_queue.COUNTS["host_reads"]
+        loss = opt.step(closure)
         runs.append(op_queue.COUNTS["runs"] - before[0])
         queued.append(op_queue.COUNTS["queued_ops"] - before[1])
+        if reads is not None:  # (the step's reads, the iterations so far)
+            reads.append((op_queue.COUNTS["host_reads"] - before[2], opt.state[opt._params[0]].get("n_iter", 0)))
+        losses.append(loss.item())
         if settle:
             op_queue.wait_for_builds()
+    if reads is not None:
+        reads.append(opt.state[next(iter(model.parameters()))])  # the optimizer's state, last
     return losses, [p.detach().cpu() for p in model.parameters()], runs, queued
 
 
@@ -102,10 +110,16 @@ def test_the_direction_op_gives_torchs_two_loop_recursion(history):
     assert whole_ops.COUNTS["builds"] > before["builds"], "the direction was never built as one op"
 
 
+def _torchs_step(monkeypatch) -> None:
+    """The device runs torch's own ``LBFGS.step`` (queued), not ``fixed_step`` or its two-loop call."""
+    monkeypatch.setattr(lbfgs, "_STEP", _optim_hooks.LBFGS_STEP)
+    monkeypatch.setattr(lbfgs, "fixed_step", lambda self, closure: _optim_hooks.LBFGS_STEP(self, closure))
+
+
 def _step_ops(monkeypatch, ours: bool) -> list:
     """Ops queued a step of a short fit, with the device's LBFGS or with torch's own step and methods."""
     if not ours:
-        monkeypatch.setattr(lbfgs, "_STEP", _optim_hooks.LBFGS_STEP)
+        _torchs_step(monkeypatch)
         monkeypatch.setattr(lbfgs, "_queued", lambda params: False)
     queued = _fit("neuron", steps=8, never_stop=True, settle=True)[3]
     monkeypatch.undo()
@@ -135,10 +149,47 @@ def test_lbfgs_on_the_device_gives_cpus_fit_without_reading_its_alphas(line_sear
         assert_close(got, want, rtol=2e-3, atol=2e-4)
     if line_search is None:
         # torch's step reads 2 alphas per history entry an iteration (up to 8 here) besides its 5 reads (the
-        # loss, the curvature and descent tests, the optimality and progress checks); without them an
-        # iteration's runs are its own reads
-        assert max(runs[2:]) <= 4 * 5 + 2, runs
-        monkeypatch.setattr(lbfgs, "_STEP", _optim_hooks.LBFGS_STEP)  # torch's own step, queued
+        # loss, the curvature and descent tests, the optimality and progress checks); the device's reads the
+        # loss and the three tests after it together, then the descent test: an iteration's runs are its 2 reads
+        assert max(runs[2:]) <= 4 * 2 + 2, runs
+        _torchs_step(monkeypatch)  # torch's own step, queued
         torchs_losses, _, torchs, _ = _fit("neuron", line_search=line_search)
-        assert min(torchs[2:]) > max(runs[2:]) + 4, (runs, torchs)  # its alpha reads: one queue run each
+        assert min(torchs[2:]) > max(runs[2:]) + 3 * 4, (runs, torchs)  # its alpha reads and 3 more an iteration
         assert_close(torch.tensor(torchs_losses), torch.tensor(want_losses), rtol=2e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("options", [
+    {},  # torch's default tolerances
+    {"tolerance_change": 1e-3},  # the descent, progress and loss-change tests end steps early
+    {"tolerance_grad": 2e-2},  # the optimality test: a step that returns at once, too
+    {"max_iter": 5, "max_eval": 3},
+    {"max_iter": 1},
+], ids=["defaults", "tolerance_change", "tolerance_grad", "max_eval", "max_iter=1"])
+def test_the_fixed_step_takes_torchs_iterations_and_reads_twice_an_iteration(options):
+    """``fixed_step`` against torch's ``LBFGS.step`` on CPU: where each step stops (iterations, evaluations,
+    history length: the tests it reads ahead decide as torch's do), the losses, the state and the parameters;
+    and its host reads, at most 2 an iteration and 1 more (torch's: 5 an iteration)."""
+    if not op_queue.active():
+        pytest.skip("eager fusion is off in this process: torch's own step runs")
+    runs = {}
+    for device in ("cpu", "neuron"):
+        reads = []
+        losses, params, *_ = _fit(device, steps=7, history=2, seed=3, reads=reads, **options)
+        runs[device] = losses, params, reads[:-1], reads[-1]
+    (want_losses, want_params, _, want), (got_losses, got_params, reads, got) = runs["cpu"], runs["neuron"]
+    assert (got["n_iter"], got["func_evals"], len(got["old_dirs"])) == (
+        want["n_iter"], want["func_evals"], len(want["old_dirs"]))
+    assert_close(torch.tensor(got_losses), torch.tensor(want_losses), rtol=2e-4, atol=1e-6)
+    for got_param, want_param in zip(got_params, want_params):
+        assert_close(got_param, want_param, rtol=2e-3, atol=2e-4)
+    # the curvature pair y is a difference of nearly equal gradients once the fit converges: torch's own step,
+    # queued on the device, ends the default case's 7 steps with H_diag 3% from CPU's (this one, 1%)
+    for key in ("d", "prev_flat_grad", "H_diag"):
+        if isinstance(want[key], torch.Tensor):
+            assert_close(got[key].cpu(), want[key], rtol=5e-2, atol=1e-3)
+    assert got["t"] == pytest.approx(float(want["t"]), rel=1e-5) and got["prev_loss"] == pytest.approx(
+        want["prev_loss"], rel=2e-4)
+    # after the first step (whose first iteration reads its step size t = min(1, 1 / |g|.sum()) * lr, then
+    # torch's _add_grad reads it again, as an alpha, once a parameter): 2 an iteration, and 1 a step
+    iterations = reads[-1][1] - reads[0][1]
+    assert sum(count for count, _ in reads[1:]) <= 2 * iterations + len(reads) - 1, reads

@@ -232,3 +232,25 @@ def test_a_second_process_loads_the_whole_ops_from_the_index_and_traces_nothing(
     assert first["builds"] == 2 and first["whole_backward"] >= 1
     assert second["builds"] == 2 and second["whole_backward"] >= 1
     assert second["compiles"] == 0, second
+
+
+def test_an_op_taking_a_float_only_as_a_constant_is_not_built_with_one_calls_value():
+    """A float argument the executable cannot take at run time (here a comparison's) would be baked into the
+    kernel at the value of the call that built it, under a signature that does not say which: the op stays
+    its pieces, said once (an LBFGS tolerance so built gave every later fit the first fit's tolerance)."""
+    from neuron_compile.device.optim import define
+
+    def body(x, v):
+        return (x <= v).to(x.dtype)
+
+    op = define("_test_float_constant", "_test_float_constant(Tensor x, float v) -> Tensor", body, body)
+    x = torch.tensor([0.1, 0.5, 0.9])
+    device_x = x.to("neuron")
+    before = dict(whole_ops.COUNTS)
+    with pytest.warns(UserWarning, match="taken only as a constant"):
+        for v in (0.3, 0.7, 0.3, 0.7):
+            assert not whole_ops.ready(op, (device_x, v), {})
+            torch.testing.assert_close(body(device_x, v).cpu(), body(x, v))  # its pieces; the read ends a turn
+            op_queue.wait_for_builds()
+    assert whole_ops.COUNTS["builds"] == before["builds"]
+    assert whole_ops.COUNTS["failures"] == before["failures"] + 1

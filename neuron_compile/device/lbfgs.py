@@ -1,15 +1,23 @@
-"""LBFGS on the device: ``torch.optim.LBFGS`` as torch runs it, its small ops gathered into a few device ops.
+"""LBFGS on the device: ``torch.optim.LBFGS`` as torch runs it, its small ops gathered into a few device ops
+and its host reads into two an iteration.
 
-torch's ``LBFGS.step`` (2.13) issues some 140 small ops an iteration with a history of 10, and reads 25 values
-on the host a step besides its own five an iteration (the ``alpha=`` arguments of its two-loop recursion,
-0-d tensors that torch's argument parser reads). On neuron parameters, while ops are queued, three of its
-pieces are one op each (``optim.define``: traced as one kernel, queued and fused like any op), built in the
-background from their second call (``whole_ops.ready``) and found in the op index by a second process:
+torch's ``LBFGS.step`` (2.13) issues some 140 small ops an iteration with a history of 10, and reads 20 values
+on the host an iteration besides its own five (the ``alpha=`` arguments of its two-loop recursion, 0-d tensors
+that torch's argument parser reads). Each read runs the device's queue and waits for it. On neuron parameters,
+while ops are queued, its pieces are one op each (``optim.define``: traced as one kernel, queued and fused
+like any op), built in the background from their second turn (``whole_ops.ready``) and found in the op index
+by a second process:
 
-    direction         the two-loop recursion (``_optim_hooks.LBFGS_DIRECTION``, a call in torch's own step
-                      compiled from its source: ``step``), without host reads
+    direction         the two-loop recursion, without host reads
     _gather_flat_grad the gradients viewed flat and concatenated
     _add_grad         the parameters stepped along the direction (a Python step size)
+    evaluate          after a closure, the flat gradient and the four tests torch reads one by one (the loss,
+                      optimality, progress, and the next iteration's curvature), read together
+
+Without a line search the step is ``fixed_step``, torch's mirrored (``tests/test_device_hooks.py`` checks the
+source) with ``evaluate`` where torch reads: two reads an iteration instead of five. With one
+(``strong_wolfe``), it is torch's own step compiled from its source with its recursion's block
+(``_optim_hooks.LBFGS_DIRECTION``) a call to ``direction`` (``step``).
 
 The numbers are a fused run's (XLA contracts ``q + x * -a`` into an FMA where CPU rounds the product). Op by op
 (fusion off, deterministic mode) and on other devices, torch's LBFGS runs unchanged.
@@ -36,6 +44,9 @@ def step(original, self, closure):
     params = self._params
     if not params or params[0].device.type != "neuron" or not _op_queue.active():
         return original(self, closure)
+    if self.param_groups[0]["line_search_fn"] is None and len(self.param_groups) == 1 and _queued(params):
+        with torch.no_grad():
+            return fixed_step(self, closure)
     if _STEP is None:
         from . import _optim_hooks
 
@@ -155,3 +166,178 @@ def _direction(flat_grad, old_dirs, old_stps, ro, H_diag):
 def _direction_op():
     return define("_lbfgs_direction", "_lbfgs_direction(Tensor flat_grad, Tensor[] old_dirs, Tensor[] old_stps, "
                   "Tensor[] ro, Tensor H_diag) -> Tensor[]", _direction, _direction)
+
+
+# --- the fixed-step iteration, its reads gathered ------------------------------------------------------------
+
+def fixed_step(self, closure):
+    """torch 2.13's ``LBFGS.step`` without a line search (``tests/test_device_hooks.py`` checks the source this
+    mirrors), reading the host's values two at a time an iteration instead of five.
+
+    torch reads, an iteration: the loss after the closure, the optimality test (``opt_cond``), the progress
+    test (``d.mul(t).abs().max() <= tolerance_change``), then at the next iteration's start the curvature test
+    (``ys > 1e-10``), and the descent test (``gtd > -tolerance_change``). The first four are known together
+    once the closure's gradients are: ``evaluate`` computes them as one device op (with the curvature pair
+    ``y``, ``s`` and what an accepted pair adds to the history: ``1 / ys`` and the new ``H_diag``) and reads
+    them as one transfer. What it computes ahead is what torch would compute next, from the same tensors;
+    where torch's loop stops first it is not used. Every op, test and state entry is torch's, in its order."""
+    from torch.optim.lbfgs import _to_scalar
+
+    group = self.param_groups[0]
+    lr = _to_scalar(group["lr"])
+    max_iter = group["max_iter"]
+    max_eval = group["max_eval"]
+    tolerance_grad = group["tolerance_grad"]
+    tolerance_change = group["tolerance_change"]
+    history_size = group["history_size"]
+
+    state = self.state[self._params[0]]
+    state.setdefault("func_evals", 0)
+    state.setdefault("n_iter", 0)
+    closure = torch.enable_grad()(closure)
+
+    orig_loss = closure()
+    current_evals = 1
+    state["func_evals"] += 1
+
+    d = state.get("d")
+    t = state.get("t")
+    old_dirs = state.get("old_dirs")
+    old_stps = state.get("old_stps")
+    ro = state.get("ro")
+    H_diag = state.get("H_diag")
+    prev_flat_grad = state.get("prev_flat_grad")
+    prev_loss = state.get("prev_loss")
+
+    # the first iteration's curvature pair, from the last step's direction (torch's first iteration of a
+    # step past the first computes it from the same state)
+    ahead = state["n_iter"] > 0 and d is not None and prev_flat_grad is not None
+    flat_grad, loss, opt_cond, _, curvature = evaluate(self, orig_loss, prev_flat_grad if ahead else None, d, t,
+                                                       tolerance_grad, tolerance_change)
+    if opt_cond:
+        return orig_loss
+
+    n_iter = 0
+    while n_iter < max_iter:
+        n_iter += 1
+        state["n_iter"] += 1
+
+        if state["n_iter"] == 1:
+            d = flat_grad.neg()
+            old_dirs = []
+            old_stps = []
+            ro = []
+            H_diag = 1
+        else:
+            y, s, accepted, ro_new, H_new = curvature
+            if accepted:  # torch's ys > 1e-10
+                if len(old_dirs) == history_size:
+                    old_dirs.pop(0)
+                    old_stps.pop(0)
+                    ro.pop(0)
+                old_dirs.append(y)
+                old_stps.append(s)
+                ro.append(ro_new)
+                H_diag = H_new
+            if "al" not in state:
+                state["al"] = [None] * history_size
+            d = direction(flat_grad, old_dirs, old_stps, ro, H_diag, state["al"])
+
+        if prev_flat_grad is None:
+            prev_flat_grad = flat_grad.clone(memory_format=torch.contiguous_format)
+        else:
+            prev_flat_grad.copy_(flat_grad)
+        prev_loss = loss
+
+        if state["n_iter"] == 1:
+            t = min(1.0, 1.0 / flat_grad.abs().sum()) * lr
+        else:
+            t = lr
+
+        gtd = flat_grad.dot(d)
+        if gtd > -tolerance_change:
+            break
+
+        ls_func_evals = 0
+        self._add_grad(t, d)
+        if n_iter != max_iter:
+            loss = closure()
+            flat_grad, loss, opt_cond, small, curvature = evaluate(self, loss, prev_flat_grad, d, t,
+                                                                   tolerance_grad, tolerance_change)
+            ls_func_evals = 1
+
+        current_evals += ls_func_evals
+        state["func_evals"] += ls_func_evals
+
+        if n_iter == max_iter:
+            break
+        if current_evals >= max_eval:
+            break
+        if opt_cond:
+            break
+        if small:  # torch's d.mul(t).abs().max() <= tolerance_change
+            break
+        if abs(loss - prev_loss) < tolerance_change:
+            break
+
+    state["d"] = d
+    state["t"] = t
+    state["old_dirs"] = old_dirs
+    state["old_stps"] = old_stps
+    state["ro"] = ro
+    state["H_diag"] = H_diag
+    state["prev_flat_grad"] = prev_flat_grad
+    state["prev_loss"] = prev_loss
+    return orig_loss
+
+
+def evaluate(self, loss, prev_flat_grad, d, t, tolerance_grad, tolerance_change):
+    """After a closure: the flat gradient, and as Python values the loss (``float(loss)``), the optimality
+    test and, where ``prev_flat_grad`` is given, the progress test of the direction ``d`` and step ``t`` just
+    taken, with the curvature pair the next iteration starts from: ``(y, s, ys > 1e-10, 1 / ys, ys / y.dot(y))``
+    (else None). One device op where every gradient is present and dense (``_lbfgs_after``, built from its
+    second turn like any whole op; its pieces until then), and one host read."""
+    from . import whole_ops
+
+    grads = [p.grad for p in self._params]
+    if any(g is None or g.layout is not torch.strided for g in grads):
+        grads = [self._gather_flat_grad()]  # torch's zeros for a missing gradient (one tensor: its own view)
+    on_device = isinstance(loss, torch.Tensor) and loss.device.type == "neuron" and loss.numel() == 1
+    value = None if on_device else float(loss)
+    step = float(t) if isinstance(t, torch.Tensor) else t  # a 0-d step (a first iteration's): torch reads it too
+    args = (grads, loss if on_device else None, prev_flat_grad, d if prev_flat_grad is not None else None,
+            float(step) if prev_flat_grad is not None else 0.0, float(tolerance_grad), float(tolerance_change))
+    op = _after_op()
+    results = op(*args) if whole_ops.ready(op, args, {}) else _after(*args)
+    flat_grad, packed = results[0], results[1].tolist()  # the one read
+    if on_device:
+        value, packed = packed[0], packed[1:]
+    if prev_flat_grad is None:
+        return flat_grad, value, bool(packed[0]), False, None
+    y, s, ys, ro_new, H_new = results[2:]
+    return flat_grad, value, bool(packed[0]), bool(packed[1]), (y, s, bool(packed[2]), ro_new, H_new)
+
+
+def _after(grads, loss, prev_flat_grad, d, t, tolerance_grad, tolerance_change):
+    """``_lbfgs_after``'s body (traced) and its Meta kernel: torch's ops for what ``evaluate`` returns, then
+    the values it reads packed in one tensor (in the loss's dtype, which holds it exactly, the tests as 0 or 1)."""
+    flat_grad = torch.cat([g.view(-1) for g in grads], 0)
+    # ``a <= tolerance`` as ``a - tolerance <= 0`` (the same test: a difference of floats is 0 only where they
+    # are equal): a subtraction takes a run-time float, so one kernel serves every tolerance (a comparison with
+    # it would bake the value in)
+    tests = [flat_grad.abs().max().sub(tolerance_grad) <= 0]
+    results = [flat_grad]
+    if prev_flat_grad is not None:
+        y = flat_grad.sub(prev_flat_grad)
+        s = d.mul(t)
+        ys = y.dot(s)
+        tests += [s.abs().max().sub(tolerance_change) <= 0, ys > 1e-10]
+        results += [y, s, ys, 1.0 / ys, ys / y.dot(y)]
+    dtype = loss.dtype if loss is not None else flat_grad.dtype
+    packed = torch.stack(([loss.reshape(())] if loss is not None else []) + [test.to(dtype) for test in tests])
+    return [flat_grad, packed, *results[1:]]
+
+
+def _after_op():
+    return define("_lbfgs_after", "_lbfgs_after(Tensor[] grads, Tensor? loss, Tensor? prev_flat_grad, Tensor? d, "
+                  "float t, float tolerance_grad, float tolerance_change) -> Tensor[]", _after, _after)

@@ -199,7 +199,13 @@ def _start(op, key, args, kwargs, leaves, retrace: bool = False):
         # (the arguments its schema marks written: LBFGS's ``_lbfgs_add_`` writes the parameters in place)
         traced = trace_op(op, args, kwargs, leaves, _written_positions(op, args, kwargs))
     except Exception as exc:  # noqa: BLE001 - the op stays its decomposition, said once
-        _warn(args, exc)
+        _warn(op, args, exc)
+        return _FAILED
+    if traced.by_value:
+        # a float argument sits where the executable cannot take it at run time (a comparison's): its kernel
+        # would hold this call's value, and the signature does not say which (ops.dispatch builds one kernel
+        # per value, on the issuing thread, which a loop of changing values must not wait for)
+        _warn(op, args, RuntimeError("a float argument is taken only as a constant"))
         return _FAILED
     op_queue.build_later(functools.partial(_build, op, key, lambda: ops._compile(op, traced, options, name), args))
     return _BUILDING
@@ -220,7 +226,7 @@ def _build(op, key, make, args) -> None:
         kernel = make()
     except Exception as exc:  # noqa: BLE001 - the op stays its decomposition, said once
         _SIGHTINGS[key] = _FAILED
-        _warn(args, exc)
+        _warn(op, args, exc)
         return
     if kernel.__class__ is not OpKernel:  # an index entry that no longer fits: traced at the next sighting
         _SIGHTINGS[key] = _RETRACE
@@ -231,10 +237,10 @@ def _build(op, key, make, args) -> None:
     COUNTS["builds"] += 1
 
 
-def _warn(args, exc) -> None:
-    """Once per signature: the op (``args[0]``, its spec, names it), why, and what happens instead."""
+def _warn(op, args, exc) -> None:
+    """Once per signature: the op (a whole op's spec, ``args[0]``, names it), why, and what happens instead."""
     COUNTS["failures"] += 1
-    name = ast.literal_eval(args[0])[0]
+    name = ast.literal_eval(args[0])[0] if args and isinstance(args[0], str) else str(op)
     warnings.warn(f"neuron: {name} could not be built as one op ({str(exc).splitlines()[0][:300]}); it runs as "
                   "its decomposition", stacklevel=3)
 
