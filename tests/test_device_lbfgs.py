@@ -193,3 +193,31 @@ def test_the_fixed_step_takes_torchs_iterations_and_reads_twice_an_iteration(opt
     # torch's _add_grad reads it again, as an alpha, once a parameter): 2 an iteration, and 1 a step
     iterations = reads[-1][1] - reads[0][1]
     assert sum(count for count, _ in reads[1:]) <= 2 * iterations + len(reads) - 1, reads
+
+
+def test_the_fixed_step_with_a_parameter_the_loss_does_not_use_gives_cpus_fit():
+    """A parameter without a gradient (torch's flat gradient holds zeros for it): ``evaluate`` takes torch's
+    gather and its own pieces, with CPU's losses and parameters."""
+    if not op_queue.active():
+        pytest.skip("eager fusion is off in this process: torch's own step runs")
+    fits = {}
+    for device in ("cpu", "neuron"):
+        torch.manual_seed(1)
+        model = torch.nn.Linear(4, 1)
+        unused = torch.nn.Parameter(torch.randn(3))
+        x, y = torch.randn(32, 4), torch.randn(32, 1)
+        model, x, y = model.to(device), x.to(device), y.to(device)
+        unused = torch.nn.Parameter(unused.detach().to(device))
+        opt = torch.optim.LBFGS([*model.parameters(), unused], lr=0.5, max_iter=4)
+
+        def closure():
+            opt.zero_grad()
+            loss = (model(x) - y).pow(2).mean()
+            loss.backward()
+            return loss
+
+        losses = [opt.step(closure).item() for _ in range(4)]
+        fits[device] = losses, [p.detach().cpu() for p in (*model.parameters(), unused)]
+    assert_close(torch.tensor(fits["neuron"][0]), torch.tensor(fits["cpu"][0]), rtol=2e-4, atol=1e-6)
+    for got, want in zip(fits["neuron"][1], fits["cpu"][1]):
+        assert_close(got, want, rtol=2e-3, atol=2e-4)
