@@ -343,7 +343,10 @@ def cold(cells: dict) -> tuple | None:
     under about the same load), and their median with each mode's median seconds. A single pair swung
     between 0.86x and 1.22x with the host's load (op by op's own cold step moved from 5.7 to 7.5 s between
     runs), so the figure compared to the 1.2x bound is the median of several."""
-    pairs = cells.get("cold_pairs") or []
+    pairs = cells.get("cold_pairs")
+    if pairs is None:  # results from before --cold-pairs: their one pair
+        pair = (cells.get("op_by_op", {}).get("cold_s"), cells.get("fused", {}).get("cold_s"))
+        pairs = [pair] if None not in pair else []
     if not pairs:
         return None
     ratios = [on / off for off, on in pairs]
@@ -363,7 +366,8 @@ def cpu_base(cpu: dict, cell: dict) -> float | None:
     return cell.get("cpu_median_s") or cpu.get("median_s")
 
 
-def _row(workload: str, cpu: dict, off: dict, on: dict, pairs: tuple | None = None) -> str:
+def _row(workload: str, cpu: dict, off: dict, on: dict, pairs: tuple | None) -> str:
+    """A workload's line of the table; ``pairs``: its cold first steps (``cold``)."""
     def ms(cell):
         return f"{cell['median_s'] * 1e3:.2f}" if "median_s" in cell else cell.get("error", "-")
 
@@ -376,14 +380,12 @@ def _row(workload: str, cpu: dict, off: dict, on: dict, pairs: tuple | None = No
     def count(cell, key, fmt="{:.0f}"):
         return fmt.format(cell[key]) if key in cell else "-"
 
-    if pairs is not None:
+    if pairs is None:
+        cold = "-"
+    else:
         ratio_, ratios, off_s, on_s = pairs
         cold = (f"{off_s:.1f} / {on_s:.1f} s ({ratio_:.2f}x; pairs "
                 + ", ".join(f"{r:.2f}" for r in ratios) + ")")
-    elif "cold_s" in on and "cold_s" in off:
-        cold = f"{off['cold_s']:.1f} / {on['cold_s']:.1f} s ({on['cold_s'] / off['cold_s']:.2f}x)"
-    else:
-        cold = "-"
     fewer = (f"{off['executables_per_step'] / on['executables_per_step']:.1f}x"
              if on.get("executables_per_step") and "executables_per_step" in off else "-")
     target = TARGETS[workload]

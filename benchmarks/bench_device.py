@@ -1376,7 +1376,8 @@ def report(res: dict, args) -> str:
                   *adaptive.HEADER]
         for workload, cells in c10.items():
             if isinstance(cells, dict) and {"cpu", "op_by_op", "fused"} <= cells.keys():
-                lines.append(adaptive._row(workload, cells["cpu"], cells["op_by_op"], cells["fused"]))
+                lines.append(adaptive._row(workload, cells["cpu"], cells["op_by_op"], cells["fused"],
+                                           adaptive.cold(cells)))
                 cpu, on = cells["cpu"], cells["fused"]
                 base = adaptive.cpu_base(cpu, on)
                 if base and "median_s" in on:

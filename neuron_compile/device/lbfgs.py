@@ -172,7 +172,7 @@ def _direction_op():
 
 def fixed_step(self, closure):
     """torch 2.13's ``LBFGS.step`` without a line search (``tests/test_device_hooks.py`` checks the source this
-    mirrors), reading the host's values two at a time an iteration instead of five.
+    mirrors), reading values on the host twice an iteration instead of five times.
 
     torch reads, an iteration: the loss after the closure, the optimality test (``opt_cond``), the progress
     test (``d.mul(t).abs().max() <= tolerance_change``), then at the next iteration's start the curvature test
@@ -304,15 +304,16 @@ def evaluate(self, loss, prev_flat_grad, d, t, tolerance_grad, tolerance_change)
         grads = [self._gather_flat_grad()]  # torch's zeros for a missing gradient (one tensor: its own view)
     on_device = isinstance(loss, torch.Tensor) and loss.device.type == "neuron" and loss.numel() == 1
     value = None if on_device else float(loss)
-    step = float(t) if isinstance(t, torch.Tensor) else t  # a 0-d step (a first iteration's): torch reads it too
-    args = (grads, loss if on_device else None, prev_flat_grad, d if prev_flat_grad is not None else None,
-            float(step) if prev_flat_grad is not None else 0.0, float(tolerance_grad), float(tolerance_change))
+    ahead = prev_flat_grad is not None
+    # (float(t): a 0-d step, a first iteration's, is read here, as torch's own _add_grad reads it)
+    args = (grads, loss if on_device else None, prev_flat_grad, d if ahead else None, float(t) if ahead else 0.0,
+            float(tolerance_grad), float(tolerance_change))
     op = _after_op()
     results = op(*args) if whole_ops.ready(op, args, {}) else _after(*args)
     flat_grad, packed = results[0], results[1].tolist()  # the one read
     if on_device:
         value, packed = packed[0], packed[1:]
-    if prev_flat_grad is None:
+    if not ahead:
         return flat_grad, value, bool(packed[0]), False, None
     y, s, ys, ro_new, H_new = results[2:]
     return flat_grad, value, bool(packed[0]), bool(packed[1]), (y, s, bool(packed[2]), ro_new, H_new)
