@@ -17,15 +17,15 @@ from neuron_compile.device import _optim_hooks, lbfgs, op_queue, whole_ops
 
 
 def _fit(device, steps=6, history=4, line_search=None, seed=0, never_stop=False, settle=False, reads=None,
-         **options):
+         hidden=16, **options):
     """An MLP fit with LBFGS as users write it (a closure), as pytorch/examples does: the losses each step
     returns, the parameters after, and the queue's runs and queued ops each step took on the device.
     ``never_stop``: tolerances that never end a step early (every step runs ``max_iter`` iterations);
     ``settle``: the background builds are waited for after each step; ``reads``: a list that gets the host
-    reads each step made with the iterations so far, then the optimizer's state; ``options``: LBFGS's
-    (``max_iter`` 4 unless given)."""
+    reads each step made with the iterations so far, then the optimizer's state; ``hidden``: the MLP's width;
+    ``options``: LBFGS's (``max_iter`` 4 unless given)."""
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(4, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 1))
     x = torch.randn(64, 4)
     y = (x[:, :1] * 2 - x[:, 1:2]).sin()
     model, x, y = model.to(device), x.to(device), y.to(device)
@@ -138,12 +138,37 @@ def test_an_lbfgs_step_queues_its_direction_and_flat_gradients_as_single_ops(mon
     assert torchs[-1] - ours[-1] >= 4 * (33 + 3), (ours, torchs)
 
 
+def test_a_fits_first_step_builds_the_kernels_torchs_step_builds(monkeypatch):
+    """Until its device ops are built (from their second turn, in the background), the fixed step runs
+    torch's own ops and reads: a cold first step compiles no kernel that torch's step, op by op, does not;
+    the one exception is the two-loop's ``q + x * -a``, which keeps its alphas on the device (torch reads
+    each ``alpha=``). Before, the packed read's stack, casts and tolerance subtractions were 4 kernels more."""
+    if not op_queue.active():
+        pytest.skip("eager fusion is off in this process: torch's own step runs")
+    from neuron_compile.device import ops
+
+    def aten_kernels():
+        return {key for key in [*ops._KERNELS, *ops._OLDER] if str(ops._OPS[key[0]]).startswith("aten.")}
+
+    op_queue.set_enabled(False)  # torch's step, op by op
+    try:
+        _fit("neuron", steps=1, hidden=23)  # (a width no other test uses: these kernels are this test's)
+    finally:
+        op_queue.set_enabled(True)
+    torchs = aten_kernels()
+    _fit("neuron", steps=1, hidden=23, seed=1)
+    op_queue.wait_for_builds()
+    more = [(str(ops._OPS[key[0]]), key[1]) for key in aten_kernels() - torchs]
+    assert [name for name, _ in more] in ([], ["aten.add_.Tensor"]), more
+
+
 @pytest.mark.parametrize("line_search", [None, "strong_wolfe"])
 def test_lbfgs_on_the_device_gives_cpus_fit_without_reading_its_alphas(line_search, monkeypatch):
     if not op_queue.active():
         pytest.skip("eager fusion is off in this process: torch's own step runs")
     want_losses, want_params, *_ = _fit("cpu", line_search=line_search)
-    got_losses, got_params, runs, _ = _fit("neuron", line_search=line_search)
+    # (the builds waited for: until its kernel is built, the device reads as torch does)
+    got_losses, got_params, runs, _ = _fit("neuron", line_search=line_search, settle=True)
     assert_close(torch.tensor(got_losses), torch.tensor(want_losses), rtol=2e-4, atol=1e-6)
     for got, want in zip(got_params, want_params):
         assert_close(got, want, rtol=2e-3, atol=2e-4)

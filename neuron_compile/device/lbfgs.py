@@ -296,7 +296,8 @@ def evaluate(self, loss, prev_flat_grad, d, t, tolerance_grad, tolerance_change)
     test and, where ``prev_flat_grad`` is given, the progress test of the direction ``d`` and step ``t`` just
     taken, with the curvature pair the next iteration starts from: ``(y, s, ys > 1e-10, 1 / ys, ys / y.dot(y))``
     (else None). One device op where every gradient is present and dense (``_lbfgs_after``, built from its
-    second turn like any whole op; its pieces until then), and one host read."""
+    second turn like any whole op), and one host read; until it is built, torch's own ops and reads
+    (``_torchs_reads``)."""
     from . import whole_ops
 
     grads = [p.grad for p in self._params]
@@ -309,7 +310,9 @@ def evaluate(self, loss, prev_flat_grad, d, t, tolerance_grad, tolerance_change)
     args = (grads, loss if on_device else None, prev_flat_grad, d if ahead else None, float(t) if ahead else 0.0,
             float(tolerance_grad), float(tolerance_change))
     op = _after_op()
-    results = op(*args) if whole_ops.ready(op, args, {}) else _after(*args)
+    if not whole_ops.ready(op, args, {}):
+        return _torchs_reads(value, *args)
+    results = op(*args)
     flat_grad, packed = results[0], results[1].tolist()  # the one read
     if on_device:
         value, packed = packed[0], packed[1:]
@@ -317,6 +320,25 @@ def evaluate(self, loss, prev_flat_grad, d, t, tolerance_grad, tolerance_change)
         return flat_grad, value, bool(packed[0]), False, None
     y, s, ys, ro_new, H_new = results[2:]
     return flat_grad, value, bool(packed[0]), bool(packed[1]), (y, s, bool(packed[2]), ro_new, H_new)
+
+
+def _torchs_reads(value, grads, loss, prev_flat_grad, d, t, tolerance_grad, tolerance_change):
+    """What ``evaluate`` returns before ``_lbfgs_after`` is built (a fit's first iterations): torch's own ops and
+    reads, one by one. A cold first step then compiles the kernels torch's step does and no others (the packed
+    read's stack, its casts and its tolerance subtractions were 4 more compiles in a fit's first step)."""
+    flat_grad = torch.cat([g.view(-1) for g in grads], 0)
+    if value is None:
+        value = float(loss)
+    opt_cond = bool(flat_grad.abs().max() <= tolerance_grad)
+    if prev_flat_grad is None:
+        return flat_grad, value, opt_cond, False, None
+    y = flat_grad.sub(prev_flat_grad)
+    s = d.mul(t)
+    ys = y.dot(s)
+    small = bool(s.abs().max() <= tolerance_change)
+    accepted = bool(ys > 1e-10)
+    return flat_grad, value, opt_cond, small, (y, s, accepted, 1.0 / ys if accepted else None,
+                                               ys / y.dot(y) if accepted else None)
 
 
 def _after(grads, loss, prev_flat_grad, d, t, tolerance_grad, tolerance_change):
