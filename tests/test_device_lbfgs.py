@@ -190,16 +190,17 @@ def test_lbfgs_on_the_device_gives_cpus_fit_without_reading_its_alphas(line_sear
     {"max_iter": 5, "max_eval": 3},
     {"max_iter": 1},
 ], ids=["defaults", "tolerance_change", "tolerance_grad", "max_eval", "max_iter=1"])
-def test_the_fixed_step_takes_torchs_iterations_and_reads_twice_an_iteration(options):
+def test_the_fixed_step_takes_torchs_iterations_and_reads_once_an_iteration(options):
     """``fixed_step`` against torch's ``LBFGS.step`` on CPU: where each step stops (iterations, evaluations,
     history length: the tests it reads ahead decide as torch's do), the losses, the state and the parameters;
-    and its host reads, at most 2 an iteration and 1 more (torch's: 5 an iteration)."""
+    and its host reads once its ops are built, at most 1 an iteration and 1 more a step (torch's: 5 an
+    iteration): the next iteration's direction and descent test are computed with the loss's tests."""
     if not op_queue.active():
         pytest.skip("eager fusion is off in this process: torch's own step runs")
     runs = {}
     for device in ("cpu", "neuron"):
         reads = []
-        losses, params, *_ = _fit(device, steps=7, history=2, seed=3, reads=reads, **options)
+        losses, params, *_ = _fit(device, steps=7, history=2, seed=3, reads=reads, settle=True, **options)
         runs[device] = losses, params, reads[:-1], reads[-1]
     (want_losses, want_params, _, want), (got_losses, got_params, reads, got) = runs["cpu"], runs["neuron"]
     assert (got["n_iter"], got["func_evals"], len(got["old_dirs"])) == (
@@ -215,9 +216,53 @@ def test_the_fixed_step_takes_torchs_iterations_and_reads_twice_an_iteration(opt
     assert got["t"] == pytest.approx(float(want["t"]), rel=1e-5) and got["prev_loss"] == pytest.approx(
         want["prev_loss"], rel=2e-4)
     # after the first step (whose first iteration reads its step size t = min(1, 1 / |g|.sum()) * lr, then
-    # torch's _add_grad reads it again, as an alpha, once a parameter): 2 an iteration, and 1 a step
+    # torch's _add_grad reads it again, as an alpha, once a parameter; and which builds the ops): 1 an
+    # iteration, and 1 a step (its first evaluation, or the last iteration's, which runs no closure)
     iterations = reads[-1][1] - reads[0][1]
-    assert sum(count for count, _ in reads[1:]) <= 2 * iterations + len(reads) - 1, reads
+    assert sum(count for count, _ in reads[1:]) <= iterations + len(reads) - 1, reads
+
+
+def test_a_fit_whose_curvature_pairs_are_refused_gives_cpus_fit(monkeypatch):
+    """An L1 loss: its gradient changes only where a sign does, so many curvature pairs have ``ys`` 0 and
+    torch refuses them (``ys > 1e-10``). The direction ``evaluate`` computed ahead assumed the pair accepted:
+    for a refused one the iteration computes its own, and reads its descent test itself. CPU's losses,
+    parameters and history, with refused and accepted pairs both taken."""
+    if not op_queue.active():
+        pytest.skip("eager fusion is off in this process: torch's own step runs")
+    pairs = {True: 0, False: 0}
+    evaluate = lbfgs.evaluate
+
+    def counted(*args, **kwargs):
+        found = evaluate(*args, **kwargs)
+        if found[4] is not None:
+            pairs[found[4][2]] += 1
+        return found
+
+    monkeypatch.setattr(lbfgs, "evaluate", counted)
+    fits = {}
+    for device in ("cpu", "neuron"):
+        torch.manual_seed(1)
+        w = torch.nn.Parameter(torch.randn(6).to(device))
+        c = torch.randn(6).to(device)
+        opt = torch.optim.LBFGS([w], lr=0.5, max_iter=4, history_size=3)
+
+        def closure():
+            opt.zero_grad()
+            loss = (w - c).abs().sum()
+            loss.backward()
+            return loss
+
+        losses = []
+        for _ in range(6):
+            losses.append(opt.step(closure).item())
+            op_queue.wait_for_builds()
+        state = opt.state[w]
+        fits[device] = losses, w.detach().cpu(), (state["n_iter"], len(state["old_dirs"]))
+    assert pairs[True] and pairs[False], pairs  # (the device's pairs)
+    (want_losses, want, want_state), (got_losses, got, got_state) = fits["cpu"], fits["neuron"]
+    assert got_state == want_state
+    assert_close(torch.tensor(got_losses), torch.tensor(want_losses), rtol=1e-5, atol=1e-5)
+    assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_the_fixed_step_with_a_parameter_the_loss_does_not_use_gives_cpus_fit():

@@ -1,5 +1,5 @@
 """LBFGS on the device: ``torch.optim.LBFGS`` as torch runs it, its small ops gathered into a few device ops
-and its host reads into two an iteration.
+and its host reads into one an iteration.
 
 torch's ``LBFGS.step`` (2.13) issues some 140 small ops an iteration with a history of 10, and reads 20 values
 on the host an iteration besides its own five (the ``alpha=`` arguments of its two-loop recursion, 0-d tensors
@@ -11,11 +11,12 @@ by a second process:
     direction         the two-loop recursion, without host reads
     _gather_flat_grad the gradients viewed flat and concatenated
     _add_grad         the parameters stepped along the direction (a Python step size)
-    evaluate          after a closure, the flat gradient and the four tests torch reads one by one (the loss,
-                      optimality, progress, and the next iteration's curvature), read together
+    evaluate          after a closure, the flat gradient and the five tests torch reads one by one (the loss,
+                      optimality, progress, the next iteration's curvature and, with that iteration's
+                      direction computed ahead, its descent test), read together
 
 Without a line search the step is ``fixed_step``, torch's mirrored (``tests/test_device_hooks.py`` checks the
-source) with ``evaluate`` where torch reads: two reads an iteration instead of five. With one
+source) with ``evaluate`` where torch reads: one read an iteration instead of five. With one
 (``strong_wolfe``), it is torch's own step compiled from its source with its recursion's block
 (``_optim_hooks.LBFGS_DIRECTION``) a call to ``direction`` (``step``).
 
@@ -172,15 +173,16 @@ def _direction_op():
 
 def fixed_step(self, closure):
     """torch 2.13's ``LBFGS.step`` without a line search (``tests/test_device_hooks.py`` checks the source this
-    mirrors), reading values on the host twice an iteration instead of five times.
+    mirrors), reading values on the host once an iteration instead of five times.
 
     torch reads, an iteration: the loss after the closure, the optimality test (``opt_cond``), the progress
     test (``d.mul(t).abs().max() <= tolerance_change``), then at the next iteration's start the curvature test
-    (``ys > 1e-10``), and the descent test (``gtd > -tolerance_change``). The first four are known together
-    once the closure's gradients are: ``evaluate`` computes them as one device op (with the curvature pair
-    ``y``, ``s`` and what an accepted pair adds to the history: ``1 / ys`` and the new ``H_diag``) and reads
-    them as one transfer. What it computes ahead is what torch would compute next, from the same tensors;
-    where torch's loop stops first it is not used. Every op, test and state entry is torch's, in its order."""
+    (``ys > 1e-10``), and the descent test (``gtd > -tolerance_change``). All five are known together once
+    the closure's gradients are: ``evaluate`` computes them as one device op (with the curvature pair ``y``,
+    ``s``, what an accepted pair adds to the history: ``1 / ys`` and the new ``H_diag``, and the next
+    direction from that history) and reads them as one transfer. What it computes ahead is what torch would
+    compute next, from the same tensors; where torch's loop stops first, or refuses the pair (the direction
+    assumed it accepted), it is not used. Every op, test and state entry is torch's, in its order."""
     from torch.optim.lbfgs import _to_scalar
 
     group = self.param_groups[0]
@@ -213,7 +215,8 @@ def fixed_step(self, closure):
     # step past the first computes it from the same state)
     ahead = state["n_iter"] > 0 and d is not None and prev_flat_grad is not None
     flat_grad, loss, opt_cond, _, curvature = evaluate(self, orig_loss, prev_flat_grad if ahead else None, d, t,
-                                                       tolerance_grad, tolerance_change)
+                                                       tolerance_grad, tolerance_change,
+                                                       (old_dirs, old_stps, ro, history_size) if ahead else None)
     if opt_cond:
         return orig_loss
 
@@ -222,6 +225,7 @@ def fixed_step(self, closure):
         n_iter += 1
         state["n_iter"] += 1
 
+        stop = None  # torch's descent test, where evaluate computed it ahead
         if state["n_iter"] == 1:
             d = flat_grad.neg()
             old_dirs = []
@@ -229,7 +233,7 @@ def fixed_step(self, closure):
             ro = []
             H_diag = 1
         else:
-            y, s, accepted, ro_new, H_new = curvature
+            y, s, accepted, ro_new, H_new, following = curvature
             if accepted:  # torch's ys > 1e-10
                 if len(old_dirs) == history_size:
                     old_dirs.pop(0)
@@ -241,7 +245,11 @@ def fixed_step(self, closure):
                 H_diag = H_new
             if "al" not in state:
                 state["al"] = [None] * history_size
-            d = direction(flat_grad, old_dirs, old_stps, ro, H_diag, state["al"])
+            if accepted and following is not None:  # computed by evaluate, from this history
+                d, alphas, stop = following
+                state["al"][:len(alphas)] = alphas
+            else:
+                d = direction(flat_grad, old_dirs, old_stps, ro, H_diag, state["al"])
 
         if prev_flat_grad is None:
             prev_flat_grad = flat_grad.clone(memory_format=torch.contiguous_format)
@@ -254,8 +262,10 @@ def fixed_step(self, closure):
         else:
             t = lr
 
-        gtd = flat_grad.dot(d)
-        if gtd > -tolerance_change:
+        if stop is None:
+            gtd = flat_grad.dot(d)
+            stop = gtd > -tolerance_change
+        if stop:
             break
 
         ls_func_evals = 0
@@ -263,7 +273,8 @@ def fixed_step(self, closure):
         if n_iter != max_iter:
             loss = closure()
             flat_grad, loss, opt_cond, small, curvature = evaluate(self, loss, prev_flat_grad, d, t,
-                                                                   tolerance_grad, tolerance_change)
+                                                                   tolerance_grad, tolerance_change,
+                                                                   (old_dirs, old_stps, ro, history_size))
             ls_func_evals = 1
 
         current_evals += ls_func_evals
@@ -291,13 +302,19 @@ def fixed_step(self, closure):
     return orig_loss
 
 
-def evaluate(self, loss, prev_flat_grad, d, t, tolerance_grad, tolerance_change):
+def evaluate(self, loss, prev_flat_grad, d, t, tolerance_grad, tolerance_change, history=None):
     """After a closure: the flat gradient, and as Python values the loss (``float(loss)``), the optimality
     test and, where ``prev_flat_grad`` is given, the progress test of the direction ``d`` and step ``t`` just
-    taken, with the curvature pair the next iteration starts from: ``(y, s, ys > 1e-10, 1 / ys, ys / y.dot(y))``
-    (else None). One device op where every gradient is present and dense (``_lbfgs_after``, built from its
-    second turn like any whole op), and one host read; until it is built, torch's own ops and reads
-    (``_torchs_reads``)."""
+    taken, with the curvature pair the next iteration starts from: ``(y, s, ys > 1e-10, 1 / ys, ys / y.dot(y),
+    following)`` (else None). One device op where every gradient is present and dense (``_lbfgs_after``, built
+    from its second turn like any whole op), and one host read; until it is built, torch's own ops and reads
+    (``_torchs_reads``).
+
+    ``history`` (``old_dirs``, ``old_stps``, ``ro``, ``history_size``): the next iteration's direction is computed
+    in the same op, as if the pair were accepted (``_lbfgs_after_direction``, once built for this history's
+    length), and ``following`` is ``(d, alphas, stop)``, ``stop`` torch's descent test ``gtd >
+    -tolerance_change`` read with the rest: an iteration reads once. Where the pair is refused the next
+    iteration computes its direction itself; ``following`` is None where nothing was computed ahead."""
     from . import whole_ops
 
     grads = [p.grad for p in self._params]
@@ -309,17 +326,29 @@ def evaluate(self, loss, prev_flat_grad, d, t, tolerance_grad, tolerance_change)
     # (float(t): a 0-d step, a first iteration's, is read here, as torch's own _add_grad reads it)
     args = (grads, loss if on_device else None, prev_flat_grad, d if ahead else None, float(t) if ahead else 0.0,
             float(tolerance_grad), float(tolerance_change))
-    op = _after_op()
-    if not whole_ops.ready(op, args, {}):
-        return _torchs_reads(value, *args)
-    results = op(*args)
+    following = None
+    if ahead and history is not None:
+        old_dirs, old_stps, ro, size = history
+        drop = 1 if len(old_dirs) == size else 0  # the entry a full history drops for the pair
+        more = (old_dirs[drop:], old_stps[drop:], ro[drop:])
+        op = _after_direction_op()
+        if all(r.__class__ is torch.Tensor for r in ro) and whole_ops.ready(op, args + more, {}):
+            results = op(*args, *more)
+            following = (results[7], results[8:])
+    if following is None:
+        op = _after_op()
+        if not whole_ops.ready(op, args, {}):
+            return _torchs_reads(value, *args)
+        results = op(*args)
     flat_grad, packed = results[0], results[1].tolist()  # the one read
     if on_device:
         value, packed = packed[0], packed[1:]
     if not ahead:
         return flat_grad, value, bool(packed[0]), False, None
-    y, s, ys, ro_new, H_new = results[2:]
-    return flat_grad, value, bool(packed[0]), bool(packed[1]), (y, s, bool(packed[2]), ro_new, H_new)
+    if following is not None:
+        following += (bool(packed[3]),)
+    y, s, ys, ro_new, H_new = results[2:7]
+    return flat_grad, value, bool(packed[0]), bool(packed[1]), (y, s, bool(packed[2]), ro_new, H_new, following)
 
 
 def _torchs_reads(value, grads, loss, prev_flat_grad, d, t, tolerance_grad, tolerance_change):
@@ -338,7 +367,7 @@ def _torchs_reads(value, grads, loss, prev_flat_grad, d, t, tolerance_grad, tole
     small = bool(s.abs().max() <= tolerance_change)
     accepted = bool(ys > 1e-10)
     return flat_grad, value, opt_cond, small, (y, s, accepted, 1.0 / ys if accepted else None,
-                                               ys / y.dot(y) if accepted else None)
+                                               ys / y.dot(y) if accepted else None, None)
 
 
 def _after(grads, loss, prev_flat_grad, d, t, tolerance_grad, tolerance_change):
@@ -364,3 +393,24 @@ def _after(grads, loss, prev_flat_grad, d, t, tolerance_grad, tolerance_change):
 def _after_op():
     return define("_lbfgs_after", "_lbfgs_after(Tensor[] grads, Tensor? loss, Tensor? prev_flat_grad, Tensor? d, "
                   "float t, float tolerance_grad, float tolerance_change) -> Tensor[]", _after, _after)
+
+
+def _after_direction(grads, loss, prev_flat_grad, d, t, tolerance_grad, tolerance_change, old_dirs, old_stps, ro):
+    """``_lbfgs_after_direction``'s body (traced) and Meta kernel: ``_after``'s results, then what the next
+    iteration computes from them where the pair is accepted: its direction from the history with the pair
+    appended (``old_dirs`` and the rest come without the entry a full history drops) and ``H_diag`` the new
+    ``ys / y.dot(y)``, its alphas, and torch's descent test ``gtd > -tolerance_change`` packed last (as
+    ``gtd + tolerance_change > 0``, the same test: a sum of floats is 0 only where they cancel exactly)."""
+    flat_grad, packed, y, s, ys, ro_new, H_new = _after(grads, loss, prev_flat_grad, d, t, tolerance_grad,
+                                                        tolerance_change)
+    al = [None] * (len(old_dirs) + 1)
+    following = _two_loop(flat_grad, [*old_dirs, y], [*old_stps, s], [*ro, ro_new], H_new, al)
+    stop = flat_grad.dot(following).add(tolerance_change) > 0
+    packed = torch.cat([packed, stop.to(packed.dtype).reshape(1)])
+    return [flat_grad, packed, y, s, ys, ro_new, H_new, following, *al]
+
+
+def _after_direction_op():
+    return define("_lbfgs_after_direction", "_lbfgs_after_direction(Tensor[] grads, Tensor? loss, "
+                  "Tensor? prev_flat_grad, Tensor? d, float t, float tolerance_grad, float tolerance_change, "
+                  "Tensor[] old_dirs, Tensor[] old_stps, Tensor[] ro) -> Tensor[]", _after_direction, _after_direction)
