@@ -974,10 +974,18 @@ def _median_of(runs: list, pick):
 
 
 def adaptive_all(warmup: int, steps: int) -> dict:
-    """Section 10: bench_adaptive_eager's workloads on CPU, op by op and fused."""
+    """Section 10: bench_adaptive_eager's workloads on CPU, op by op and fused. Their CPU eager side runs in this
+    process at one thread (``bench_adaptive_eager.run``); the process's thread count is put back after (the
+    page's machine line read "1 threads" once this section had run)."""
+    import torch
+
     import bench_adaptive_eager as adaptive
 
-    return {workload: adaptive.measure(workload, warmup, steps) for workload in adaptive.WORKLOADS}
+    threads = torch.get_num_threads()
+    try:
+        return {workload: adaptive.measure(workload, warmup, steps) for workload in adaptive.WORKLOADS}
+    finally:
+        torch.set_num_threads(threads)
 
 
 def report(res: dict, args) -> str:
