@@ -186,6 +186,28 @@ def _builds(queue) -> tuple:
 MAKERS = {"gpt2": _gpt2, "nanogpt": _nanogpt, "lstm": _lstm, "lbfgs": _lbfgs}
 
 
+def warm_up(step, warmup: int, queue=None, losses: list | None = None, seconds: list | None = None) -> int:
+    """Run warm-up steps until the steady state: at least ``warmup``; on the device (``queue``: ``op_queue``)
+    each step's background builds are waited for, and two steps in a row that sight no new run and start no
+    build end it (at most 8 more). Each step's loss goes to ``losses`` and its seconds (the wait included)
+    to ``seconds``; the steps run are returned. (bench_device's section 3 warms up so too.)"""
+    quiet = 0
+    for count in range(warmup + 8):
+        builds = _builds(queue) if queue is not None else None
+        start = time.perf_counter()
+        loss = step()
+        if queue is not None:
+            queue.wait_for_builds(900)
+            quiet = quiet + 1 if _builds(queue) == builds else 0
+        if losses is not None:
+            losses.append(loss)
+        if seconds is not None:
+            seconds.append(time.perf_counter() - start)
+        if count + 1 >= warmup and (queue is None or quiet >= 2):
+            return count + 1
+    return warmup + 8
+
+
 def run(workload: str, device: str, warmup: int, steps: int, limit: int | None = None) -> dict:
     """One workload on one device in this process: cold step, warm-up, timed steps, counters. ``limit``:
     the queue's run bound (``op_queue.LIMIT``) for this process. ``steps`` 0: the cold step alone."""
@@ -207,20 +229,7 @@ def run(workload: str, device: str, warmup: int, steps: int, limit: int | None =
     if device == "neuron":
         from neuron_compile.device import op_queue as queue
         from neuron_compile.device import ops
-    # warm-up: at least ``warmup`` steps, and on until a step starts no fused build (its runs are all
-    # known: the steady state): two steps in a row, at most 8 more
-    quiet = 0
-    for count in range(warmup + 8):
-        builds = _builds(queue) if queue is not None else None
-        out["losses"].append(step())
-        if queue is not None:
-            queue.wait_for_builds(900)
-            quiet = quiet + 1 if _builds(queue) == builds else 0
-            if count + 1 >= warmup and quiet >= 2:  # two steps in a row sighted no new run and started no build
-                break
-        elif count + 1 >= warmup:
-            break
-    out["warmup_steps"] = count + 1
+    out["warmup_steps"] = warm_up(step, warmup, queue, out["losses"])
     if queue is not None:
         torch.neuron.reset_peak_memory_stats()
         before = (ops.COUNTS["op_compiles"], ops.COUNTS["op_cache_hits"], queue.COUNTS["executables"],

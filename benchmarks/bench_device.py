@@ -426,25 +426,14 @@ def train(device: str, warmup: int, steps: int, capturable: bool = False, profil
     step = make_step(device, capturable)
     counts0 = dict(ops.COUNTS)
     warm_s, losses = [], []
-    # on the device, warm-up goes on past ``warmup`` steps until the steady state, as bench_adaptive_eager's:
-    # each step's background builds (fused runs, whole ops) are waited for, and two steps in a row that start
-    # none end it (at most 8 more). Three fixed steps timed the loop while its runs were still being built:
-    # most "steady" steps ran op by op (4.94x CPU eager, against 1.32x in section 10, at 155cb68)
-    if device == "neuron":
-        from bench_adaptive_eager import _builds
+    # on the device, warm-up goes on past ``warmup`` steps until the steady state (bench_adaptive_eager's
+    # warm_up). Three fixed steps timed the loop while its runs were still being built: most "steady" steps
+    # ran op by op (4.94x CPU eager, against 1.32x in section 10, at 155cb68)
+    from bench_adaptive_eager import warm_up
 
-        from neuron_compile.device import op_queue
-    quiet = 0
-    for count in range(warmup + 8):
-        before = _builds(op_queue) if device == "neuron" else None
-        start = time.perf_counter()
-        losses.append(step())
-        if device == "neuron":
-            op_queue.wait_for_builds(900)
-            quiet = quiet + 1 if _builds(op_queue) == before else 0
-        warm_s.append(time.perf_counter() - start)
-        if count + 1 >= warmup and (device != "neuron" or quiet >= 2):
-            break
+    from neuron_compile.device import op_queue
+
+    warm_up(step, warmup, op_queue if device == "neuron" else None, losses, warm_s)
     counts1 = dict(ops.COUNTS)
     step_s = []
     for _ in range(steps):

@@ -267,7 +267,7 @@ def test_a_fit_whose_curvature_pairs_are_refused_gives_cpus_fit(monkeypatch):
 
 def test_the_fixed_step_with_a_parameter_the_loss_does_not_use_gives_cpus_fit():
     """A parameter without a gradient (torch's flat gradient holds zeros for it): ``evaluate`` takes torch's
-    gather and its own pieces, with CPU's losses and parameters."""
+    gather, with CPU's losses and parameters."""
     if not op_queue.active():
         pytest.skip("eager fusion is off in this process: torch's own step runs")
     fits = {}
