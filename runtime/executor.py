@@ -247,10 +247,45 @@ def _ready_lapack() -> None:
     global _lapack_ready
     if not _lapack_ready:
         importlib.import_module("jax._src.lax.linalg").initialize_lapack()
+        single_threaded_blas()
         _lapack_ready = True
 
 
 _lapack_ready = False
+
+# OpenBLAS's own names for its thread count: scipy's wheels prefix its symbols with ``scipy_``
+_OPENBLAS_SET_THREADS = ("scipy_openblas_set_num_threads", "openblas_set_num_threads",
+                         "scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_")
+
+
+def single_threaded_blas() -> str | None:
+    """Run the BLAS behind jaxlib's LAPACK kernels (scipy's OpenBLAS: jaxlib takes its functions from
+    ``scipy.linalg.cython_blas`` and ``cython_lapack``) on the calling thread. Returns the OpenBLAS
+    function that set it, or None where nothing was changed.
+
+    XLA runs those kernels (``lapack_strsm_ffi``, ``lapack_sgetrf_ffi``...) on its own threads, two
+    independent ones at once, and OpenBLAS's threads then spin for work beside XLA's. Alone that costs
+    nothing, but with another busy process on the cores it is ruinous: a graph with 12 triangular
+    solves (a gated delta rule's, [2, 2, 4, 64, 16]) ran 1.5 ms a call alone and 58 ms with a second
+    such process on 2 cores; single-threaded, 1.45 ms in both. It also takes OpenBLAS's thread server,
+    called from several threads at once, out of the picture (a CI run hung inside such a graph twice).
+
+    The count is OpenBLAS's, process-wide: scipy's own BLAS calls in this process become single-threaded
+    too. Where the user has set ``OPENBLAS_NUM_THREADS``, their count stands and nothing is changed."""
+    if os.environ.get("OPENBLAS_NUM_THREADS"):
+        return None
+    import ctypes
+
+    try:
+        blas = ctypes.CDLL(importlib.import_module("scipy.linalg.cython_blas").__file__)
+    except (ImportError, OSError):
+        return None
+    for name in _OPENBLAS_SET_THREADS:
+        set_threads = getattr(blas, name, None)
+        if set_threads is not None:
+            set_threads(1)
+            return name
+    return None  # another BLAS (MKL, Accelerate): left as it is
 
 
 def _compile_options():

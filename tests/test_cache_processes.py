@@ -133,3 +133,44 @@ def test_lapack_executable_loads_in_a_new_process(tmp_path, other_graph_first):
     second = _run(script, env)
     assert second["warnings"] == []
     assert second["disk_hits"] >= 1 and second["xla_compiles"] == (1 if other_graph_first else 0), second
+
+
+BLAS_THREADS_WORKER = r'''
+import ctypes, importlib, json
+import torch
+import neuron_compile
+
+blas = ctypes.CDLL(importlib.import_module("scipy.linalg.cython_blas").__file__)
+get = getattr(blas, "scipy_openblas_get_num_threads", None) or getattr(blas, "openblas_get_num_threads", None)
+before = get() if get is not None else None
+g = torch.Generator().manual_seed(0)
+a, b = torch.randn(2, 4, 16, 16, generator=g), torch.randn(2, 4, 16, 8, generator=g)
+solve = torch.compile(lambda a, b: torch.linalg.solve_triangular(a, b, upper=False, unitriangular=True),
+                      backend="neuron")
+torch.testing.assert_close(solve(a, b), torch.linalg.solve_triangular(a, b, upper=False, unitriangular=True),
+                           rtol=1e-4, atol=1e-4)
+c = neuron_compile.COUNTERS
+print("RESULT " + json.dumps({"before": before, "after": get() if get is not None else None,
+                              "xla_compiles": c["xla_compiles"], "disk_hits": c["disk_hits"]}))
+'''
+
+
+def test_a_graph_calling_lapack_runs_openblas_on_xlas_threads_alone(tmp_path):
+    """jaxlib's LAPACK kernels (a triangular solve's ``lapack_strsm_ffi``) call scipy's OpenBLAS from XLA's
+    threads; OpenBLAS's own threads spinning beside them made such a graph 40x slower with a second busy
+    process on 2 cores (and a CI run hung inside one, twice). Compiling or loading such an executable
+    sets OpenBLAS to one thread, unless the user set ``OPENBLAS_NUM_THREADS``."""
+    script = tmp_path / "blas_threads_worker.py"
+    script.write_text(BLAS_THREADS_WORKER)
+    env = _env(tmp_path / "cache")
+    env.pop("OPENBLAS_NUM_THREADS", None)
+    cold = _run(script, env)
+    if cold["before"] is None:
+        pytest.skip("scipy's BLAS here is not OpenBLAS: its thread count is left as it is")
+    if cold["before"] == 1:
+        pytest.skip("OpenBLAS starts with one thread on this machine (one core): nothing to change")
+    assert cold["xla_compiles"] >= 1 and cold["after"] == 1, cold
+    warm = _run(script, env)  # the executable loaded from the cache, not compiled
+    assert warm["xla_compiles"] == 0 and warm["disk_hits"] >= 1 and warm["after"] == 1, warm
+    chosen = _run(script, dict(env, OPENBLAS_NUM_THREADS="2"))
+    assert chosen["before"] == chosen["after"] == 2, chosen
