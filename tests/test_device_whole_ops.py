@@ -5,7 +5,9 @@ CPU's values and gradients; their decompositions wherever op-by-op's bits are as
 from __future__ import annotations
 
 import contextlib
+import gc
 import textwrap
+import weakref
 
 import pytest
 import torch
@@ -102,6 +104,31 @@ def test_a_whole_lstm_step_dispatches_a_handful_of_ops_not_its_pieces():
     # as its pieces: some 250 ops for 6 steps of 2 layers; whole: one op each way, the sums, their backward,
     # the gradients autograd fills in and the read
     assert whole < 30 and pieces > 8 * whole, (whole, pieces)
+
+
+def test_a_calls_tensors_die_with_their_last_reference_not_at_pythons_cyclic_collection():
+    """Seeing whether a call may run whole must not hold its tensors: a reference cycle did (a closure that
+    called itself), so an LSTM's input, state and output lived on until Python's cyclic collector ran, and
+    where it ran mid-step it changed which results that step's fused run returned (a step run op by op)."""
+    model = _LSTMWithState().to("neuron")
+    before = whole_ops.COUNTS["whole_forward"]
+    gc.collect()
+    gc.disable()
+    try:
+        for turn in range(6):
+            x, h, c = (t.detach().to("neuron") for t in _lstm_inputs())
+            x.requires_grad_(True)
+            out, (h1, c1) = model(x, h, c)
+            (out.sum() + h1.sum()).backward()
+            x.grad.sum().item()  # a read ends the turn
+            refs = [weakref.ref(t) for t in (x, h, c, out, h1, c1, x.grad)]
+            del x, h, c, out, h1, c1
+            op_queue.wait_for_builds()
+            if turn >= 3:  # built (the first turns' traces leave cycles of their own, once)
+                assert [r() is None for r in refs] == [True] * len(refs), turn
+    finally:
+        gc.enable()
+    assert whole_ops.COUNTS["whole_forward"] - before >= 3
 
 
 @pytest.mark.parametrize("kind", ["GRU", "RNN"])

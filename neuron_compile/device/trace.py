@@ -151,21 +151,22 @@ def runtime_float(value) -> bool:
 def _replace_tensors(args, kwargs, fn, floats=None):
     """args and kwargs with every tensor replaced by ``fn(i)``, i counting tensors as ``opkernel.Leaves``
     does, and (with ``floats``) the k-th runtime float by ``floats[k]``."""
-    counter = iter(range(1 << 30))
-    float_counter = iter(range(1 << 30))
-
-    def visit(value):
-        if isinstance(value, torch.Tensor):
-            return fn(next(counter))
-        if isinstance(value, (list, tuple)):
-            return type(value)(visit(v) for v in value)
-        if floats is not None and runtime_float(value):
-            return floats[next(float_counter)]
-        return value
-
-    new_args = [visit(v) for v in args]
-    new_kwargs = {k: visit(v) for k, v in kwargs.items()}
+    counters = (iter(range(1 << 30)), iter(range(1 << 30)))
+    new_args = [_replaced(v, fn, floats, counters) for v in args]
+    new_kwargs = {k: _replaced(v, fn, floats, counters) for k, v in kwargs.items()}
     return new_args, new_kwargs
+
+
+def _replaced(value, fn, floats, counters):
+    """``_replace_tensors`` on one value (a function of the module's: a closure that calls itself is a
+    reference cycle, which kept ``fn``'s tensors until Python's cyclic collector ran)."""
+    if isinstance(value, torch.Tensor):
+        return fn(next(counters[0]))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_replaced(v, fn, floats, counters) for v in value)
+    if floats is not None and runtime_float(value):
+        return floats[next(counters[1])]
+    return value
 
 
 def trace_op(op, args, kwargs, leaves, written_positions: list[int], bake_floats: bool = False,

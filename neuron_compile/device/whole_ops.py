@@ -91,26 +91,8 @@ def _spec(op, args, kwargs) -> tuple | None:
             return None
     tensors, metas = [], []
     grad = torch.is_grad_enabled()
-
-    def template(value):
-        """``value`` with each tensor as ("tensor", its index), or _NO where the call cannot be whole."""
-        if isinstance(value, torch.Tensor):
-            if (type(value) not in _PLAIN or value.device.type != "neuron" or _hooks.wrapped(value)
-                    or (value.is_floating_point() and value.dtype not in _FLOATS) or value.is_complex()):
-                return _NO
-            tensors.append(value)
-            metas.append((tuple(value.shape), tuple(value.stride()), str(value.dtype)[6:],
-                          grad and value.requires_grad))
-            return ("tensor", len(tensors) - 1)
-        if isinstance(value, list):
-            items = [template(v) for v in value]
-            return _NO if _NO in items else items
-        if value is None or value.__class__ in (bool, int) or value.__class__ is float and math.isfinite(value):
-            return value
-        return _NO
-
-    shape = template(list(args))
-    named = {name: template(value) for name, value in kwargs.items()}
+    shape = _template(list(args), tensors, metas, grad)
+    named = {name: _template(value, tensors, metas, grad) for name, value in kwargs.items()}
     if shape is _NO or _NO in named.values() or not tensors or len({t.get_device() for t in tensors}) != 1:
         return None
     spec = repr((op._schema.name[6:], op._overloadname, shape, named, metas))
@@ -118,6 +100,27 @@ def _spec(op, args, kwargs) -> tuple | None:
 
 
 _NO = ("no",)  # a template of a value that cannot be in a whole op's call
+
+
+def _template(value, tensors: list, metas: list, grad: bool):
+    """``value`` with each tensor as ("tensor", its index), or _NO where the call cannot be whole; each
+    tensor goes to ``tensors`` and its size, stride, dtype and need of a gradient to ``metas``. (A function
+    of the module's, not a closure of ``_spec``'s: a closure that calls itself is a reference cycle, and it
+    held every whole-op call's tensors, an LSTM's hidden state and output, until Python's cyclic
+    collector ran; that collection, mid-step, changed which results a fused run returns.)"""
+    if isinstance(value, torch.Tensor):
+        if (type(value) not in _PLAIN or value.device.type != "neuron" or _hooks.wrapped(value)
+                or (value.is_floating_point() and value.dtype not in _FLOATS) or value.is_complex()):
+            return _NO
+        tensors.append(value)
+        metas.append((tuple(value.shape), tuple(value.stride()), str(value.dtype)[6:], grad and value.requires_grad))
+        return ("tensor", len(tensors) - 1)
+    if isinstance(value, list):
+        items = [_template(v, tensors, metas, grad) for v in value]
+        return _NO if _NO in items else items
+    if value is None or value.__class__ in (bool, int) or value.__class__ is float and math.isfinite(value):
+        return value
+    return _NO
 
 
 def _autograd(op, *args, **kwargs):
@@ -285,16 +288,18 @@ def _call(spec: str, tensors, graph: bool = False) -> list:
     packet, overload, shape, named, _ = ast.literal_eval(spec)
     op = getattr(getattr(aten, packet), overload)
 
-    def fill(value):
-        if isinstance(value, tuple):  # ("tensor", i)
-            return tensors[value[1]]
-        return [fill(v) for v in value] if isinstance(value, list) else value
-
-    args, kwargs = fill(shape), {name: fill(value) for name, value in named.items()}
+    args, kwargs = _fill(shape, tensors), {name: _fill(value, tensors) for name, value in named.items()}
     result = op.decompose(*args, **kwargs) if graph else NotImplemented
     if result is NotImplemented:
         result = _hooks.composite(op, *args, **kwargs)
     return list(result) if isinstance(result, tuple) else [result]
+
+
+def _fill(value, tensors):
+    """A template of ``_spec``'s with its tensors put back (a function of the module's: see ``_template``)."""
+    if isinstance(value, tuple):  # ("tensor", i)
+        return tensors[value[1]]
+    return [_fill(v, tensors) for v in value] if isinstance(value, list) else value
 
 
 class _Graphs:
