@@ -55,14 +55,14 @@ def reset() -> None:
 
     from .compiler import MEMORY
 
+    queue = sys.modules.get("neuron_compile.device.op_queue")
+    if queue is not None:  # the device's queue runs; its runs' sightings and fused executables go (first: the
+        queue.reset()  # builds under way are waited for, so that their compiles are counted before the zeroing)
     _report.reset()
     MEMORY.clear()
     lengths = sys.modules.get("neuron_compile.device.lengths")
     if lengths is not None:  # loaded with the device's first op, not before
         lengths.forget()
-    queue = sys.modules.get("neuron_compile.device.op_queue")
-    if queue is not None:  # the device's queue runs; its runs' sightings and fused executables go
-        queue.reset()
 
 
 def cache_stats(options=None) -> dict:
