@@ -50,7 +50,8 @@ def __getattr__(name):
 
 def reset() -> None:
     """Forget reports, zero the counters and empty the in-memory executable cache (not the disk), the
-    device's sightings of growing lengths with their bucketed kernels, and its fused runs of eager ops."""
+    device's sightings of growing lengths with their bucketed kernels, and its fused runs of eager ops (the
+    device's builds under way are waited for first, so none is counted after the zeroing)."""
     import sys
 
     from .compiler import MEMORY
