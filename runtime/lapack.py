@@ -37,8 +37,8 @@ def single_threaded_blas() -> str | None:
     ``scipy.linalg.cython_blas`` and ``cython_lapack``) on the calling thread. Returns the OpenBLAS
     function that set it, or None where nothing was changed.
 
-    XLA runs those kernels (``lapack_strsm_ffi``, ``lapack_sgetrf_ffi``...) on its own threads, two
-    independent ones at once, and OpenBLAS's threads then spin for work beside XLA's. Alone that costs
+    XLA runs those kernels (``lapack_strsm_ffi``, ``lapack_sgetrf_ffi``...) on its own threads, and
+    OpenBLAS's threads then spin for work beside XLA's. Alone that costs
     nothing, but with another busy process on the cores it is ruinous: a graph with 12 triangular
     solves (a gated delta rule's, [2, 2, 4, 64, 16]) ran 1.5 ms a call alone and 58 ms with a second
     such process on 2 cores; single-threaded, 1.45 ms in both. It also takes OpenBLAS's thread server,
