@@ -169,10 +169,7 @@ def test_lbfgs_on_the_device_gives_cpus_fit_without_reading_its_alphas(line_sear
     want_losses, want_params, *_ = _fit("cpu", line_search=line_search)
     # (the builds waited for: until its kernel is built, the device reads as torch does)
     got_losses, got_params, runs, _ = _fit("neuron", line_search=line_search, settle=True)
-    # a rounding difference grows about 10x a step as the fit converges: from 1e-7 at the first step to
-    # 2.5e-4 and 3.8e-4 at the seventh (defaults, tolerance_grad) on an AVX-512 Xeon, where torch's own step
-    # op by op on the device reaches 6e-5; the stops above are the exact check
-    assert_close(torch.tensor(got_losses), torch.tensor(want_losses), rtol=1e-3, atol=1e-6)
+    assert_close(torch.tensor(got_losses), torch.tensor(want_losses), rtol=2e-4, atol=1e-6)
     for got, want in zip(got_params, want_params):
         assert_close(got, want, rtol=2e-3, atol=2e-4)
     if line_search is None:
