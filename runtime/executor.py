@@ -38,8 +38,8 @@ from jaxlib import _jax, xla_client
 from torch.utils.dlpack import from_dlpack as _from_capsule
 
 from . import distributed as collectives
-from .lapack import ready_lapack
 from .devices import env_flag, local_device_count, queues_eager_ops
+from .lapack import ready_lapack
 from .xla_logs import quiet_runtime_logs
 
 __all__ = ["XlaExecutable", "XlaCompileError", "platform_description"]

@@ -142,8 +142,7 @@ def test_a_reset_waits_for_the_builds_under_way_so_the_next_count_starts_at_zero
     for _ in range(6):  # until a turn starts the whole op's build
         x, h, c = (t.detach().to("neuron") for t in _lstm_inputs())
         model(x, h, c)[0].sum().item()
-        with op_queue._jobs_ready:
-            building = bool(op_queue._jobs or op_queue._running)
+        building = not op_queue._idle()
         if building:
             break
     assert building, "no whole op was built in the background"

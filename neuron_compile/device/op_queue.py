@@ -246,10 +246,7 @@ def reset() -> None:
     with _jobs_ready:
         _jobs[:] = [job for job in _jobs if callable(job)]
     deadline = time.monotonic() + EXIT_WAIT_S
-    while time.monotonic() < deadline:
-        with _jobs_ready:
-            if not _jobs and not _running:
-                break
+    while not _idle() and time.monotonic() < deadline:
         time.sleep(0.01)
     _RUNS.clear()
     _SIGHTED.clear()
@@ -574,12 +571,16 @@ def wait_for_builds(timeout: float = 120.0) -> None:
     state)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with _jobs_ready:
-            idle = not _jobs and not _running
-        if idle and not any(v == _BUILDING for v in list(_RUNS.values())):
+        if _idle() and not any(v == _BUILDING for v in list(_RUNS.values())):
             return
         time.sleep(0.01)
     raise TimeoutError("fused runs still building")
+
+
+def _idle() -> bool:
+    """No build waiting and none under way on the background thread."""
+    with _jobs_ready:
+        return not _jobs and not _running
 
 
 def _warn_failed(kernels: list, issuers: list, exc: Exception) -> None:
